@@ -1,1 +1,19 @@
-"""torchrec-hybrid."""
+"""torchrec-hybrid: a frequency-hybrid embedding sharding type for TorchRec.
+
+Hot rows of each table are replicated on every rank, cold rows are row-sharded; only cold
+lookups cross the network.
+"""
+
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError  # noqa: F401
+from torchrec_hybrid.sharded_ebc import HybridShardedEmbeddingBagCollection, InvalidIdError  # noqa: F401
+from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
+from torchrec_hybrid.sharding_plan import frequency_hybrid  # noqa: F401
+
+__all__ = [
+    "FREQUENCY_HYBRID",
+    "HotSetError",
+    "InvalidIdError",
+    "HybridEmbeddingBagCollectionSharder",
+    "HybridShardedEmbeddingBagCollection",
+    "frequency_hybrid",
+]

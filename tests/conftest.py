@@ -1,0 +1,5 @@
+import logging
+import warnings
+
+logging.getLogger("torchrec").setLevel(logging.ERROR)
+warnings.filterwarnings("ignore")

@@ -1,0 +1,91 @@
+"""Shared test fixtures: EBC configs, hybrid vs table-wise DMP pairs, skewed batches."""
+
+from typing import Dict, List, Optional
+
+import torch
+import torchrec
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torch.distributed._shard.sharded_tensor import ShardedTensor
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+from torchrec.distributed.types import ShardingPlan
+
+from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
+from torchrec_hybrid.types import FREQUENCY_HYBRID
+
+OPTIMIZERS = {
+    "sgd": {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1},
+    "adagrad": {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8},
+    "rowwise_adagrad": {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8},
+}
+
+
+def tables(mean: bool = False, weighted: bool = False) -> List[torchrec.EmbeddingBagConfig]:
+    """Four tables: different dims, one shared by two features, one MEAN (optional)."""
+    pool = torchrec.PoolingType.MEAN if mean else torchrec.PoolingType.SUM
+    return [
+        torchrec.EmbeddingBagConfig(name="t0", embedding_dim=8, num_embeddings=41, feature_names=["f0", "f0b"]),
+        torchrec.EmbeddingBagConfig(name="t1", embedding_dim=16, num_embeddings=30, feature_names=["f1"], pooling=pool),
+        torchrec.EmbeddingBagConfig(name="t2", embedding_dim=8, num_embeddings=23, feature_names=["f2"]),
+        torchrec.EmbeddingBagConfig(name="t3", embedding_dim=4, num_embeddings=17, feature_names=["f3"]),
+    ]
+
+
+DEFAULT_HOT = {"t0": [3, 7, 21, 35, 40], "t1": [0, 29, 5], "t2": [], "t3": [16]}
+
+
+def hot_ids(spec: Optional[Dict[str, List[int]]] = None) -> Dict[str, torch.Tensor]:
+    return {k: torch.tensor(v, dtype=torch.int64) for k, v in (spec or DEFAULT_HOT).items()}
+
+
+def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = False):
+    """DMP over an EBC with the given per-table plan kinds ('hybrid', 'tw', 'rw', 'cw', 'dp')."""
+    from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise
+
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"), is_weighted=weighted)
+    gens = {}
+    for i, c in enumerate(configs):
+        kind = kinds.get(c.name, "tw")
+        gens[c.name] = {
+            "hybrid": lambda: frequency_hybrid(),
+            "tw": lambda: table_wise(rank=i % world, compute_kernel="fused"),
+            "rw": lambda: row_wise(compute_kernel="fused"),
+            "cw": lambda: column_wise(ranks=[i % world, (i + 1) % world], compute_kernel="fused"),
+            "dp": lambda: data_parallel(),
+        }[kind]()
+    plan = construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=world, world_size=world,
+                                          device_type="cpu")
+    model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}),
+                                     sharders=[sharder])
+    return model
+
+
+def full_weight(value) -> torch.Tensor:
+    """The full logical table behind a state_dict entry (collective for ShardedTensor)."""
+    if not isinstance(value, ShardedTensor):
+        return value.detach().clone()
+    out = torch.zeros(value.size())
+    for s in value.local_shards():
+        o, z = s.metadata.shard_offsets, s.metadata.shard_sizes
+        out[o[0]:o[0] + z[0], o[1]:o[1] + z[1]] = s.tensor.detach()
+    torch.distributed.all_reduce(out)
+    return out
+
+
+def skewed_batch(configs, keys: List[str], batch: int, seed: int, hot: Dict[str, torch.Tensor],
+                 weighted: bool = False, max_len: int = 4, hot_frac: float = 0.5) -> torchrec.KeyedJaggedTensor:
+    """Jagged batch where about ``hot_frac`` of ids come from the hot set; empty bags included."""
+    g = torch.Generator().manual_seed(seed)
+    rows = {f: c.num_embeddings for c in configs for f in c.feature_names}
+    table = {f: c.name for c in configs for f in c.feature_names}
+    lengths = torch.randint(0, max_len + 1, (len(keys) * batch,), generator=g)
+    values = []
+    for i, k in enumerate(keys):
+        n = int(lengths[i * batch:(i + 1) * batch].sum())
+        h = hot[table[k]] if table[k] in hot and hot[table[k]].numel() else torch.tensor([0])
+        pick_hot = torch.rand(n, generator=g) < hot_frac
+        values.append(torch.where(pick_hot, h[torch.randint(0, len(h), (n,), generator=g)],
+                                  torch.randint(0, rows[k], (n,), generator=g)))
+    weights = torch.rand(int(lengths.sum()), generator=g) if weighted else None
+    return torchrec.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=lengths,
+                                                        weights=weights)

@@ -1,0 +1,116 @@
+"""``ShardedEmbeddingBagCollection`` that knows the frequency-hybrid sharding type.
+
+Adds to the stock module: building the hybrid sharding, MEAN-pooling wiring (hybrid
+features are divided in their own output dist, never by SEBC's callback), refreshing the
+hot replicas after a load, and a per-step id check that fails on every rank at once.
+"""
+
+import logging
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionContext, ShardedEmbeddingBagCollection
+from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+from torchrec_hybrid import _compat
+from torchrec_hybrid.sharding.hybrid_sharding import HybridPooledEmbeddingSharding
+from torchrec_hybrid.sharding.lookup import HybridLookup
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, _collective_device, normalize_hot_ids
+
+logger = logging.getLogger(__name__)
+
+
+class InvalidIdError(ValueError):
+    """An input id is negative or >= num_embeddings of its table (raised on every rank)."""
+
+
+class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
+    """A SEBC whose plan may place tables as ``frequency_hybrid`` beside stock types.
+
+    Args (beyond the stock ones):
+        hot_ids: hot row ids per table name (validated collectively here).
+        validate_ids: check every input id against its table size each step (one tiny
+            all-gather) so bad ids raise on all ranks instead of crashing or hanging one.
+    """
+
+    def __init__(self, module, table_name_to_parameter_sharding, env: ShardingEnv,
+                 fused_params: Optional[Dict[str, Any]] = None, device: Optional[torch.device] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+                 module_fqn: Optional[str] = None, hot_ids: Optional[HotIds] = None,
+                 validate_ids: bool = True) -> None:
+        hybrid = [c for c in module.embedding_bag_configs()
+                  if table_name_to_parameter_sharding[c.name].sharding_type == FREQUENCY_HYBRID]
+        if hybrid and hot_ids is None:
+            raise ValueError("frequency_hybrid tables need hot_ids (or statistics) in the sharder")
+        checked = normalize_hot_ids(hot_ids or {}, hybrid, env.process_group) if hybrid else {}
+        object.__setattr__(self, "_hybrid_hot_ids", checked)
+        super().__init__(module, table_name_to_parameter_sharding, env, fused_params=fused_params,
+                         device=device, qcomm_codecs_registry=qcomm_codecs_registry, module_fqn=module_fqn)
+        stock_mean = set(self._pooling_type_to_rs_features.get("MEAN", []))
+        _compat.sebc_fix_mean_pooling(self, stock_mean)
+        self._validate_ids = validate_ids
+        self._rows_by_feature = {f: c.num_embeddings for c in self._embedding_bag_configs for f in c.feature_names}
+        self._table_by_feature = {f: c.name for c in self._embedding_bag_configs for f in c.feature_names}
+        self._rows_cache: Dict[tuple, torch.Tensor] = {}
+        self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_hot_replicas())
+        for c in hybrid:
+            logger.info("table %s: frequency_hybrid with %d hot rows of %d", c.name,
+                        checked[c.name].numel(), c.num_embeddings)
+
+    def create_embedding_bag_sharding(self, sharding_infos: List[EmbeddingShardingInfo], env: ShardingEnv,
+                                      device: Optional[torch.device] = None, permute_embeddings: bool = False,
+                                      qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None):
+        if sharding_infos[0].param_sharding.sharding_type == FREQUENCY_HYBRID:
+            return HybridPooledEmbeddingSharding(sharding_infos, env, device, self._hybrid_hot_ids,
+                                                 qcomm_codecs_registry=qcomm_codecs_registry)
+        return super().create_embedding_bag_sharding(sharding_infos, env, device, permute_embeddings,
+                                                     qcomm_codecs_registry)
+
+    def hybrid_lookups(self) -> List[HybridLookup]:
+        return [lk for lk in _compat.sebc_lookups(self) if isinstance(lk, HybridLookup)]
+
+    def refresh_hot_replicas(self) -> None:
+        """Copy owners' rows (and optimizer state) into all hot replicas; collective."""
+        for lk in self.hybrid_lookups():
+            lk.refresh_hot()
+
+    def input_dist(self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor):
+        if self._validate_ids and isinstance(features, KeyedJaggedTensor):
+            self._check_ids(features)
+        return super().input_dist(ctx, features)
+
+    def _check_ids(self, features: KeyedJaggedTensor) -> None:
+        keys = tuple(features.keys())
+        rows = self._rows_cache.get(keys)
+        if rows is None:
+            rows = torch.tensor([self._rows_by_feature.get(k, 2**62) for k in keys], device=features.values().device)
+            self._rows_cache[keys] = rows
+        values = features.values()
+        counts = torch.tensor(features.length_per_key(), device=values.device)
+        key_of_value = torch.repeat_interleave(torch.arange(len(keys), device=values.device), counts,
+                                               output_size=values.numel())
+        bad = (values < 0) | (values >= rows[key_of_value])
+        report = torch.zeros(3, dtype=torch.int64)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            report = torch.tensor([1, int(key_of_value[i]), int(values[i])], dtype=torch.int64)
+        pg = self._env.process_group
+        if pg is None or dist.get_world_size(pg) == 1:
+            reports = report.view(1, 3)
+        else:
+            dev = _collective_device(pg)
+            out = torch.empty(dist.get_world_size(pg) * 3, dtype=torch.int64, device=dev)
+            dist.all_gather_into_tensor(out, report.to(dev), group=pg)
+            reports = out.view(-1, 3).cpu()
+        if int(reports[:, 0].sum()) == 0:
+            return
+        msgs = []
+        for r in reports[:, 0].nonzero().view(-1).tolist():  # only on the error path
+            f = keys[int(reports[r, 1])]
+            msgs.append(f"rank {r}: feature '{f}' (table '{self._table_by_feature.get(f, '?')}') has id "
+                        f"{int(reports[r, 2])} outside [0, {self._rows_by_feature.get(f, '?')})")
+        raise InvalidIdError("invalid embedding ids, batch rejected before any communication or update: "
+                             + "; ".join(msgs))

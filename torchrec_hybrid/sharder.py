@@ -1,0 +1,58 @@
+"""The sharder users hand to ``DistributedModelParallel``: stock types + ``frequency_hybrid``."""
+
+from typing import Any, Dict, List, Optional
+
+import torch
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv
+from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+from torchrec_hybrid.sharded_ebc import HybridShardedEmbeddingBagCollection
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds
+
+
+class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
+    """``EmbeddingBagCollectionSharder`` that also offers the frequency-hybrid type.
+
+    Args:
+        hot_ids: ``{table_name: 1-D int64 tensor of distinct row ids}`` replicated on every
+            rank (tables missing here get no hot rows). Identical on all ranks.
+        fused_params: FBGEMM fused optimizer settings, applied to hot and cold rows alike.
+        qcomm_codecs_registry: as for the stock sharder (used by the stock types).
+        stats / hot_set_rule: alternatively a ``FrequencyStats`` and a ``HotSetRule``; the
+            hot ids are then selected from them (deterministically, same on all ranks).
+        validate_ids: per-step id range check on all ranks (see the sharded module).
+    """
+
+    def __init__(self, hot_ids: Optional[HotIds] = None, fused_params: Optional[Dict[str, Any]] = None,
+                 qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+                 stats: Any = None, hot_set_rule: Any = None, validate_ids: bool = True) -> None:
+        super().__init__(fused_params=fused_params, qcomm_codecs_registry=qcomm_codecs_registry)
+        if hot_ids is None and stats is not None:
+            from torchrec_hybrid.stats.selection import resolve_hot_ids
+
+            hot_ids = resolve_hot_ids(stats, hot_set_rule)
+        self._hot_ids = dict(hot_ids) if hot_ids is not None else {}
+        self._validate_ids = validate_ids
+
+    @property
+    def hot_ids(self) -> Dict[str, torch.Tensor]:
+        return self._hot_ids
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return super().sharding_types(compute_device_type) + [FREQUENCY_HYBRID]
+
+    def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
+        if sharding_type == FREQUENCY_HYBRID:
+            return [EmbeddingComputeKernel.FUSED.value]
+        return super().compute_kernels(sharding_type, compute_device_type)
+
+    def shard(self, module: EmbeddingBagCollection, params: Dict[str, ParameterSharding], env: ShardingEnv,
+              device: Optional[torch.device] = None, module_fqn: Optional[str] = None
+              ) -> HybridShardedEmbeddingBagCollection:
+        return HybridShardedEmbeddingBagCollection(
+            module=module, table_name_to_parameter_sharding=params, env=env, fused_params=self.fused_params,
+            device=device, qcomm_codecs_registry=self.qcomm_codecs_registry, module_fqn=module_fqn,
+            hot_ids=self._hot_ids, validate_ids=self._validate_ids,
+        )

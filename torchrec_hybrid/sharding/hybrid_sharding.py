@@ -1,0 +1,81 @@
+"""The frequency-hybrid embedding sharding: composition of input dist, lookup, output dist.
+
+The row layout is stock row-wise (``RwPooledEmbeddingSharding`` computes it): every table
+is split in contiguous blocks of ``ceil(rows / W)`` rows, one per rank, and the cold lookups
+go to the owner of their block. The hot rows additionally live on every rank. Because the
+cold shard keeps all rows of its block ("shadow rows" for the hot ones), state_dict,
+checkpoints and the fused optimizer state look exactly like stock row-wise.
+"""
+
+from typing import Any, Dict, List, Mapping, Optional
+
+import torch
+from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
+from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
+from torchrec.modules.embedding_configs import PoolingType
+
+from torchrec_hybrid import _compat
+from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
+from torchrec_hybrid.sharding.lookup import HybridLookup
+from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
+
+
+class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
+    """Frequency-hybrid sharding of pooled tables (one instance per EBC, all hybrid tables).
+
+    Args:
+        sharding_infos / env / device / qcomm_codecs_registry: as for stock shardings.
+        hot_ids: validated, sorted int64 hot row ids per table name.
+    """
+
+    def __init__(
+        self,
+        sharding_infos: List[EmbeddingShardingInfo],
+        env: ShardingEnv,
+        device: Optional[torch.device],
+        hot_ids: Mapping[str, torch.Tensor],
+        qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+    ) -> None:
+        super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
+        groups = _compat.sharding_grouped_configs(self)
+        self._tables = [t for g in groups for t in g.embedding_tables]
+        self._hot_ids_per_group = [[hot_ids[t.name] for t in g.embedding_tables] for g in groups]
+        world = self._world_size
+        for t in self._tables:  # our bucketization must agree with the stock row-wise layout
+            block = (t.num_embeddings + world - 1) // world
+            start = t.local_metadata.shard_offsets[0]
+            if start != min(self._rank * block, t.num_embeddings):
+                raise RuntimeError(f"table '{t.name}': unexpected row-wise layout (offset {start}, block {block})")
+
+    def _feature_tables(self) -> List[int]:
+        return [i for i, t in enumerate(self._tables) for _ in range(t.num_features())]
+
+    def create_input_dist(self, device: Optional[torch.device] = None) -> HybridSparseFeaturesDist:
+        world = self._world_size
+        feature_tables = self._feature_tables()
+        rows = [t.num_embeddings for t in self._tables]
+        return HybridSparseFeaturesDist(
+            pg=self._pg,
+            feature_tables=feature_tables,
+            table_rows=rows,
+            hot_ids=[h for group in self._hot_ids_per_group for h in group],
+            block_sizes=[(rows[i] + world - 1) // world for i in feature_tables],
+            device=device if device is not None else self._device,
+        )
+
+    def create_lookup(self, device: Optional[torch.device] = None, fused_params: Optional[Dict[str, Any]] = None,
+                      feature_processor: Any = None) -> HybridLookup:
+        return HybridLookup(
+            _compat.sharding_grouped_configs(self),
+            self._hot_ids_per_group,
+            pg=self._pg,
+            device=device if device is not None else self._device,
+            env=self._env,
+        )
+
+    def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
+        mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]
+        return HybridPooledEmbeddingDist(
+            self._pg, self.embedding_dims(), mean, device if device is not None else self._device
+        )

@@ -1,0 +1,162 @@
+"""Input dist of the frequency-hybrid sharding: remap, split hot/cold, ship cold ids.
+
+Per step and per rank (local batch B, F features of hybrid tables):
+1. every id is looked up in the sorted array of hot keys (``table_offset + id`` for all
+   tables at once, one ``searchsorted``) -> a hot slot or "cold";
+2. hot ids stay local, as indices into the replicated hot TBE;
+3. cold ids are bucketized by owner (row-wise blocks, the stock RW layout) and sent with
+   TorchRec's ``KJTAllToAll``.
+The result handed to the lookup is a :class:`HybridLookupInput`: the received cold KJT plus
+the local hot part and the lengths the output dist needs to route partial sums back.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.dist_data import KJTAllToAll
+from torchrec.distributed.embedding_sharding import bucketize_kjt_before_all2all
+from torchrec.distributed.types import Awaitable
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+
+@dataclass
+class HybridLookupInput:
+    """What the hybrid lookup consumes for one step (one element of SEBC's ``KJTList``).
+
+    cold: ids received from every rank for the rows this rank owns (local row ids,
+        batch ``W * B`` per feature, source-rank major).
+    hot_indices / hot_offsets / hot_weights: the local batch's hot lookups, as TBE input
+        (indices are rows of the hot replica, one bag per (feature, sample)).
+    hot_counts: lookups per hot row in this local batch ([total hot rows], for the sync).
+    sent_lengths: cold ids this rank sent, ``[W, F, B]`` (owner, feature, sample).
+    lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
+    """
+
+    cold: KeyedJaggedTensor
+    hot_indices: torch.Tensor
+    hot_offsets: torch.Tensor
+    hot_weights: Optional[torch.Tensor]
+    hot_counts: torch.Tensor
+    sent_lengths: torch.Tensor
+    lengths: torch.Tensor
+
+    # Hooks TorchRec's KJTList / pipelines call on their elements.
+    def variable_stride_per_key(self) -> bool:
+        return False
+
+    def record_stream(self, stream: torch.Stream) -> None:
+        self.cold.record_stream(stream)
+        for t in (self.hot_indices, self.hot_offsets, self.hot_weights, self.hot_counts,
+                  self.sent_lengths, self.lengths):
+            if t is not None:
+                t.record_stream(stream)
+
+
+class _Ready(Awaitable):
+    def __init__(self, fn) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def _wait_impl(self):
+        return self._fn()
+
+
+class HybridSparseFeaturesDist(nn.Module):
+    """Splits each feature's ids into hot (kept) and cold (sent to the owner rank).
+
+    Args:
+        pg: process group of the sharding.
+        feature_tables: index of each feature's table in ``table_rows`` (sharding order).
+        table_rows: ``num_embeddings`` per hybrid table.
+        hot_ids: sorted hot row ids per table (same order as ``table_rows``).
+        block_sizes: rows per owner block, per feature (the row-wise layout of the cold shard).
+        device: where the ids live.
+    """
+
+    def __init__(
+        self,
+        pg: dist.ProcessGroup,
+        feature_tables: List[int],
+        table_rows: List[int],
+        hot_ids: List[torch.Tensor],
+        block_sizes: List[int],
+        device: torch.device,
+    ) -> None:
+        super().__init__()
+        self._pg = pg
+        self._world = pg.size()
+        self._num_features = len(feature_tables)
+        rows = torch.tensor(table_rows, dtype=torch.int64)
+        table_offset = torch.cumsum(rows, 0) - rows
+        hot_sizes = torch.tensor([h.numel() for h in hot_ids], dtype=torch.int64)
+        hot_offset = torch.cumsum(hot_sizes, 0) - hot_sizes
+        ft = torch.tensor(feature_tables, dtype=torch.int64)
+        keys = [h + off for h, off in zip(hot_ids, table_offset.tolist())]
+        hot_keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
+        self._total_hot = int(hot_keys.numel())
+        self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
+        self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
+        self.register_buffer("_feature_hot_offset", hot_offset[ft].to(device), persistent=False)
+        self.register_buffer(
+            "_block_sizes", torch.tensor(block_sizes, dtype=torch.int64, device=device), persistent=False
+        )
+        self._dist = KJTAllToAll(pg=pg, splits=[self._num_features] * self._world)
+
+    def forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
+        F, W = self._num_features, self._world
+        B = features.stride()
+        values = features.values()
+        lengths = features.lengths().view(F, B)
+        weights = features.weights_or_none()
+        per_feature = lengths.sum(1)
+        feature_of_value = torch.repeat_interleave(
+            torch.arange(F, device=values.device), per_feature, output_size=values.numel()
+        )
+        keys = values.to(torch.int64) + self._feature_key_offset[feature_of_value]
+        if self._total_hot > 0:
+            slot = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
+            is_hot = self._hot_keys[slot] == keys
+        else:
+            slot = torch.zeros_like(keys)
+            is_hot = torch.zeros_like(keys, dtype=torch.bool)
+        is_cold = ~is_hot
+        flat_lengths = lengths.reshape(-1)
+        hot_rows, hot_lengths = torch.ops.fbgemm.masked_select_jagged_1d(
+            slot - self._feature_hot_offset[feature_of_value], flat_lengths, is_hot
+        )
+        cold_values, cold_lengths = torch.ops.fbgemm.masked_select_jagged_1d(values, flat_lengths, is_cold)
+        hot_counts = torch.bincount(slot[is_hot], minlength=self._total_hot)
+        cold = KeyedJaggedTensor(
+            keys=features.keys(),
+            values=cold_values,
+            lengths=cold_lengths.to(torch.int32),
+            weights=None if weights is None else weights[is_cold],
+            stride=B,
+        )
+        bucketized, _ = bucketize_kjt_before_all2all(cold, num_buckets=W, block_sizes=self._block_sizes)
+        bucketized = KeyedJaggedTensor(
+            keys=bucketized.keys(),
+            values=bucketized.values().to(torch.int32),  # local row ids: 4 bytes on the wire
+            lengths=bucketized.lengths(),
+            weights=bucketized.weights_or_none(),
+            stride=B,
+        )
+        sent_lengths = bucketized.lengths().view(W, F, B)
+        local = dict(
+            hot_indices=hot_rows,
+            hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
+            hot_weights=None if weights is None else weights[is_hot],
+            hot_counts=hot_counts,
+            sent_lengths=sent_lengths,
+            lengths=lengths,
+        )
+        splits_awaitable = self._dist(bucketized)
+
+        def tensors_ready():
+            tensors_awaitable = splits_awaitable.wait()
+            return _Ready(lambda: HybridLookupInput(cold=tensors_awaitable.wait(), **local))
+
+        return _Ready(tensors_ready)

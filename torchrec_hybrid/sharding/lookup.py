@@ -1,0 +1,104 @@
+"""Lookup of the frequency-hybrid sharding: cold rows on their owner, hot rows locally.
+
+The cold part is TorchRec's own ``GroupedPooledEmbeddingsLookup`` over the row-wise shard
+(fused TBEs, fused optimizer, state_dict all stock). The hot part is one
+:class:`HotReplica` per table group. The output keeps both unreduced; the output dist
+routes the cold partial sums home and adds them to the hot sums.
+"""
+
+from dataclasses import dataclass
+from typing import List, Optional
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
+from torchrec.distributed.types import ShardingEnv, ShardingType
+
+from torchrec_hybrid import _compat
+from torchrec_hybrid.sharding.hot_replica import HotReplica
+from torchrec_hybrid.sharding.input_dist import HybridLookupInput
+
+
+@dataclass
+class HybridLookupOutput:
+    """Unreduced pooled embeddings of one step, handed to the output dist."""
+
+    cold: torch.Tensor  # [W * B, D]: partial sums for every (source rank, sample), owner side
+    hot: torch.Tensor  # [B, D]: sums over the local hot lookups
+    received_lengths: torch.Tensor  # [F, W * B] cold ids received (owner side)
+    sent_lengths: torch.Tensor  # [W, F, B] cold ids sent (sample side)
+    lengths: torch.Tensor  # [F, B] full bag lengths
+
+
+class HybridLookup(nn.Module):
+    """Cold row-wise fused lookup + replicated hot lookup for the hybrid tables of one EBC."""
+
+    def __init__(
+        self,
+        grouped_configs: List[GroupedEmbeddingConfig],
+        hot_ids: List[List[torch.Tensor]],
+        pg: dist.ProcessGroup,
+        device: torch.device,
+        env: Optional[ShardingEnv] = None,
+    ) -> None:
+        super().__init__()
+        self.cold = GroupedPooledEmbeddingsLookup(
+            grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
+        )
+        cold_tbes = [m.emb_module for m in _compat.grouped_lookup_modules(self.cold)]
+        self._hot = [HotReplica(c, h, tbe, pg, device)
+                     for c, h, tbe in zip(grouped_configs, hot_ids, cold_tbes)]
+        self._feature_splits = [c.num_features() for c in grouped_configs]
+        self._slot_splits = [r.num_slots for r in self._hot]
+        self.refresh_hot()
+
+    def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
+        B = inp.lengths.size(1)
+        cold = self.cold(inp.cold)
+        hot = []
+        offsets = inp.hot_offsets
+        f0 = s0 = 0
+        for replica, nf, ns in zip(self._hot, self._feature_splits, self._slot_splits):  # per group
+            off = offsets[f0 * B: (f0 + nf) * B + 1]
+            lo, hi = off[0], off[-1]
+            w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
+            hot.append(replica.pool(inp.hot_indices[lo:hi], off - lo, w, inp.hot_counts[s0:s0 + ns], B))
+            f0, s0 = f0 + nf, s0 + ns
+        return HybridLookupOutput(
+            cold=cold,
+            hot=torch.cat(hot, dim=1) if len(hot) > 1 else hot[0],
+            received_lengths=inp.cold.lengths().view(sum(self._feature_splits), -1),
+            sent_lengths=inp.sent_lengths,
+            lengths=inp.lengths,
+        )
+
+    def refresh_hot(self) -> None:
+        """Copy the owners' shadow rows into every hot replica (collective)."""
+        for r in self._hot:
+            r.refresh()
+
+    def flush(self) -> None:
+        self.cold.flush()
+        for r in self._hot:
+            r.to_shadow()
+
+    def purge(self) -> None:
+        self.cold.purge()
+
+    # The cold shard is the logical table: state_dict and parameters are the stock row-wise ones.
+    def state_dict(self, destination=None, prefix: str = "", keep_vars: bool = False):
+        return self.cold.state_dict(destination=destination, prefix=prefix, keep_vars=keep_vars)
+
+    def named_parameters_by_table(self):
+        return self.cold.named_parameters_by_table()
+
+    def named_parameters(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from self.cold.named_parameters(prefix, recurse, remove_duplicate)
+
+    def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
+        yield from self.cold.named_buffers(prefix, recurse, remove_duplicate)
+
+    def hot_replicas(self) -> List[HotReplica]:
+        return list(self._hot)

@@ -1,0 +1,100 @@
+"""Output dist of the frequency-hybrid sharding: a sparse all-to-all of cold partial sums.
+
+Only the partial pooled vectors of (feature, sample) bags that had cold ids on an owner go
+back to the sample's rank, so the bytes scale with cold lookups, not with ``B * dim``. Both
+sides know the split sizes from lengths they already hold (the owner from what it received,
+the sample's rank from what it sent): no extra metadata round-trip. The backward runs the
+same all-to-all in reverse and, like TorchRec's pooled all-to-all, divides by W.
+MEAN features are pooled as SUM on both paths and divided by the full bag length here.
+"""
+
+from typing import List
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torchrec.distributed.comm_ops import get_gradient_division
+from torchrec.distributed.types import Awaitable
+
+from torchrec_hybrid.sharding.lookup import HybridLookupOutput
+from torchrec_hybrid.sharding.segments import segment_positions
+
+
+class _VariableAllToAll(torch.autograd.Function):
+    """``all_to_all_single`` with split sizes, differentiable (reverse splits in backward)."""
+
+    @staticmethod
+    def forward(ctx, values, send_splits, recv_splits, pg):
+        ctx.splits, ctx.pg = (send_splits, recv_splits), pg
+        out = values.new_empty(sum(recv_splits))
+        dist.all_to_all_single(out, values.contiguous(), recv_splits, send_splits, group=pg)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        send_splits, recv_splits = ctx.splits
+        out = grad.new_empty(sum(send_splits))
+        dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.pg)
+        if get_gradient_division():
+            out = out / ctx.pg.size()
+        return out, None, None, None
+
+
+class _Done(Awaitable):
+    def __init__(self, value: torch.Tensor) -> None:
+        super().__init__()
+        self._value = value
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self._value
+
+
+class HybridPooledEmbeddingDist(nn.Module):
+    """Sends cold partial sums home and adds them to the hot sums -> ``[B, sum(dims)]``.
+
+    Args:
+        pg: process group.
+        feature_dims: output width of each feature (sharding order).
+        mean_features: which features use MEAN pooling.
+    """
+
+    def __init__(self, pg: dist.ProcessGroup, feature_dims: List[int], mean_features: List[bool],
+                 device: torch.device) -> None:
+        super().__init__()
+        self._pg, self._world = pg, pg.size()
+        dims = torch.tensor(feature_dims, dtype=torch.int64)
+        self._total_dim = int(dims.sum())
+        self.register_buffer("_dims", dims.to(device), persistent=False)
+        self.register_buffer("_dim_offsets", (torch.cumsum(dims, 0) - dims).to(device), persistent=False)
+        self._any_mean = any(mean_features)
+        mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
+        self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
+
+    def _elements(self, mask: torch.Tensor, batch_rows: bool):
+        """Flat output positions of the bags in ``mask [W, F, B]`` and per-rank element counts."""
+        W, F, B = mask.shape
+        nz = mask.nonzero()
+        rank, feat, sample = nz[:, 0], nz[:, 1], nz[:, 2]
+        row = rank * B + sample if batch_rows else sample
+        width = self._dims[feat]
+        pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], width)
+        per_rank = (mask.sum(2).to(torch.int64) * self._dims[None, :]).sum(1)
+        return pos, per_rank.tolist()
+
+    def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
+        F, B = out.lengths.shape
+        W = self._world
+        # owner side: bags received with >= 1 cold id, in (source rank, feature, sample) order
+        recv_mask = out.received_lengths.view(F, W, B).permute(1, 0, 2) > 0
+        send_pos, send_splits = self._elements(recv_mask, batch_rows=True)
+        # sample side: bags we sent to each owner with >= 1 cold id, same order on the owner
+        back_mask = out.sent_lengths > 0
+        recv_pos, recv_splits = self._elements(back_mask, batch_rows=False)
+        partials = out.cold.reshape(-1)[send_pos]
+        received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
+        pooled = out.hot.reshape(-1).index_add(0, recv_pos, received).view(B, self._total_dim)
+        if self._any_mean:
+            per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
+            divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
+            pooled = pooled / divisor.to(pooled.dtype)
+        return _Done(pooled)

@@ -1,0 +1,31 @@
+"""Row-frequency statistics and hot-set selection for frequency-hybrid sharding.
+
+Count lookups with `FrequencyStats` (exact, or a `CountMinTopK` sketch for huge tables),
+combine them across ranks, save/load them, and turn them into hot ids per table with
+`select_hot_ids` or a `HotSetRule`.
+"""
+
+from torchrec_hybrid.stats.frequency import FORMAT_VERSION, FrequencyStats
+from torchrec_hybrid.stats.selection import (
+    HotSetRule,
+    coverage_curve,
+    default_bytes_per_row,
+    resolve_hot_ids,
+    select_hot_ids,
+)
+from torchrec_hybrid.stats.sketch import CountMinTopK
+from torchrec_hybrid.stats.synthetic import SyntheticCriteo, criteo_table_sizes, criteo_tables
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CountMinTopK",
+    "FrequencyStats",
+    "HotSetRule",
+    "SyntheticCriteo",
+    "coverage_curve",
+    "criteo_table_sizes",
+    "criteo_tables",
+    "default_bytes_per_row",
+    "resolve_hot_ids",
+    "select_hot_ids",
+]

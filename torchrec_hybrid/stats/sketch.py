@@ -1,0 +1,226 @@
+"""Bounded-memory heavy-hitter sketch for tables too large to count exactly.
+
+`CountMinTopK` is a Count-Min sketch plus a candidate set of the (estimated) most
+frequent ids. Both are updated once per batch with vectorised tensor ops, so the cost
+per id is a few multiplies, one `scatter_add_` and one gather per sketch row.
+
+Error bound (Cormode & Muthukrishnan, 2005). With width ``w = ceil(e / eps)`` (rounded up
+to a power of two here) and depth ``d = ceil(ln(1 / delta))``, for every id ``x`` after a
+stream of ``N`` lookups::
+
+    count(x) <= estimate(x) <= count(x) + eps * N     with probability >= 1 - delta
+
+The estimate never undercounts. The bound needs the row hashes to be pairwise
+independent: we use Dietzfelbinger's multiply-add-shift hash
+``h(x) = ((a * x + b) mod 2**64) >> (64 - log2(w))`` with random 64-bit ``a, b``, which is
+2-independent for keys below ``2**32`` (tables up to 4.29e9 rows).
+
+Candidates: every id whose estimate beats the smallest estimate of a full candidate set
+is admitted (through a small pending buffer); the set keeps the ``capacity`` ids with the
+largest estimates (ties: smaller id first). An id whose estimate exceeds the
+``capacity``-th largest estimate at the time it is looked up is therefore kept, which for
+skewed (Zipf) data recovers the heavy hitters with high recall (see tests).
+
+Memory between updates is bounded by ``memory_bound_bytes()``: ``8 * d * w`` (int64
+counters) + ``16 * capacity`` (candidate ids and estimates) + ``8 * next_pow2(4 * capacity)``
+(membership slots) + ``8 * capacity`` (pending ids) + hash parameters. Temporaries
+inside one update (a few ints per id of the batch) are not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+MAX_KEY = 1 << 32  # keys must be below this for the hash to be 2-independent
+_GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64 (Fibonacci hashing)
+
+
+def sketch_shape(eps: float, delta: float) -> Tuple[int, int]:
+    """(depth, width) for an eps/delta Count-Min guarantee; width is a power of two."""
+    if not (0 < eps < 1 and 0 < delta < 1):
+        raise ValueError(f"need 0 < eps, delta < 1, got eps={eps}, delta={delta}")
+    width = 1 << max(1, math.ceil(math.log2(math.e / eps)))
+    depth = max(1, math.ceil(math.log(1.0 / delta)))
+    return depth, width
+
+
+def top_by_count(ids: torch.Tensor, counts: torch.Tensor, k: Optional[int] = None):
+    """Sort (ids, counts) by count descending, ties by smaller id; keep the first k.
+
+    ``ids`` must be sorted ascending on entry: the stable sort then breaks ties by id.
+    """
+    order = torch.sort(counts, descending=True, stable=True).indices
+    if k is not None:
+        order = order[:k]
+    return ids[order], counts[order]
+
+
+class CountMinTopK:
+    """Count-Min sketch + candidate top-k set for one table (see module docstring)."""
+
+    def __init__(
+        self,
+        num_embeddings: int,
+        capacity: int,
+        eps: float = 1e-5,
+        delta: float = 0.01,
+        seed: int = 0,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        if num_embeddings > MAX_KEY:
+            raise ValueError(f"sketch supports tables below {MAX_KEY} rows, got {num_embeddings}")
+        if capacity < 1:
+            raise ValueError(f"capacity must be >= 1, got {capacity}")
+        self.num_embeddings = num_embeddings
+        self.capacity = capacity
+        self.eps, self.delta, self.seed = eps, delta, seed
+        self.device = torch.device(device)
+        self.depth, self.width = sketch_shape(eps, delta)
+        self._shift = 64 - int(math.log2(self.width))
+        g = torch.Generator().manual_seed(seed)
+        # a must be odd; int64 arithmetic wraps mod 2**64 as the hash requires.
+        a = torch.randint(-(1 << 62), 1 << 62, (self.depth, 1), generator=g) * 2 + 1
+        b = torch.randint(-(1 << 62), 1 << 62, (self.depth, 1), generator=g)
+        self.hash_a, self.hash_b = a.to(self.device), b.to(self.device)
+        self._row_offset = (torch.arange(self.depth) * self.width).view(-1, 1).to(self.device)
+        self.table = torch.zeros(self.depth * self.width, dtype=torch.int64, device=self.device)
+        self.cand_ids = torch.empty(0, dtype=torch.int64, device=self.device)
+        self.cand_est = torch.empty(0, dtype=torch.int64, device=self.device)
+        # direct-mapped candidate membership table (4 slots per candidate) + pending ids
+        num_slots = 1 << max(2, math.ceil(math.log2(4 * capacity)))
+        self._slot_shift = 64 - int(math.log2(num_slots))
+        self._slots = torch.full((num_slots,), -1, dtype=torch.int64, device=self.device)
+        self._pending: List[torch.Tensor] = []
+        self._num_pending = 0
+        self._max_pending = capacity
+
+    # -- hashing / queries -------------------------------------------------------------
+    def _cells(self, ids: torch.Tensor) -> torch.Tensor:
+        """Flat cell index of each id in each row: shape [depth, n]."""
+        h = (self.hash_a * ids.view(1, -1) + self.hash_b) >> self._shift
+        return (h & (self.width - 1)) + self._row_offset
+
+    def _min_over_rows(self, cells: torch.Tensor) -> torch.Tensor:
+        # index_select + a loop of torch.minimum: several times faster than amin(0) here.
+        vals = self.table.index_select(0, cells.reshape(-1)).view(self.depth, -1)
+        est = vals[0]
+        for r in range(1, self.depth):
+            est = torch.minimum(est, vals[r])
+        return est
+
+    def estimate(self, ids: torch.Tensor) -> torch.Tensor:
+        """Count-Min estimate (an overestimate) of each id's count."""
+        ids = ids.to(self.device, torch.int64).view(-1)
+        if ids.numel() == 0:
+            return torch.empty(0, dtype=torch.int64, device=self.device)
+        return self._min_over_rows(self._cells(ids))
+
+    def _slot(self, ids: torch.Tensor) -> torch.Tensor:
+        return ((ids * _GOLDEN) >> self._slot_shift) & (self._slots.numel() - 1)
+
+    # -- updates -----------------------------------------------------------------------
+    def update(self, ids: torch.Tensor) -> None:
+        """Count one batch of (already validated) ids.
+
+        Ids whose estimate beats the smallest candidate estimate and that are not known
+        candidates go to a pending buffer; the candidate set is recomputed from
+        candidates + pending once the buffer holds `capacity` ids (or on any read).
+        The membership test is a direct-mapped table of the candidates: it can only miss
+        (sending a known candidate to pending again), so it changes cost, never results.
+        """
+        ids = ids.to(self.device, torch.int64).view(-1)
+        if ids.numel() == 0:
+            return
+        cells = self._cells(ids)
+        one = torch.ones(1, dtype=torch.int64, device=self.device)
+        self.table.scatter_add_(0, cells.view(-1), one.expand(cells.numel()))
+        if self.cand_ids.numel() >= self.capacity:
+            ids = ids[self._min_over_rows(cells) > self.cand_est[-1]]
+        ids = ids[self._slots[self._slot(ids)] != ids]
+        if ids.numel():
+            self._pending.append(ids)
+            self._num_pending += ids.numel()
+            if self._num_pending >= self._max_pending:
+                self._flush()
+
+    def _flush(self, extra: Optional[torch.Tensor] = None) -> None:
+        """Union candidates, pending ids and extra; re-estimate; keep the top `capacity`."""
+        parts = [self.cand_ids, *self._pending] + ([extra.to(self.device)] if extra is not None else [])
+        self._pending, self._num_pending = [], 0
+        ids = torch.unique(torch.cat(parts))  # sorted ascending, as top_by_count needs
+        self.cand_ids, self.cand_est = top_by_count(ids, self.estimate(ids), self.capacity)
+        self._slots.fill_(-1)
+        self._slots[self._slot(self.cand_ids)] = self.cand_ids
+
+    def merge_(self, other: "CountMinTopK") -> "CountMinTopK":
+        """Add another sketch of the same shape and hashes (the sketch is linear)."""
+        self.check_same_shape(other)
+        other._flush()
+        self.table += other.table.to(self.device)
+        self._flush(other.cand_ids)
+        return self
+
+    def check_same_shape(self, other: "CountMinTopK") -> None:
+        mine = (self.num_embeddings, self.capacity, self.depth, self.width, self.seed)
+        theirs = (other.num_embeddings, other.capacity, other.depth, other.width, other.seed)
+        if mine != theirs:
+            raise ValueError(
+                "sketches differ in (num_embeddings, capacity, depth, width, seed): "
+                f"{mine} vs {theirs}"
+            )
+
+    def all_reduce_(self, group=None) -> None:
+        """Sum the tables over ranks and union the candidates; identical on every rank."""
+        import torch.distributed as dist
+
+        self._flush()
+        dist.all_reduce(self.table, op=dist.ReduceOp.SUM, group=group)
+        padded = torch.full((self.capacity,), -1, dtype=torch.int64, device=self.device)
+        padded[: self.cand_ids.numel()] = self.cand_ids
+        world = dist.get_world_size(group)
+        gathered = torch.empty(world * self.capacity, dtype=torch.int64, device=self.device)
+        dist.all_gather_into_tensor(gathered, padded, group=group)
+        self.cand_ids = self.cand_ids[:0]
+        self._flush(gathered[gathered >= 0])
+
+    # -- accounting / persistence --------------------------------------------------------
+    def top(self, k: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Candidate (ids, estimates), by estimate descending then id ascending."""
+        self._flush()
+        keep = self.cand_est > 0
+        ids, est = self.cand_ids[keep], self.cand_est[keep]
+        return (ids, est) if k is None else (ids[:k], est[:k])
+
+    def memory_bytes(self) -> int:
+        """Bytes held by the sketch's tensors right now."""
+        tensors = [self.table, self.cand_ids, self.cand_est, self._slots, *self._pending]
+        return sum(t.numel() * t.element_size() for t in tensors) + 16 * self.depth
+
+    def memory_bound_bytes(self) -> int:
+        """Upper bound on memory_bytes() for this configuration."""
+        return (8 * self.depth * self.width + 16 * self.capacity + 8 * self._slots.numel()
+                + 8 * self.capacity + 16 * self.depth)
+
+    def state_dict(self) -> Dict[str, object]:
+        self._flush()
+        return {
+            "num_embeddings": self.num_embeddings, "capacity": self.capacity,
+            "eps": self.eps, "delta": self.delta, "seed": self.seed,
+            "table": self.table.cpu(), "cand_ids": self.cand_ids.cpu(),
+            "cand_est": self.cand_est.cpu(),
+        }
+
+    @classmethod
+    def from_state_dict(cls, state: Dict[str, object], device="cpu") -> "CountMinTopK":
+        sk = cls(state["num_embeddings"], state["capacity"], state["eps"], state["delta"],
+                 state["seed"], device=device)
+        if state["table"].numel() != sk.table.numel():
+            raise ValueError("sketch table size does not match its eps/delta")
+        sk.table = state["table"].to(sk.device)
+        sk.cand_ids = state["cand_ids"].to(sk.device)
+        sk.cand_est = state["cand_est"].to(sk.device)
+        sk._slots[sk._slot(sk.cand_ids)] = sk.cand_ids
+        return sk

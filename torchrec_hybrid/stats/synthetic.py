@@ -1,0 +1,113 @@
+"""A seeded, Criteo-like synthetic stream of KeyedJaggedTensors.
+
+No real Criteo data can be downloaded here, so statistics, planner and benchmarks run on a
+stand-in with the same shape: 26 sparse features ``cat_0 .. cat_25`` with the Criteo
+cardinalities (scaled and capped), ids drawn from a Zipf(alpha) law over ranks, each rank
+mapped to an id by a fixed random permutation of the table (so hot rows are scattered, as
+after hashing), one id per feature or the MLPerf DLRMv2 multi-hot sizes.
+
+Sampling is exact inverse-CDF over the table's ranks (``searchsorted`` over a float64 CDF),
+vectorised per feature; it holds 16 bytes per table row (CDF + permutation).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Iterator, List, Optional, Sequence, Union
+
+import torch
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+CRITEO_KAGGLE_CARDINALITIES: List[int] = [
+    1460, 583, 10131227, 2202608, 305, 24, 12517, 633, 3, 93145, 5683, 8351593, 3194,
+    27, 14992, 5461306, 10, 5652, 2173, 4, 7046547, 18, 15, 286181, 105, 142572,
+]
+# Criteo 1TB with the MLPerf 40M cap, as in TorchRec's DLRM example.
+CRITEO_TERABYTE_CARDINALITIES: List[int] = [
+    40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282,
+    10, 2209, 11938, 155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36,
+]
+DLRMV2_MULTI_HOT_SIZES: List[int] = [
+    3, 2, 1, 2, 6, 1, 1, 1, 1, 7, 3, 8, 1, 6, 9, 5, 1, 1, 1, 12, 100, 27, 10, 3, 1, 1,
+]
+CAT_NAMES: List[str] = [f"cat_{i}" for i in range(26)]
+
+
+def criteo_table_sizes(
+    cardinalities: Sequence[int] = CRITEO_KAGGLE_CARDINALITIES,
+    scale: float = 1.0,
+    max_rows: Optional[int] = None,
+) -> List[int]:
+    """Cardinalities times `scale` (rounded up, at least 1), capped at `max_rows`."""
+    sizes = [max(1, math.ceil(c * scale)) for c in cardinalities]
+    return [min(s, max_rows) for s in sizes] if max_rows else sizes
+
+
+def criteo_tables(
+    sizes: Sequence[int], embedding_dim: int = 128, feature_names: Sequence[str] = CAT_NAMES
+) -> List[EmbeddingBagConfig]:
+    """One table ``t_<feature>`` per feature."""
+    return [
+        EmbeddingBagConfig(num_embeddings=n, embedding_dim=embedding_dim,
+                           name=f"t_{f}", feature_names=[f])
+        for n, f in zip(sizes, feature_names)
+    ]
+
+
+class ZipfSampler:
+    """Ids of one table: rank r (0-based) has probability ~ (r + 1) ** -alpha."""
+
+    def __init__(self, num_rows: int, alpha: float, generator: torch.Generator) -> None:
+        weights = torch.arange(1, num_rows + 1, dtype=torch.float64).pow_(-alpha)
+        self.cdf = torch.cumsum(weights, 0)
+        self.cdf /= self.cdf[-1].clone()
+        self.perm = torch.randperm(num_rows, generator=generator)
+
+    def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
+        u = torch.rand(n, dtype=torch.float64, generator=generator)
+        ranks = torch.searchsorted(self.cdf, u).clamp_(max=self.perm.numel() - 1)
+        return self.perm[ranks]
+
+
+class SyntheticCriteo:
+    """Re-iterable stream of `num_batches` KJTs of `batch_size` samples (same data each pass).
+
+    Args:
+        table_sizes: rows per feature (see criteo_table_sizes).
+        multi_hot: False for one id per feature, True for the DLRMv2 sizes, or a list.
+    """
+
+    def __init__(
+        self,
+        table_sizes: Sequence[int],
+        batch_size: int,
+        num_batches: int,
+        alpha: float = 1.1,
+        multi_hot: Union[bool, Sequence[int]] = False,
+        seed: int = 0,
+        feature_names: Sequence[str] = CAT_NAMES,
+    ) -> None:
+        self.table_sizes = list(table_sizes)
+        self.feature_names = list(feature_names)[: len(self.table_sizes)]
+        if multi_hot is True:
+            multi_hot = DLRMV2_MULTI_HOT_SIZES
+        self.hotness = list(multi_hot)[: len(self.table_sizes)] if multi_hot else [1] * len(self.table_sizes)
+        self.batch_size, self.num_batches = batch_size, num_batches
+        self.alpha, self.seed = alpha, seed
+        self._samplers: Optional[List[ZipfSampler]] = None
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def __iter__(self) -> Iterator[KeyedJaggedTensor]:
+        g = torch.Generator().manual_seed(self.seed)
+        if self._samplers is None:  # permutations depend on the seed only
+            self._samplers = [ZipfSampler(n, self.alpha, g) for n in self.table_sizes]
+        g = torch.Generator().manual_seed(self.seed + 1)
+        b = self.batch_size
+        lengths = torch.cat([torch.full((b,), h, dtype=torch.int32) for h in self.hotness])
+        for _ in range(self.num_batches):
+            values = torch.cat([s.sample(b * h, g) for s, h in zip(self._samplers, self.hotness)])
+            yield KeyedJaggedTensor(keys=self.feature_names, values=values,
+                                    lengths=lengths, stride=b)

@@ -1,0 +1,101 @@
+"""Names shared by every part of the package: the sharding type string and hot-set checks.
+
+TorchRec's ``ShardingType`` is a closed Enum, so the new type is a plain string that the
+sharder offers next to the stock values. ``hot_ids[table]`` is the set of rows replicated on
+every rank; it must be identical everywhere, so it is validated collectively at shard time.
+"""
+
+from typing import Dict, List, Mapping, Optional
+
+import torch
+import torch.distributed as dist
+from torchrec.modules.embedding_configs import EmbeddingBagConfig
+
+FREQUENCY_HYBRID = "frequency_hybrid"
+
+HotIds = Mapping[str, torch.Tensor]
+
+
+class HotSetError(ValueError):
+    """A ``hot_ids`` entry is malformed or differs between ranks."""
+
+
+def _local_hot_problem(name: str, ids: torch.Tensor, num_embeddings: int) -> Optional[str]:
+    if ids.dim() != 1:
+        return f"table '{name}': hot_ids must be 1-D, got shape {tuple(ids.shape)}"
+    if ids.dtype not in (torch.int64, torch.int32):
+        return f"table '{name}': hot_ids must be an integer tensor, got {ids.dtype}"
+    if ids.numel() == 0:
+        return None
+    lo, hi = int(ids.min()), int(ids.max())
+    if lo < 0 or hi >= num_embeddings:
+        bad = lo if lo < 0 else hi
+        return f"table '{name}': hot id {bad} is outside [0, {num_embeddings})"
+    uniq = torch.unique(ids)
+    if uniq.numel() != ids.numel():
+        srt = torch.sort(ids.to(torch.int64)).values
+        dup = int(srt[1:][srt[1:] == srt[:-1]][0])
+        return f"table '{name}': hot id {dup} appears more than once"
+    return None
+
+
+def normalize_hot_ids(
+    hot_ids: HotIds,
+    configs: List[EmbeddingBagConfig],
+    pg: Optional[dist.ProcessGroup] = None,
+) -> Dict[str, torch.Tensor]:
+    """Checks ``hot_ids`` for ``configs`` on every rank and returns sorted int64 CPU tensors.
+
+    Local problems (out of range, duplicates, wrong shape) and cross-rank differences raise
+    :class:`HotSetError` on *every* rank: verdicts are exchanged with two small all-gathers
+    before anyone raises, so no rank is left waiting in a collective.
+    """
+    problems: List[str] = []
+    out: Dict[str, torch.Tensor] = {}
+    for c in configs:
+        ids = hot_ids.get(c.name, torch.empty(0, dtype=torch.int64))
+        ids = torch.as_tensor(ids).detach().cpu()
+        msg = _local_hot_problem(c.name, ids, c.num_embeddings)
+        if msg:
+            problems.append(msg)
+            ids = torch.empty(0, dtype=torch.int64)
+        out[c.name] = torch.sort(ids.to(torch.int64)).values
+    if pg is None or dist.get_world_size(pg) == 1:
+        if problems:
+            raise HotSetError("; ".join(problems))
+        return out
+
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
+    dev = _collective_device(pg)
+    counts = torch.tensor([len(problems)] + [out[c.name].numel() for c in configs], dtype=torch.int64)
+    gathered = [torch.zeros_like(counts, device=dev) for _ in range(world)]
+    dist.all_gather(gathered, counts.to(dev), group=pg)
+    gathered_cpu = torch.stack([g.cpu() for g in gathered])
+    if int(gathered_cpu[:, 0].sum()) > 0:
+        bad_ranks = [r for r in range(world) if int(gathered_cpu[r, 0]) > 0]
+        mine = f" (this rank: {'; '.join(problems)})" if problems else ""
+        raise HotSetError(f"invalid hot_ids on rank(s) {bad_ranks}{mine}")
+    for i, c in enumerate(configs):
+        col = gathered_cpu[:, i + 1]
+        if not bool((col == col[0]).all()):
+            raise HotSetError(
+                f"table '{c.name}': hot_ids differ between ranks (sizes per rank {col.tolist()})"
+            )
+    flat = torch.cat([out[c.name] for c in configs]) if configs else torch.empty(0, dtype=torch.int64)
+    all_flat = [torch.zeros_like(flat, device=dev) for _ in range(world)]
+    dist.all_gather(all_flat, flat.to(dev), group=pg)
+    pos = 0
+    for c in configs:
+        n = out[c.name].numel()
+        for r in range(world):
+            if not torch.equal(all_flat[r][pos : pos + n].cpu(), out[c.name]):
+                raise HotSetError(f"table '{c.name}': hot_ids on rank {r} differ from rank {rank}'s")
+        pos += n
+    return out
+
+
+def _collective_device(pg: dist.ProcessGroup) -> torch.device:
+    """Tensors for a collective must live where the backend wants them (NCCL: cuda)."""
+    if dist.get_backend(pg) == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
