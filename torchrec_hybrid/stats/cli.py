@@ -114,7 +114,9 @@ def plot_coverage(stats: FrequencyStats, path: str) -> None:
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s")
+    # force: importing torch/torchrec already attached a WARNING-level root handler
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
+                        force=True)
     sizes = criteo_table_sizes(CARDINALITIES[args.cardinalities], args.scale, args.max_rows)
     stats = FrequencyStats(criteo_tables(sizes, args.embedding_dim),
                            exact_max_rows=args.exact_max_rows,

@@ -16,6 +16,7 @@ and every rank derives the same hot set from them.
 
 from __future__ import annotations
 
+import logging
 import os
 import zlib
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -25,6 +26,8 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid.stats.sketch import CountMinTopK, top_by_count
+
+logger = logging.getLogger(__name__)
 
 FORMAT_VERSION = 1
 DEFAULT_EXACT_MAX_ROWS = 1 << 24  # 16.8M rows = 128 MiB of int64 counters
@@ -101,10 +104,15 @@ class FrequencyStats:
                 self._offset[cfg.name] = total
                 total += cfg.num_embeddings
             else:
-                self._sketches[cfg.name] = CountMinTopK(
+                sk = CountMinTopK(
                     cfg.num_embeddings, sketch_capacity, sketch_eps, sketch_delta,
                     seed=seed + zlib.crc32(cfg.name.encode()), device=self.device,
                 )
+                if sk.memory_bound_bytes() >= 8 * cfg.num_embeddings:
+                    logger.warning("table %s: its sketch (%d B) is not smaller than exact "
+                                   "counts (%d B); raise exact_max_rows", cfg.name,
+                                   sk.memory_bound_bytes(), 8 * cfg.num_embeddings)
+                self._sketches[cfg.name] = sk
         self._counts = torch.zeros(total, dtype=torch.int64, device=self.device)
         self._lookups = torch.zeros(len(self.tables), dtype=torch.int64, device=self.device)
         self.num_batches = 0
