@@ -5,7 +5,11 @@ lookups cross the network.
 """
 
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError  # noqa: F401
-from torchrec_hybrid.sharded_ebc import HybridShardedEmbeddingBagCollection, InvalidIdError  # noqa: F401
+from torchrec_hybrid.sharded_ebc import (  # noqa: F401
+    HybridShardedEmbeddingBagCollection,
+    InvalidIdError,
+    refresh_hot_replicas,
+)
 from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
 from torchrec_hybrid.sharding_plan import frequency_hybrid  # noqa: F401
 
@@ -16,4 +20,5 @@ __all__ = [
     "HybridEmbeddingBagCollectionSharder",
     "HybridShardedEmbeddingBagCollection",
     "frequency_hybrid",
+    "refresh_hot_replicas",
 ]

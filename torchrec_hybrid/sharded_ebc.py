@@ -43,9 +43,13 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                  validate_ids: bool = True) -> None:
         hybrid = [c for c in module.embedding_bag_configs()
                   if table_name_to_parameter_sharding[c.name].sharding_type == FREQUENCY_HYBRID]
-        if hybrid and hot_ids is None:
-            raise ValueError("frequency_hybrid tables need hot_ids (or statistics) in the sharder")
-        checked = normalize_hot_ids(hot_ids or {}, hybrid, env.process_group) if hybrid else {}
+        # A plan may carry the hot ids itself (``HybridParameterSharding.hot_ids``): it wins.
+        hot_ids = dict(hot_ids or {})
+        for c in hybrid:
+            planned = getattr(table_name_to_parameter_sharding[c.name], "hot_ids", None)
+            if planned is not None:
+                hot_ids[c.name] = planned
+        checked = normalize_hot_ids(hot_ids, hybrid, env.process_group) if hybrid else {}
         object.__setattr__(self, "_hybrid_hot_ids", checked)
         super().__init__(module, table_name_to_parameter_sharding, env, fused_params=fused_params,
                          device=device, qcomm_codecs_registry=qcomm_codecs_registry, module_fqn=module_fqn)
@@ -114,3 +118,15 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                         f"{int(reports[r, 2])} outside [0, {self._rows_by_feature.get(f, '?')})")
         raise InvalidIdError("invalid embedding ids, batch rejected before any communication or update: "
                              + "; ".join(msgs))
+
+
+def refresh_hot_replicas(model: torch.nn.Module) -> None:
+    """Re-copy hot replicas from the owners' rows in every hybrid module of ``model``.
+
+    ``load_state_dict`` does this by itself; call it after writing weights or optimizer
+    state in place some other way (e.g. ``torch.distributed.checkpoint.load`` without a
+    following ``load_state_dict``). Collective: call on every rank.
+    """
+    for m in model.modules():
+        if isinstance(m, HybridShardedEmbeddingBagCollection):
+            m.refresh_hot_replicas()
