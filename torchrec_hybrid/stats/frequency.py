@@ -40,19 +40,15 @@ def _table_key(cfg: EmbeddingBagConfig) -> Tuple[str, int]:
 def check_tables_match(
     expected: Sequence[EmbeddingBagConfig], found: Sequence[EmbeddingBagConfig], what: str
 ) -> None:
-    """Raise ValueError naming the first table whose name or size differs."""
+    """Raise ValueError naming every table whose name or size differs."""
     exp = dict(map(_table_key, expected))
     got = dict(map(_table_key, found))
-    for name, rows in exp.items():
-        if name not in got:
-            raise ValueError(f"table {name!r} is missing from {what}")
-        if got[name] != rows:
-            raise ValueError(
-                f"table {name!r} has {got[name]} rows in {what}, expected {rows}"
-            )
-    for name in got:
-        if name not in exp:
-            raise ValueError(f"table {name!r} in {what} is not an expected table")
+    problems = [f"table {n!r} is missing from {what}" for n in exp if n not in got]
+    problems += [f"table {n!r} has {got[n]} rows in {what}, expected {r}"
+                 for n, r in exp.items() if n in got and got[n] != r]
+    problems += [f"table {n!r} in {what} is not an expected table" for n in got if n not in exp]
+    if problems:
+        raise ValueError("; ".join(problems))
 
 
 class FrequencyStats:

@@ -209,8 +209,9 @@ class CountMinTopK:
         return {
             "num_embeddings": self.num_embeddings, "capacity": self.capacity,
             "eps": self.eps, "delta": self.delta, "seed": self.seed,
-            "table": self.table.cpu(), "cand_ids": self.cand_ids.cpu(),
-            "cand_est": self.cand_est.cpu(),
+            # clone: .cpu() of a cpu tensor is the tensor itself, and a state must not alias
+            "table": self.table.cpu().clone(), "cand_ids": self.cand_ids.cpu().clone(),
+            "cand_est": self.cand_est.cpu().clone(),
         }
 
     @classmethod
