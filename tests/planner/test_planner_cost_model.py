@@ -1,0 +1,68 @@
+"""The pure byte model: formulas recomputed by hand on small cases."""
+
+import math
+
+import torch
+
+from torchrec_hybrid.planner import cost_model as cm
+
+
+def t4(**kw):
+    base = dict(rows=1000, dim=8, features=2, pooling=1.0, batch=16, world=4)
+    base.update(kw)
+    return cm.TableTraffic(**base)
+
+
+def test_stock_types_match_design_formulas():
+    t = t4()
+    W, B, F, D = 4, 16, 2, 8
+    assert math.isclose(cm.stock_bytes("table_wise", t), 3 / 4 * (B * F * 8 + B * F * 4 + 2 * B * F * D * 4))
+    assert math.isclose(cm.table_wise_bytes(t)["output"] * W, cm.row_wise_bytes(t)["output"])
+    assert math.isclose(cm.stock_bytes("data_parallel", t), 2 * 3 / 4 * 1000 * D * 4)
+    cw = cm.stock_bytes("column_wise", t, num_column_shards=2)
+    assert math.isclose(cw, 3 / 4 * (2 * (B * F * 8 + B * F * 4) + 2 * B * F * D * 4))
+
+
+def test_hybrid_terms_one_hot():
+    t = t4()
+    cov = 0.75
+    p = cm.hybrid_bytes(t, cov, 10)
+    W, B, F, D, c = 4, 16, 2, 8, 0.25
+    assert math.isclose(float(p["lengths"]), (W - 1) * F * B * 4)
+    assert math.isclose(float(p["cold_ids"]), c * (W - 1) / W * F * B * 4)
+    assert math.isclose(float(p["partials"]), 2 * D * 4 * F * B * c * (W - 1) / W)
+    assert math.isclose(float(p["hot_sync"]), 2 * (W - 1) / W * (10 * D + 10) * 4)
+    # no hot rows: the replica still holds one row
+    assert math.isclose(float(cm.hybrid_bytes(t, 0.0, 0)["hot_sync"]), 2 * 3 / 4 * D * 4)
+
+
+def test_multi_hot_partials_count_bags_not_ids():
+    t = t4(pooling=3.0)
+    c = 0.5
+    p = cm.hybrid_bytes(t, 1 - c, 0)
+    expect = 2 * 8 * 4 * 2 * 16 * 3 * (1 - (1 - c / 4) ** 3)
+    assert math.isclose(float(p["partials"]), expect)
+
+
+def test_best_hot_rows_is_brute_force_argmin():
+    counts = torch.tensor([1000.0, 500, 200, 50, 10, 5, 1, 1, 1, 1])
+    cov = cm.coverage_from_counts(counts)
+    assert cov[0] == 0 and math.isclose(float(cov[-1]), 1.0)
+    t = t4(rows=10, batch=64)
+    costs = [float(cm.hybrid_total_bytes(t, cov[h], h)) for h in range(11)]
+    assert cm.best_hot_rows(t, cov) == min(range(11), key=lambda h: (costs[h], h))
+    assert cm.best_hot_rows(t, cov, max_rows=1) <= 1
+
+
+def test_uniform_is_never_cheaper_than_table_wise_at_zero_hot_rows():
+    for w in (2, 4, 8):
+        t = t4(world=w)
+        assert float(cm.hybrid_total_bytes(t, 0.0, 0)) >= cm.stock_bytes("table_wise", t) - 1e-9
+
+
+def test_memory_and_optimizer_state():
+    t = t4()
+    assert cm.optimizer_state_bytes_per_row("EXACT_ADAGRAD", 8) == 32
+    assert cm.optimizer_state_bytes_per_row("exact_rowwise_adagrad", 8) == 4
+    assert cm.optimizer_state_bytes_per_row("EmbOptimType.EXACT_SGD", 8) == 0
+    assert cm.hybrid_memory_bytes(t, 5, 4) == (5 + 250) * (32 + 4)

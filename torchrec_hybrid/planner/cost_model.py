@@ -1,0 +1,221 @@
+"""Bytes sent per rank per training step, for each sharding type (pure functions).
+
+This is the communication model of DESIGN.md section 3, made exact for what the code in
+this repository and stock TorchRec 1.8 put on the wire (fp32 embeddings, gloo ring
+collectives, W ranks, local batch B). Every function returns *bytes sent by one rank in one
+step* (averaged over ranks), so a figure can be checked against ``wchar`` of
+``/proc/self/io`` (see ``torchrec_hybrid.comm_bytes``). No torchrec objects: the
+benchmarks and the planner both import this file.
+
+Per table the inputs are a :class:`TableTraffic`; for frequency-hybrid also the hot
+coverage: ``coverage[H]`` = share of the table's lookups that fall on its H most frequent
+rows (``coverage[0] == 0``, non-decreasing), e.g. from :func:`coverage_from_counts`.
+
+Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
+- input dist (KJTAllToAll): to each other rank the lengths of all F*B bags (int32) and the
+  cold ids that rank owns (int32): ``(W-1)*F*B*4 + c*(W-1)/W*F*B*L*4`` (c = 1 - coverage);
+- output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of
+  a remote owner, forward and again backward: ``2*D*4*F*B*(W-1)*(1-(1-c/W)**L)``
+  (exactly ``c*(W-1)/W`` bags per bag for one-hot; independent ids per bag otherwise);
+- hot sync: one dense all-reduce of ``[rows*D + H]`` fp32 (row gradients + lookup counts;
+  a table with no hot row still keeps one replica row): ``2*(W-1)/W*(max(H,1)*D + H)*4``.
+Per sharded module (not per table): the id-validation all-gather of 3 int64 per rank and
+the small splits exchange of each KJTAllToAll (:func:`module_overhead_bytes`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Dict, Iterable, Optional, Sequence
+
+import torch
+
+FP32 = 4
+INT32 = 4
+INT64 = 8
+
+TABLE_WISE = "table_wise"
+COLUMN_WISE = "column_wise"
+ROW_WISE = "row_wise"
+DATA_PARALLEL = "data_parallel"
+FREQUENCY_HYBRID = "frequency_hybrid"
+
+# Optimizer state bytes per row as a function of dim (fp32 state), by FBGEMM/TorchRec name.
+_OPTIMIZER_STATE = {
+    "sgd": lambda d: 0, "exact_sgd": lambda d: 0,
+    "rowwise_adagrad": lambda d: 4, "exact_rowwise_adagrad": lambda d: 4,
+    "adagrad": lambda d: 4 * d, "exact_adagrad": lambda d: 4 * d,
+    "adam": lambda d: 8 * d, "lamb": lambda d: 8 * d,
+    "partial_rowwise_adam": lambda d: 4 * d + 4, "partial_rowwise_lamb": lambda d: 4 * d + 4,
+}
+
+
+@dataclass(frozen=True)
+class TableTraffic:
+    """What one table sees per step on one rank.
+
+    rows, dim: table shape. features: features looking it up (F). pooling: mean ids per bag
+    per feature (L). batch: local batch size (B). world: ranks (W).
+    """
+
+    rows: int
+    dim: int
+    features: int
+    pooling: float
+    batch: int
+    world: int
+
+    @property
+    def bags(self) -> float:
+        return float(self.features * self.batch)
+
+    @property
+    def lookups(self) -> float:
+        return self.bags * self.pooling
+
+
+def optimizer_state_bytes_per_row(optimizer: Optional[str], dim: int) -> int:
+    """fp32 optimizer state per embedding row (unknown names: as much as the weights)."""
+    if optimizer is None:
+        return 0
+    key = str(optimizer).lower().rsplit(".", 1)[-1]
+    fn = _OPTIMIZER_STATE.get(key)
+    return fn(dim) if fn else 4 * dim
+
+
+# -- stock sharding types -----------------------------------------------------------------
+
+def table_wise_bytes(t: TableTraffic, id_bytes: int = INT64, length_bytes: int = INT32) -> Dict[str, float]:
+    """TW: ids + lengths to the owner, pooled [B, D] back and its gradient forward again."""
+    remote = (t.world - 1) / t.world
+    return {
+        "input": remote * (t.lookups * id_bytes + t.bags * length_bytes),
+        "output": remote * t.bags * t.dim * FP32 * 2,
+    }
+
+
+def column_wise_bytes(t: TableTraffic, num_shards: int, id_bytes: int = INT64,
+                      length_bytes: int = INT32) -> Dict[str, float]:
+    """CW: TW per column shard; ids and lengths go to every shard, outputs split by columns."""
+    remote = (t.world - 1) / t.world
+    return {
+        "input": remote * num_shards * (t.lookups * id_bytes + t.bags * length_bytes),
+        "output": remote * t.bags * t.dim * FP32 * 2,
+    }
+
+
+def row_wise_bytes(t: TableTraffic, id_bytes: int = INT64, length_bytes: int = INT32) -> Dict[str, float]:
+    """RW pooled: lengths to all, ids to owners; reduce-scatter of [W*B, D] and all-gather back."""
+    w = t.world
+    return {
+        "input": (w - 1) * t.bags * length_bytes + (w - 1) / w * t.lookups * id_bytes,
+        "output": 2 * (w - 1) * t.bags * t.dim * FP32,
+    }
+
+
+def data_parallel_bytes(t: TableTraffic) -> Dict[str, float]:
+    """DP: a ring all-reduce of the whole table's gradient every step."""
+    return {"sync": 2 * (t.world - 1) / t.world * t.rows * t.dim * FP32}
+
+
+def stock_bytes(sharding_type: str, t: TableTraffic, num_column_shards: int = 1,
+                id_bytes: int = INT64, length_bytes: int = INT32) -> float:
+    """Total bytes per rank per step of a stock sharding type (see the functions above)."""
+    if sharding_type == TABLE_WISE:
+        parts = table_wise_bytes(t, id_bytes, length_bytes)
+    elif sharding_type == COLUMN_WISE:
+        parts = column_wise_bytes(t, num_column_shards, id_bytes, length_bytes)
+    elif sharding_type == ROW_WISE:
+        parts = row_wise_bytes(t, id_bytes, length_bytes)
+    elif sharding_type == DATA_PARALLEL:
+        parts = data_parallel_bytes(t)
+    else:
+        raise ValueError(f"no byte model for sharding type {sharding_type!r}")
+    return float(sum(parts.values()))
+
+
+# -- frequency-hybrid ----------------------------------------------------------------------
+
+def coverage_from_counts(counts: Sequence[float] | torch.Tensor, total: Optional[float] = None,
+                         max_rows: Optional[int] = None) -> torch.Tensor:
+    """``coverage[H]`` for H = 0..len from per-row counts (any order; sorted here).
+
+    ``total`` is the table's total lookups (defaults to the sum of ``counts``; pass it when
+    ``counts`` are only the top rows of a sketch).
+    """
+    c = torch.as_tensor(counts, dtype=torch.float64).flatten()
+    c = torch.sort(c, descending=True).values
+    if max_rows is not None:
+        c = c[:max_rows]
+    tot = float(c.sum()) if total is None else float(total)
+    cum = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(c, 0)])
+    return (cum / tot).clamp_(0.0, 1.0) if tot > 0 else torch.zeros_like(cum)
+
+
+def uniform_coverage(rows: int, max_rows: int) -> torch.Tensor:
+    """Coverage if every row were equally likely (the no-statistics assumption)."""
+    h = torch.arange(min(rows, max_rows) + 1, dtype=torch.float64)
+    return h / max(rows, 1)
+
+
+def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torch.Tensor | int,
+                 ) -> Dict[str, torch.Tensor]:
+    """Frequency-hybrid bytes per rank per step, split by collective (module docstring).
+
+    ``coverage`` and ``hot_rows`` may be tensors of the same shape (a whole curve at once).
+    Returns {"lengths", "cold_ids", "partials"} (all-to-all) and {"hot_sync"} (all-reduce).
+    """
+    w = t.world
+    cov = torch.as_tensor(coverage, dtype=torch.float64)
+    h = torch.as_tensor(hot_rows, dtype=torch.float64)
+    cold = (1.0 - cov).clamp(min=0.0)
+    remote = (w - 1) / w
+    # P(a bag has >= 1 cold id on a given owner) = 1 - (1 - c/W)^L, for each of W-1 remote owners
+    bag_hit = 1.0 - torch.pow(1.0 - cold / w, t.pooling) if w > 1 else torch.zeros_like(cold)
+    return {
+        "lengths": torch.full_like(cold, (w - 1) * t.bags * INT32),
+        "cold_ids": cold * remote * t.lookups * INT32,
+        "partials": 2 * t.dim * FP32 * t.bags * (w - 1) * bag_hit,
+        "hot_sync": 2 * remote * (torch.clamp(h, min=1.0) * t.dim + h) * FP32,
+    }
+
+
+def hybrid_total_bytes(t: TableTraffic, coverage, hot_rows) -> torch.Tensor:
+    return sum(hybrid_bytes(t, coverage, hot_rows).values())
+
+
+def hybrid_cost_curve(t: TableTraffic, coverage: torch.Tensor, a2a_bw: float = 1.0,
+                      allreduce_bw: float = 1.0) -> torch.Tensor:
+    """Step cost (bytes / bandwidth) for H = 0 .. len(coverage)-1 hot rows."""
+    h = torch.arange(coverage.numel(), dtype=torch.float64)
+    parts = hybrid_bytes(t, coverage, h)
+    a2a = parts["lengths"] + parts["cold_ids"] + parts["partials"]
+    return a2a / a2a_bw + parts["hot_sync"] / allreduce_bw
+
+
+def best_hot_rows(t: TableTraffic, coverage: torch.Tensor, max_rows: Optional[int] = None,
+                  a2a_bw: float = 1.0, allreduce_bw: float = 1.0) -> int:
+    """Brute-force argmin of :func:`hybrid_cost_curve` over H <= max_rows (ties: smaller H)."""
+    curve = hybrid_cost_curve(t, coverage, a2a_bw, allreduce_bw)
+    if max_rows is not None:
+        curve = curve[: max(0, int(max_rows)) + 1]
+    return int(torch.argmin(curve))
+
+
+def hybrid_memory_bytes(t: TableTraffic, hot_rows: int, optimizer_bytes_per_row: int = 0) -> int:
+    """Per-rank memory: hot replica (>= 1 row) + cold row-wise block, each with optimizer state."""
+    per_row = t.dim * FP32 + optimizer_bytes_per_row
+    return (max(hot_rows, 1) + math.ceil(t.rows / t.world)) * per_row
+
+
+def module_overhead_bytes(world: int, num_input_dists: int, validate_ids: bool = True,
+                          splits_per_dist: int = 3) -> float:
+    """Per sharded module and step: id-check all-gather (3 int64) + KJTAllToAll splits exchanges."""
+    ag = (world - 1) * 3 * INT64 if validate_ids else 0
+    return float(ag + num_input_dists * (world - 1) * splits_per_dist * INT64)
+
+
+def plan_bytes(entries: Iterable[Dict[str, float]]) -> float:
+    """Sum of per-table byte dicts (convenience for reports)."""
+    return float(sum(sum(e.values()) for e in entries))
