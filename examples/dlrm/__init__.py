@@ -1,0 +1,1 @@
+"""DLRM training example for torchrec-hybrid (see README.md)."""

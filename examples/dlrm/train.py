@@ -1,0 +1,201 @@
+"""Train TorchRec's DLRM with frequency-hybrid embedding sharding (launch with torchrun).
+
+    .venv/bin/torchrun --nproc_per_node 2 examples/dlrm/train.py --config configs/dlrm.yaml
+
+Wiring (each piece is a small module next to this file):
+  config.py      YAML config + ``--set key=value`` / ``--steps N`` overrides
+  data.py        synthetic Criteo-like batches, or Criteo TSV / .npy files
+  (stats)        frequency statistics of the first N batches (all-reduced), or a file
+  model.py       DLRM -> plan (hybrid planner | manual | stock) -> DMP -> optimizers
+  checkpoint.py  torch.distributed.checkpoint save / resume (model, optimizer, progress)
+  metrics.py     loss, AUC, samples/s, embedding bytes sent per step
+
+Rank 0 shows a tqdm bar and logs to stderr; at the end it prints ONE JSON line to stdout.
+"""
+
+from __future__ import annotations
+
+import datetime
+import itertools
+import json
+import logging
+import os
+import sys
+import warnings
+from typing import Dict, Optional
+
+if __package__ in (None, ""):  # run as a script: make `examples.dlrm` importable
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
+
+import torch  # noqa: E402
+import torch.distributed as dist  # noqa: E402
+import tqdm  # noqa: E402
+
+from examples.dlrm import checkpoint  # noqa: E402
+from examples.dlrm.config import Config, config_from_args  # noqa: E402
+from examples.dlrm.data import build_data  # noqa: E402
+from examples.dlrm.metrics import (  # noqa: E402
+    JsonlLog, StepTimer, TrainMetrics, measure_dense_sync_bytes)
+from examples.dlrm.pipeline import HybridTrainPipelineSparseDist  # noqa: E402
+from examples.dlrm.model import (  # noqa: E402
+    build_model, build_optimizer, build_plan, dense_numel, describe_plan, hot_set_rule, shard_model)
+from torchrec_hybrid.stats import FrequencyStats  # noqa: E402
+
+logger = logging.getLogger("dlrm")
+
+
+def setup_logging(rank: int, level: str) -> None:
+    """Our loggers at ``level`` on rank 0 (WARNING elsewhere); libraries only at WARNING."""
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr, force=True,
+                        format=f"[rank{rank}] %(asctime)s %(levelname)s %(name)s: %(message)s",
+                        datefmt="%H:%M:%S")
+    ours = getattr(logging, level.upper()) if rank == 0 else logging.WARNING
+    for name in ("dlrm", "examples.dlrm"):
+        logging.getLogger(name).setLevel(ours)
+    for noisy in ("torchrec", "torch.fx._symbolic_trace", "torch.distributed"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    warnings.filterwarnings("ignore")
+
+
+def setup_distributed(cfg: Config):
+    """Process group from torchrun's environment: NCCL when CUDA is there, else gloo."""
+    backend = cfg.dist.backend
+    if backend == "auto":
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "nccl":
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist.timeout_s))
+    return dist.get_rank(), dist.get_world_size(), device
+
+
+def frequency_stats(cfg: Config, source, tables, rank: int, resuming: bool) -> Optional[FrequencyStats]:
+    """Statistics for the hot set: from the checkpoint dir (resume), a file, or the first N batches."""
+    sc = cfg.sharding.stats
+    ckpt_dir = cfg.checkpoint.dir
+    kept = os.path.join(ckpt_dir, checkpoint.STATS_FILE) if ckpt_dir else None
+    if resuming and kept and os.path.exists(kept):
+        logger.info("frequency statistics from %s (saved with the checkpoints)", kept)
+        return FrequencyStats.load(kept, tables)
+    if sc.file:
+        logger.info("frequency statistics from %s", sc.file)
+        stats = FrequencyStats.load(sc.file, tables)
+    else:
+        stats = FrequencyStats(tables)
+        for batch in itertools.islice(source.batches(0), sc.batches):
+            stats.update(batch.sparse_features)
+        stats.all_reduce_()
+        logger.info("frequency statistics from the first %d batches (%d samples, all ranks)",
+                    stats.num_batches // dist.get_world_size(), stats.num_samples)
+    if rank == 0:
+        for path in filter(None, (sc.save, kept)):
+            os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+            stats.save(path)
+    return stats
+
+
+def hot_coverage(stats: FrequencyStats, hot_ids: Dict[str, torch.Tensor]) -> float:
+    """Share of the counted lookups that hit a hot row (exactly counted tables)."""
+    hit = total = 0
+    for name, ids in hot_ids.items():
+        if stats.is_exact(name):
+            hit += int(stats.counts(name)[ids].sum())
+            total += stats.lookups(name)
+    return hit / total if total else float("nan")
+
+
+def train(cfg: Config) -> Optional[Dict[str, float]]:
+    rank, world, device = setup_distributed(cfg)
+    setup_logging(rank, cfg.train.log_level)
+    torch.set_num_threads(int(cfg.train.threads))
+    side_group = dist.new_group(backend="gloo")  # metrics + checkpoint planning, off the step's PG
+    logger.info("world %d, backend %s, device %s", world, dist.get_backend(), device)
+
+    source, tables = build_data(cfg, rank, world)
+    resume_from = checkpoint.latest(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
+    if cfg.checkpoint.resume and resume_from is None:
+        logger.warning("checkpoint.resume is set but %s holds no checkpoint: starting fresh",
+                       cfg.checkpoint.dir)
+
+    hot_ids: Dict[str, torch.Tensor] = {}
+    stats = None
+    if cfg.sharding.planner != "stock":
+        stats = frequency_stats(cfg, source, tables, rank, resuming=resume_from is not None)
+        hot_ids = hot_set_rule(cfg).select(stats)
+        logger.info("hot set: %d rows of %d (%.1f%% of counted lookups)",
+                    sum(int(v.numel()) for v in hot_ids.values()), sum(t.num_embeddings for t in tables),
+                    100 * hot_coverage(stats, hot_ids))
+
+    torch.manual_seed(cfg.seed)
+    model = build_model(cfg, tables)
+    plan, sharder, planner_used = build_plan(cfg, model, stats, hot_ids, world, device, dist.group.WORLD)
+    logger.info("planner %s: %s", planner_used, describe_plan(plan))
+    dmp = shard_model(model, plan, sharder, device)
+    optimizer = build_optimizer(cfg, dmp)
+
+    start, data_position = 0, 0
+    if resume_from is not None:
+        progress = checkpoint.load(resume_from, dmp, optimizer, group=side_group)
+        start, data_position = progress["step"], progress["data_position"]
+
+    steps = int(cfg.train.steps)
+    if source.num_batches is not None:  # finite files: every rank must run the same steps
+        n = torch.tensor(data_position + source.num_batches - start)
+        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=side_group)
+        steps = min(steps, start + int(n))
+    batches = itertools.islice(source.batches(data_position), max(0, steps - start))
+    pipeline = HybridTrainPipelineSparseDist(dmp, optimizer, device)  # TrainPipelineSparseDist + shim
+
+    metrics = TrainMetrics(global_batch=world * cfg.data.batch_size, auc_window=cfg.metrics.auc_window,
+                           warmup_steps=cfg.metrics.warmup_steps,
+                           dense_sync_bytes=measure_dense_sync_bytes(dense_numel(dmp), device),
+                           group=side_group)
+    jsonl = JsonlLog(cfg.metrics.jsonl if rank == 0 else None, append=start > 0)
+    tqdm.tqdm.monitor_interval = 0  # no background thread writing inside a measured step
+    bar = tqdm.tqdm(total=steps, initial=start, disable=rank != 0 or not cfg.train.progress_bar,
+                    file=sys.stderr, desc="train", dynamic_ncols=True)
+    every = int(cfg.checkpoint.every or 0)
+    dmp.train()
+    step = start
+    while step < steps:
+        try:
+            with StepTimer() as t:  # nothing may print or log inside
+                loss, logits, labels = pipeline.progress(batches)
+        except StopIteration:
+            logger.warning("data ran out after %d steps", step)
+            break
+        step += 1
+        value = metrics.record(loss, logits, labels, t.seconds, t.sent_bytes)
+        jsonl.write({"step": step, "loss": value})
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+        if cfg.train.log_every and step % cfg.train.log_every == 0:
+            s = metrics.summary(step)
+            bar.clear()
+            logger.info("step %d loss %.4f auc %.4f samples/s %.0f embedding bytes/step %.0f",
+                        step, s["loss"], s["auc"], s["samples_per_s"], s["bytes_per_step"])
+        if cfg.checkpoint.dir and ((every and step % every == 0) or step == steps):
+            checkpoint.save(cfg.checkpoint.dir, step, dmp, optimizer, data_position=step, group=side_group)
+    bar.close()
+    jsonl.close()
+
+    final = metrics.summary(step)
+    final.update(planner=planner_used, world_size=world, global_batch=world * cfg.data.batch_size,
+                 hot_rows=int(sum(int(v.numel()) for v in hot_ids.values())), start_step=start)
+    dist.barrier(group=side_group)
+    dist.destroy_process_group()
+    return final if rank == 0 else None
+
+
+def main(argv=None) -> None:
+    cfg = config_from_args(argv)
+    final = train(cfg)
+    if final is not None:
+        print(json.dumps(final), flush=True)
+
+
+if __name__ == "__main__":
+    main()
