@@ -72,7 +72,7 @@ class FrequencyStats:
         exact_max_rows: int = DEFAULT_EXACT_MAX_ROWS,
         sketch_capacity: int = 100_000,
         sketch_eps: float = 1e-5,
-        sketch_delta: float = 0.01,
+        sketch_delta: float = 0.05,
         seed: int = 0,
         device: Union[torch.device, str] = "cpu",
     ) -> None:
