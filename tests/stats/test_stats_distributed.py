@@ -28,6 +28,7 @@ def rank_batches(rank):
 
 
 def _worker(rank, port, out_dir):
+    torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
                             world_size=WORLD, timeout=datetime.timedelta(seconds=60))
     try:
