@@ -60,32 +60,45 @@ def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = 
     return model
 
 
-def full_weight(value) -> torch.Tensor:
-    """The full logical table behind a state_dict entry (collective for ShardedTensor)."""
-    if not isinstance(value, ShardedTensor):
+def full_weight(value, size=None) -> torch.Tensor:
+    """The full logical table behind a state_dict entry (collective for ShardedTensor).
+
+    ``value`` may be None on ranks that hold no shard of it (give ``size`` then).
+    """
+    if value is not None and not isinstance(value, ShardedTensor):
         return value.detach().clone()
-    out = torch.zeros(value.size())
-    for s in value.local_shards():
+    out = torch.zeros(size if value is None else value.size())
+    for s in value.local_shards() if value is not None else []:
         o, z = s.metadata.shard_offsets, s.metadata.shard_sizes
-        out[o[0]:o[0] + z[0], o[1]:o[1] + z[1]] = s.tensor.detach()
+        out[tuple(slice(a, a + n) for a, n in zip(o, z))] = s.tensor.detach().view(z)
     torch.distributed.all_reduce(out)
     return out
 
 
 def skewed_batch(configs, keys: List[str], batch: int, seed: int, hot: Dict[str, torch.Tensor],
-                 weighted: bool = False, max_len: int = 4, hot_frac: float = 0.5) -> torchrec.KeyedJaggedTensor:
-    """Jagged batch where about ``hot_frac`` of ids come from the hot set; empty bags included."""
+                 weighted: bool = False, max_len: int = 4, hot_frac: float = 0.5,
+                 mode: str = "mixed") -> torchrec.KeyedJaggedTensor:
+    """Jagged batch, empty bags included. ``mode``: "mixed" (about ``hot_frac`` of ids from
+    the hot set, the rest uniform), "hot_only" or "cold_only"."""
     g = torch.Generator().manual_seed(seed)
     rows = {f: c.num_embeddings for c in configs for f in c.feature_names}
     table = {f: c.name for c in configs for f in c.feature_names}
     lengths = torch.randint(0, max_len + 1, (len(keys) * batch,), generator=g)
     values = []
-    for i, k in enumerate(keys):
+    for i, k in enumerate(keys):  # test data set-up: a loop over features
         n = int(lengths[i * batch:(i + 1) * batch].sum())
-        h = hot[table[k]] if table[k] in hot and hot[table[k]].numel() else torch.tensor([0])
-        pick_hot = torch.rand(n, generator=g) < hot_frac
-        values.append(torch.where(pick_hot, h[torch.randint(0, len(h), (n,), generator=g)],
-                                  torch.randint(0, rows[k], (n,), generator=g)))
+        h = hot.get(table[k], torch.empty(0, dtype=torch.int64))
+        cold = torch.tensor(sorted(set(range(rows[k])) - set(h.tolist())), dtype=torch.int64)
+        if mode == "hot_only":
+            assert h.numel(), f"hot_only needs hot ids for {table[k]}"
+            values.append(h[torch.randint(0, len(h), (n,), generator=g)])
+        elif mode == "cold_only":
+            values.append(cold[torch.randint(0, len(cold), (n,), generator=g)])
+        else:
+            src = h if h.numel() else cold
+            pick_hot = torch.rand(n, generator=g) < hot_frac
+            values.append(torch.where(pick_hot, src[torch.randint(0, len(src), (n,), generator=g)],
+                                      torch.randint(0, rows[k], (n,), generator=g)))
     weights = torch.rand(int(lengths.sum()), generator=g) if weighted else None
     return torchrec.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=lengths,
                                                         weights=weights)

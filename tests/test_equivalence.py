@@ -1,36 +1,45 @@
-"""frequency_hybrid must train exactly like stock table_wise (same init, same fused optimizer)."""
+"""frequency_hybrid must train exactly like stock table_wise (same init, same fused optimizer).
+
+Every case builds both models in the same process group, feeds both the same batches, and
+compares pooled outputs every step, then weights and fused optimizer state after training.
+"""
 
 import pytest
 import torch
 import torch.distributed as dist
-from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 import torchrec
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables
 from tests.multiprocess import run_ranks
 from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
 
+ALL_HOT = {"t0": [3, 7, 21, 35, 40], "t1": [0, 29, 5], "t2": [1], "t3": [16, 2]}
 
-def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, hybrid_kinds=None, hot=None):
+
+def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kinds=None, ref_kinds=None, hot=None,
+               mode="mixed", rank0_mode=None):
     configs = tables(mean=mean)
     torch.manual_seed(0)
     ref = torchrec.EmbeddingBagCollection(tables=configs, is_weighted=weighted)
     hot_t = hot_ids(hot)
-    kinds = hybrid_kinds or {c.name: "hybrid" for c in configs}
-    mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(OPTIMIZERS[opt])),
+    kinds = kinds or {c.name: "hybrid" for c in configs}
+    if ref_kinds is None:  # the same plan with table_wise in place of frequency_hybrid
+        ref_kinds = {t: ("tw" if k == "hybrid" else k) for t, k in kinds.items()}
+    fused = OPTIMIZERS[opt]
+    mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(fused)),
                weighted=weighted)
-    mt = build(configs, world, {}, EmbeddingBagCollectionSharder(fused_params=dict(OPTIMIZERS[opt])), weighted=weighted)
+    mt = build(configs, world, ref_kinds, EmbeddingBagCollectionSharder(fused_params=dict(fused)), weighted=weighted)
     mh.load_state_dict(ref.state_dict())
     mt.load_state_dict(ref.state_dict())
     keys = [f for c in configs for f in c.feature_names]
-    worst = 0.0
     for step in range(steps):
-        kjt = skewed_batch(configs, keys, batch=6, seed=100 * step + rank, hot=hot_t, weighted=weighted)
+        m = rank0_mode if (rank == 0 and rank0_mode) else mode
+        kjt = skewed_batch(configs, keys, batch=6, seed=100 * step + rank, hot=hot_t, weighted=weighted, mode=m)
         oh, ot = mh(kjt).wait().to_dict(), mt(kjt).wait().to_dict()
         assert sorted(oh) == sorted(ot) == sorted(keys)
         vh = torch.cat([oh[k] for k in keys], dim=1)
         vt = torch.cat([ot[k] for k in keys], dim=1)
-        worst = max(worst, (vh - vt).abs().max().item())
         torch.testing.assert_close(vh, vt, atol=1e-5, rtol=1e-5)
         coef = torch.randn(vt.shape, generator=torch.Generator().manual_seed(7 + step + rank))
         (vh * coef).sum().backward()
@@ -39,10 +48,18 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, hybr
     assert sorted(sh.keys()) == sorted(st.keys())
     for k in st:
         wh, wt = full_weight(sh[k]), full_weight(st[k])
-        assert wh.shape == wt.shape
         torch.testing.assert_close(wh, wt, atol=1e-5, rtol=1e-5)
-        assert not torch.equal(wt, full_weight(ref.state_dict()[k])), f"{k} never trained"
-    # hot replicas: bit-identical across ranks and equal to the logical table's rows
+        table = k.split(".")[1]
+        if kinds.get(table) != "dp":
+            assert not torch.equal(wt, full_weight(ref.state_dict()[k])), f"{k} never trained"
+    oh_state, ot_state = mh.fused_optimizer.state_dict()["state"], mt.fused_optimizer.state_dict()["state"]
+    # stock table-wise keeps a table's state on its owner only: assemble full tensors
+    for param in sorted(oh_state):  # same keys on every rank (row-wise layout)
+        for name in sorted(oh_state[param]):
+            mine = full_weight(oh_state[param][name])
+            theirs = full_weight(ot_state.get(param, {}).get(name), size=mine.shape)
+            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    # hot replicas: bit-identical across ranks
     replicas = [rep for lk in mh.module.hybrid_lookups() for rep in lk.hot_replicas()]
     assert replicas
     for rep in replicas:
@@ -50,10 +67,75 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, hybr
             gathered = [torch.empty_like(t_w) for _ in range(world)]
             dist.all_gather(gathered, t_w.contiguous())
             assert all(torch.equal(gathered[0], g) for g in gathered), "hot replicas diverged"
-    return worst
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("opt", ["sgd", "adagrad", "rowwise_adagrad"])
 def test_hybrid_trains_like_table_wise(world, opt):
     run_ranks(train_pair, world, opt=opt)
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(mean=True, opt="rowwise_adagrad"),
+        dict(weighted=True, opt="adagrad"),
+        dict(hot=ALL_HOT, mode="hot_only"),
+        dict(mode="cold_only", opt="rowwise_adagrad"),
+        dict(hot=ALL_HOT, rank0_mode="hot_only"),  # a rank that sends no cold ids at all
+        dict(kinds={"t0": "hybrid", "t1": "cw", "t2": "rw", "t3": "dp"}, opt="adagrad"),
+        dict(kinds={"t0": "tw", "t1": "hybrid", "t2": "hybrid", "t3": "tw"}),
+    ],
+    ids=["mean", "weighted", "hot-only", "cold-only", "rank-without-cold", "mixed-cw-rw-dp",
+         "mixed-tw"],
+)
+def test_inputs_match_table_wise(case):
+    run_ranks(train_pair, 2, **case)
+
+
+def test_odd_world_size():
+    run_ranks(train_pair, 3, opt="rowwise_adagrad", mean=True)
+
+
+def test_row_wise_mean_next_to_hybrid():
+    """A stock row-wise MEAN table in the same EBC: its divisor must not touch hybrid features."""
+    run_ranks(train_pair, 2, mean=True, kinds={"t0": "hybrid", "t1": "rw", "t2": "hybrid", "t3": "tw"},
+              ref_kinds={})
+
+
+def weighted_mean_step(rank, world):
+    configs = tables(mean=True)
+    torch.manual_seed(0)
+    ref = torchrec.EmbeddingBagCollection(tables=configs, is_weighted=True)
+    hot_t = hot_ids()
+    mh = build(configs, world, {c.name: "hybrid" for c in configs},
+               HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(OPTIMIZERS["sgd"])), weighted=True)
+    mt = build(configs, world, {}, EmbeddingBagCollectionSharder(fused_params=dict(OPTIMIZERS["sgd"])), weighted=True)
+    mh.load_state_dict(ref.state_dict())
+    mt.load_state_dict(ref.state_dict())
+    keys = [f for c in configs for f in c.feature_names]
+    kjt = skewed_batch(configs, keys, batch=6, seed=rank, hot=hot_t, weighted=True)
+    oh, ot = mh(kjt).wait().to_dict()["f1"], mt(kjt).wait().to_dict()["f1"]
+    torch.testing.assert_close(oh, ot)  # forward: equal to stock table_wise
+    g = torch.randn(oh.shape, generator=torch.Generator().manual_seed(rank))
+    (oh * g).sum().backward()
+    # exact gradient of sum(w_i * E[id_i]) / len, mean over ranks (DMP semantics)
+    w = ref.embedding_bags["t1"].weight.detach().clone().requires_grad_()
+    jt = kjt["f1"]
+    pooled = torch.nn.functional.embedding_bag(jt.values(), w, jt.offsets()[:-1], mode="sum",
+                                               per_sample_weights=jt.weights())
+    (pooled / jt.lengths().clamp(min=1)[:, None] * g).sum().backward()
+    grad = w.grad.clone()
+    dist.all_reduce(grad)
+    expected = w.detach() - OPTIMIZERS["sgd"]["learning_rate"] * grad / world
+    torch.testing.assert_close(full_weight(mh.state_dict()["embedding_bags.t1.weight"]), expected)
+
+
+def test_weighted_mean_matches_exact_gradient():
+    """Weighted MEAN: forward equals table_wise; the update equals the exact gradient.
+
+    Stock TorchRec is not the reference for this update: FBGEMM 1.8's CPU MEAN kernel leaves
+    out the 1/length in its weighted backward (table_wise and row_wise both differ from the
+    exact gradient by up to 0.24 on this case), while ours pools SUM and divides in autograd.
+    """
+    run_ranks(weighted_mean_step, 2)

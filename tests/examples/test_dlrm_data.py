@@ -1,0 +1,128 @@
+"""Data, config and metric pieces of the DLRM example (single process)."""
+
+import numpy as np
+import pytest
+import torch
+
+from examples.dlrm.config import load_config
+from examples.dlrm.data import (
+    CriteoNpyBatches,
+    CriteoTSVBatches,
+    SyntheticCriteoBatches,
+    table_sizes_from_config,
+)
+from examples.dlrm.metrics import auc
+from torchrec_hybrid.stats.synthetic import DLRMV2_MULTI_HOT_SIZES, criteo_table_sizes
+
+SIZES = criteo_table_sizes(scale=0.001)
+
+
+def _rows(n: int, seed: int = 0):
+    rng = np.random.default_rng(seed)
+    labels = rng.integers(0, 2, n)
+    dense = rng.integers(-1, 50, (n, 13))
+    cats = rng.integers(0, 2**31, (n, 26))
+    return labels, dense, cats
+
+
+def _write_tsv(path, labels, dense, cats, blank=()):
+    with open(path, "w") as f:
+        for i in range(len(labels)):
+            d = [str(v) for v in dense[i]]
+            c = [format(v, "x") for v in cats[i]]
+            for j in blank:  # empty fields, as in real Criteo
+                d[j % 13], c[j % 26] = "", ""
+            f.write("\t".join([str(labels[i])] + d + c) + "\n")
+
+
+def test_synthetic_is_random_access_and_rank_distinct():
+    src = SyntheticCriteoBatches(SIZES, 64, rank=0, world_size=2, effect_features=["cat_2"])
+    it = src.batches(3)
+    b3 = next(it)
+    again = src.batch(3)
+    assert torch.equal(b3.sparse_features.values(), again.sparse_features.values())
+    assert torch.equal(b3.labels, again.labels) and torch.equal(b3.dense_features, again.dense_features)
+    other = SyntheticCriteoBatches(SIZES, 64, rank=1, world_size=2, effect_features=["cat_2"]).batch(3)
+    assert not torch.equal(other.sparse_features.values(), b3.sparse_features.values())
+    assert b3.dense_features.shape == (64, 13) and b3.labels.shape == (64,)
+    assert b3.sparse_features.keys() == [f"cat_{i}" for i in range(26)]
+    for k, n in zip(b3.sparse_features.keys(), SIZES):
+        v = b3.sparse_features[k].values()
+        assert int(v.min()) >= 0 and int(v.max()) < n
+
+
+def test_synthetic_multi_hot_and_labels():
+    src = SyntheticCriteoBatches(SIZES, 256, multi_hot=True, effect_features=["cat_2", "cat_3"], base_ctr=0.25)
+    b = src.batch(0)
+    assert b.sparse_features.length_per_key() == [256 * h for h in DLRMV2_MULTI_HOT_SIZES]
+    ctr = float(torch.cat([src.batch(i).labels for i in range(8)]).mean())
+    assert 0.15 < ctr < 0.35
+    assert set(b.labels.unique().tolist()) <= {0.0, 1.0}
+
+
+def test_synthetic_labels_follow_hidden_model():
+    # The hidden logit itself separates the labels well: a learnable signal exists.
+    src = SyntheticCriteoBatches(SIZES, 4096, effect_features=["cat_2", "cat_3", "cat_11"])
+    b = src.batch(0)
+    z = (torch.log(torch.expm1(b.dense_features.double()) + 0.5) - src.dense_mu) / src.dense_sigma
+    assert auc(z @ src.dense_w, b.labels) > 0.6
+
+
+def test_auc_matches_pairwise_definition():
+    g = torch.Generator().manual_seed(0)
+    scores = torch.randint(0, 20, (300,), generator=g).float()  # many ties
+    labels = (torch.rand(300, generator=g) < 0.4).float()
+    pos, neg = scores[labels == 1], scores[labels == 0]
+    diff = pos[:, None] - neg[None, :]
+    expected = float(((diff > 0).double() + 0.5 * (diff == 0).double()).mean())
+    assert auc(scores, labels) == pytest.approx(expected, abs=1e-12)
+    assert np.isnan(auc(scores, torch.zeros(300)))
+
+
+def test_criteo_tsv_batches(tmp_path):
+    labels, dense, cats = _rows(10)
+    path = tmp_path / "day_0"
+    _write_tsv(path, labels, dense, cats, blank=(3,))
+    sizes = np.asarray(SIZES)
+    parts = [list(CriteoTSVBatches([str(path)], SIZES, batch_size=2, rank=r, world_size=2).batches())
+             for r in range(2)]
+    assert [len(p) for p in parts] == [2, 2]  # 10 lines = 2 full global batches of 4, rest dropped
+    got_cats = torch.cat([torch.stack([b.sparse_features[k].values() for k in b.sparse_features.keys()], 1)
+                          for i in range(2) for b in (parts[0][i], parts[1][i])])
+    exp = cats[:8].copy()
+    exp[:, 3] = 0
+    np.testing.assert_array_equal(got_cats.numpy(), exp % sizes)
+    got_dense = torch.cat([b.dense_features for i in range(2) for b in (parts[0][i], parts[1][i])])
+    d = dense[:8].copy()
+    d[:, 3] = 0
+    np.testing.assert_allclose(got_dense.numpy(), np.log1p(np.maximum(d, 0)), rtol=1e-6)
+    got_labels = torch.cat([b.labels for i in range(2) for b in (parts[0][i], parts[1][i])])
+    np.testing.assert_array_equal(got_labels.numpy(), labels[:8])
+    # resuming at global batch 1 gives the same batch as the second one of a full pass
+    resumed = next(CriteoTSVBatches([str(path)], SIZES, 2, rank=1, world_size=2).batches(start=1))
+    assert torch.equal(resumed.sparse_features.values(), parts[1][1].sparse_features.values())
+
+
+def test_criteo_npy_batches(tmp_path):
+    labels, dense, cats = _rows(12, seed=1)
+    for day, sl in ((0, slice(0, 8)), (1, slice(8, 12))):
+        np.save(tmp_path / f"day_{day}_dense.npy", np.log(np.maximum(dense[sl], 0) + 1).astype(np.float32))
+        np.save(tmp_path / f"day_{day}_sparse.npy", cats[sl])
+        np.save(tmp_path / f"day_{day}_labels.npy", labels[sl].reshape(-1, 1).astype(np.int32))
+    src = CriteoNpyBatches(str(tmp_path), SIZES, batch_size=3, rank=0, world_size=1)
+    batches = list(src.batches())
+    assert src.num_batches == len(batches) == 4
+    ids = torch.cat([torch.stack([b.sparse_features[k].values() for k in b.sparse_features.keys()], 1)
+                     for b in batches])
+    np.testing.assert_array_equal(ids.numpy(), cats % np.asarray(SIZES))
+    assert torch.cat([b.labels for b in batches]).tolist() == labels.astype(float).tolist()
+    assert batches[0].dense_features.dtype == torch.float32
+    later = next(src.batches(start=2))
+    assert torch.equal(later.sparse_features.values(), batches[2].sparse_features.values())
+
+
+def test_config_overrides(tmp_path):
+    cfg = load_config("configs/dlrm_tiny.yaml", ["train.steps=50", "model.dense_arch=[32, 8]"],
+                      {"sharding.planner": "stock"})
+    assert cfg.train.steps == 50 and cfg.model.dense_arch == [32, 8] and cfg.sharding.planner == "stock"
+    assert table_sizes_from_config(cfg.data) == SIZES
