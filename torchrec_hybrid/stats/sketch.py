@@ -130,7 +130,8 @@ class CountMinTopK:
         candidates go to a pending buffer; the candidate set is recomputed from
         candidates + pending once the buffer holds `capacity` ids (or on any read).
         The membership test is a direct-mapped table of the candidates: it can only miss
-        (sending a known candidate to pending again), so it changes cost, never results.
+        (a known candidate goes to pending again: extra work and an earlier flush); it
+        never drops an id that is not a candidate.
         """
         ids = ids.to(self.device, torch.int64).view(-1)
         if ids.numel() == 0:
@@ -153,8 +154,12 @@ class CountMinTopK:
         self._pending, self._num_pending = [], 0
         ids = torch.unique(torch.cat(parts))  # sorted ascending, as top_by_count needs
         self.cand_ids, self.cand_est = top_by_count(ids, self.estimate(ids), self.capacity)
+        self._fill_slots()
+
+    def _fill_slots(self) -> None:
+        # amax: deterministic winner when two candidates share a slot (also on CUDA)
         self._slots.fill_(-1)
-        self._slots[self._slot(self.cand_ids)] = self.cand_ids
+        self._slots.scatter_reduce_(0, self._slot(self.cand_ids), self.cand_ids, reduce="amax")
 
     def merge_(self, other: "CountMinTopK") -> "CountMinTopK":
         """Add another sketch of the same shape and hashes (the sketch is linear)."""
@@ -224,5 +229,5 @@ class CountMinTopK:
         sk.table = state["table"].to(sk.device)
         sk.cand_ids = state["cand_ids"].to(sk.device)
         sk.cand_est = state["cand_est"].to(sk.device)
-        sk._slots[sk._slot(sk.cand_ids)] = sk.cand_ids
+        sk._fill_slots()
         return sk
