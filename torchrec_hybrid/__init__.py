@@ -12,13 +12,16 @@ from torchrec_hybrid.sharded_ebc import (  # noqa: F401
 )
 from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
 from torchrec_hybrid.sharding_plan import frequency_hybrid  # noqa: F401
+from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, load_planner_config  # noqa: F401
 
 __all__ = [
     "FREQUENCY_HYBRID",
     "HotSetError",
     "InvalidIdError",
     "HybridEmbeddingBagCollectionSharder",
+    "HybridEmbeddingShardingPlanner",
     "HybridShardedEmbeddingBagCollection",
     "frequency_hybrid",
+    "load_planner_config",
     "refresh_hot_replicas",
 ]

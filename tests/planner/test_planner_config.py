@@ -1,0 +1,72 @@
+"""load_planner_config: the shipped default loads; bad configs fail naming the key."""
+
+import os
+
+import pytest
+from torchrec.distributed.planner.types import CollectiveType
+
+from torchrec_hybrid.planner import (HybridEmbeddingShardingPlanner, PlannerConfigError, UniformCommsBandwidth,
+                                     load_planner_config)
+from tests.planner.planner_testutils import exact_stats, tables, zipf_probs
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def write(tmp_path, text, name="p.yaml"):
+    p = tmp_path / name
+    p.write_text(text)
+    return str(p)
+
+
+def test_default_config_loads_and_builds_a_planner():
+    kw = load_planner_config(os.path.join(ROOT, "configs", "planner.yaml"))
+    topo = kw["topology"]
+    assert topo.world_size == 4 and topo.compute_device == "cpu" and kw["batch_size"] == 1024
+    assert isinstance(topo.comms_bandwidths, UniformCommsBandwidth)
+    assert topo.comms_bandwidths.get_bw(4, 4, CollectiveType.ALL_REDUCE) == 1024 ** 3 / 1000
+    assert kw["hot_budget_bytes"] == 256 * 1024 * 1024
+    HybridEmbeddingShardingPlanner(**kw)
+
+
+def test_full_config_with_statistics_and_tables(tmp_path):
+    cfg = tables({"t": 1000})
+    exact_stats(cfg, {"t": zipf_probs(1000, 1.1)}, samples=4096).save(tmp_path / "s.pt")
+    path = write(tmp_path, """
+topology: {world_size: 2, compute_device: cpu, comms: torchrec, inter_host_bw_gbps: 10, ddr_gb: 8}
+batch_size: 64
+statistics: s.pt
+hot_set: {budget_mb: 1, max_rows: 100, min_saving: 0.1}
+tables:
+  t: {sharding_types: [frequency_hybrid, table_wise], pooling_factors: [1.0]}
+""")
+    kw = load_planner_config(path)
+    assert kw["frequency_stats"].lookups("t") == 4096
+    assert kw["constraints"]["t"].sharding_types == ["frequency_hybrid", "table_wise"]
+    assert kw["topology"].devices[0].storage.ddr == 8 * 1024 ** 3
+    assert kw["max_hot_rows"] == 100 and kw["min_saving"] == 0.1
+
+
+@pytest.mark.parametrize("text, words", [
+    ("batch_size: 4\n", "'topology' section is required"),
+    ("topology: {compute_device: cpu}\n", "topology.world_size is required"),
+    ("topology: {world_size: 0}\n", "topology.world_size"),
+    ("topology: {world_size: 4, local_world_size: 3}\n", "must divide"),
+    ("topology: {world_size: 4, compute_device: tpu}\n", "topology.compute_device"),
+    ("topology: {world_size: 4, comms: fast}\n", "topology.comms"),
+    ("topology: {world_size: 4, bandwith_gbps: 1}\n", "unknown key(s) ['bandwith_gbps']"),
+    ("topology: {world_size: 4}\ntables: {t: {sharding_types: [hybrid]}}\n", "tables.t.sharding_types"),
+    ("topology: {world_size: 4}\ntables: {t: {pooling_factors: [-1]}}\n", "tables.t.pooling_factors"),
+    ("topology: {world_size: 4}\nhot_set: {min_saving: 1.5}\n", "hot_set.min_saving"),
+    ("topology: {world_size: 4}\nstatistics: nowhere.pt\n", "does not exist"),
+    ("topology: [1, 2\n", "not valid YAML"),
+    ("- 1\n", "expected a mapping"),
+])
+def test_bad_configs_name_the_problem(tmp_path, text, words):
+    with pytest.raises(PlannerConfigError) as e:
+        load_planner_config(write(tmp_path, text))
+    assert words in str(e.value)
+
+
+def test_missing_file():
+    with pytest.raises(PlannerConfigError, match="does not exist"):
+        load_planner_config("/nonexistent/planner.yaml")

@@ -1,0 +1,203 @@
+"""``load_planner_config``: a YAML file -> keyword arguments of ``HybridEmbeddingShardingPlanner``.
+
+Schema (see configs/planner.yaml for a documented example)::
+
+    topology:                      # required
+      world_size: 4                # required, > 0
+      compute_device: cpu          # cpu | cuda | mtia
+      local_world_size: 4          # default: world_size
+      hbm_gb: 32                   # per rank memory (GiB); defaults: TorchRec's
+      ddr_gb: 128
+      comms: uniform               # uniform (gloo: one bandwidth for all) | torchrec
+      bandwidth_gbps: 1.0          # uniform: GiB/s of every collective
+      intra_host_bw_gbps: 600      # torchrec: NVLink-like all-to-all inside a host
+      inter_host_bw_gbps: 12.5     # torchrec: per-NIC bandwidth (all-reduce, cross host)
+    batch_size: 1024               # local batch per rank
+    statistics: stats.pt           # FrequencyStats file (relative to this YAML), optional
+    hot_set:                       # optional
+      budget_mb: 256               # per-rank memory for all hot replicas
+      max_rows: 1048576            # cap on hot rows per table
+      min_saving: 0.05             # saving over the best stock type needed to go hybrid
+    tables:                        # optional per-table ParameterConstraints
+      t_cat_0: {sharding_types: [frequency_hybrid]}
+
+Every problem raises :class:`PlannerConfigError` naming the offending key.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Optional
+
+import yaml
+from torchrec.distributed.planner.types import ParameterConstraints, Topology
+from torchrec.distributed.types import ShardingType
+
+from torchrec_hybrid.planner.topology import GB, UniformCommsBandwidth, gbps_to_bytes_per_ms
+from torchrec_hybrid.types import FREQUENCY_HYBRID
+
+KNOWN_SHARDING_TYPES = {t.value for t in ShardingType} | {FREQUENCY_HYBRID}
+_TOP_KEYS = {"topology", "batch_size", "statistics", "hot_set", "tables"}
+_TOPOLOGY_KEYS = {"world_size", "compute_device", "local_world_size", "hbm_gb", "ddr_gb", "comms",
+                  "bandwidth_gbps", "intra_host_bw_gbps", "inter_host_bw_gbps"}
+_HOT_KEYS = {"budget_mb", "max_rows", "min_saving"}
+_TABLE_KEYS = {"sharding_types", "compute_kernels", "pooling_factors", "num_poolings", "batch_sizes",
+               "min_partition"}
+
+
+class PlannerConfigError(ValueError):
+    """The planner YAML is missing something or holds a bad value."""
+
+
+def _check_keys(section: Dict[str, Any], allowed: set, where: str) -> None:
+    unknown = sorted(set(section) - allowed)
+    if unknown:
+        raise PlannerConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
+
+
+def _mapping(value: Any, where: str) -> Dict[str, Any]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict):
+        raise PlannerConfigError(f"{where}: expected a mapping, got {type(value).__name__}")
+    return value
+
+
+def _positive(value: Any, where: str, kind=float) -> Any:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+        raise PlannerConfigError(f"{where}: expected a positive number, got {value!r}")
+    if kind is int and int(value) != value:
+        raise PlannerConfigError(f"{where}: expected an integer, got {value!r}")
+    return kind(value)
+
+
+def _topology(sec: Dict[str, Any]) -> Topology:
+    _check_keys(sec, _TOPOLOGY_KEYS, "topology")
+    if "world_size" not in sec:
+        raise PlannerConfigError("topology.world_size is required")
+    world = _positive(sec["world_size"], "topology.world_size", int)
+    device = sec.get("compute_device", "cpu")
+    if device not in ("cpu", "cuda", "mtia"):
+        raise PlannerConfigError(f"topology.compute_device: expected cpu, cuda or mtia, got {device!r}")
+    local = _positive(sec.get("local_world_size", world), "topology.local_world_size", int)
+    if world % local:
+        raise PlannerConfigError(f"topology.local_world_size ({local}) must divide world_size ({world})")
+    kwargs: Dict[str, Any] = dict(world_size=world, compute_device=device, local_world_size=local)
+    for key, arg in (("hbm_gb", "hbm_cap"), ("ddr_gb", "ddr_cap")):
+        if key in sec:
+            kwargs[arg] = int(_positive(sec[key], f"topology.{key}") * GB)
+    comms = sec.get("comms", "uniform")
+    if comms == "uniform":
+        bw = _positive(sec.get("bandwidth_gbps", 1.0), "topology.bandwidth_gbps")
+        kwargs["generalized_comms_bandwidths"] = UniformCommsBandwidth(gbps_to_bytes_per_ms(bw))
+    elif comms == "torchrec":
+        if "intra_host_bw_gbps" in sec:
+            kwargs["intra_host_bw"] = gbps_to_bytes_per_ms(_positive(sec["intra_host_bw_gbps"],
+                                                                     "topology.intra_host_bw_gbps"))
+        if "inter_host_bw_gbps" in sec:
+            kwargs["inter_host_bw"] = gbps_to_bytes_per_ms(_positive(sec["inter_host_bw_gbps"],
+                                                                     "topology.inter_host_bw_gbps"))
+    else:
+        raise PlannerConfigError(f"topology.comms: expected 'uniform' or 'torchrec', got {comms!r}")
+    return Topology(**kwargs)
+
+
+def _float_list(value: Any, where: str) -> List[float]:
+    if not isinstance(value, list) or not value or not all(
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value):
+        raise PlannerConfigError(f"{where}: expected a non-empty list of numbers >= 0, got {value!r}")
+    return [float(v) for v in value]
+
+
+def _constraints(sec: Dict[str, Any]) -> Dict[str, ParameterConstraints]:
+    out = {}
+    for name, spec in sec.items():
+        where = f"tables.{name}"
+        spec = _mapping(spec, where)
+        _check_keys(spec, _TABLE_KEYS, where)
+        kw: Dict[str, Any] = {}
+        if "sharding_types" in spec:
+            types = spec["sharding_types"]
+            if not isinstance(types, list) or not types:
+                raise PlannerConfigError(f"{where}.sharding_types: expected a non-empty list")
+            bad = [t for t in types if t not in KNOWN_SHARDING_TYPES]
+            if bad:
+                raise PlannerConfigError(f"{where}.sharding_types: unknown {bad}; known: "
+                                         f"{sorted(KNOWN_SHARDING_TYPES)}")
+            kw["sharding_types"] = list(types)
+        if "compute_kernels" in spec:
+            if not isinstance(spec["compute_kernels"], list):
+                raise PlannerConfigError(f"{where}.compute_kernels: expected a list")
+            kw["compute_kernels"] = [str(k) for k in spec["compute_kernels"]]
+        for key in ("pooling_factors", "num_poolings"):
+            if key in spec:
+                kw[key] = _float_list(spec[key], f"{where}.{key}")
+        if "batch_sizes" in spec:
+            kw["batch_sizes"] = [int(_positive(b, f"{where}.batch_sizes", int)) for b in spec["batch_sizes"]]
+        if "min_partition" in spec:
+            kw["min_partition"] = _positive(spec["min_partition"], f"{where}.min_partition", int)
+        out[str(name)] = ParameterConstraints(**kw)
+    return out
+
+
+def _statistics(path: Any, base_dir: str) -> Any:
+    if not isinstance(path, str) or not path:
+        raise PlannerConfigError(f"statistics: expected a file path, got {path!r}")
+    full = path if os.path.isabs(path) else os.path.join(base_dir, path)
+    if not os.path.exists(full):
+        raise PlannerConfigError(f"statistics: file {full!r} does not exist")
+    from torchrec_hybrid.stats import FrequencyStats
+
+    try:
+        return FrequencyStats.load(full)
+    except Exception as e:  # noqa: BLE001 - re-raised with the key that named the file
+        raise PlannerConfigError(f"statistics: cannot read {full!r}: {e}") from e
+
+
+def load_planner_config(path: str) -> Dict[str, Any]:
+    """Read the YAML at ``path``; returns ``HybridEmbeddingShardingPlanner(**kwargs)`` kwargs.
+
+    Keys: topology, batch_size, constraints, frequency_stats (if ``statistics`` is given),
+    hot_budget_bytes / max_hot_rows / min_saving (if ``hot_set`` gives them).
+    """
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise PlannerConfigError(f"planner config {path!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise PlannerConfigError(f"{path}: not valid YAML: {e}") from e
+    cfg = _mapping(raw, path)
+    _check_keys(cfg, _TOP_KEYS, path)
+    if "topology" not in cfg:
+        raise PlannerConfigError(f"{path}: 'topology' section is required")
+    out: Dict[str, Any] = {"topology": _topology(_mapping(cfg["topology"], "topology"))}
+    if "batch_size" in cfg:
+        out["batch_size"] = _positive(cfg["batch_size"], "batch_size", int)
+    out["constraints"] = _constraints(_mapping(cfg.get("tables"), "tables")) or None
+    if cfg.get("statistics") is not None:
+        out["frequency_stats"] = _statistics(cfg["statistics"], os.path.dirname(os.path.abspath(path)))
+    hot = _mapping(cfg.get("hot_set"), "hot_set")
+    _check_keys(hot, _HOT_KEYS, "hot_set")
+    if "budget_mb" in hot:
+        out["hot_budget_bytes"] = int(_positive(hot["budget_mb"], "hot_set.budget_mb") * 1024 * 1024)
+    if "max_rows" in hot:
+        out["max_hot_rows"] = _positive(hot["max_rows"], "hot_set.max_rows", int)
+    if "min_saving" in hot:
+        ms = hot["min_saving"]
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1:
+            raise PlannerConfigError(f"hot_set.min_saving: expected a number in [0, 1), got {ms!r}")
+        out["min_saving"] = float(ms)
+    return out
+
+
+def planner_from_config(path: str, **overrides: Any):
+    """``HybridEmbeddingShardingPlanner`` built from the YAML (keyword overrides win)."""
+    from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
+
+    kwargs = load_planner_config(path)
+    kwargs.update(overrides)
+    return HybridEmbeddingShardingPlanner(**kwargs)
+
+
+__all__: Optional[List[str]] = ["PlannerConfigError", "load_planner_config", "planner_from_config"]

@@ -1,0 +1,117 @@
+"""Hot-set sizing: how many rows of each table to replicate.
+
+Per table the step cost as a function of H (``cost_model.hybrid_cost_curve``) is evaluated
+for every H up to a cap, from the table's lookup histogram (rows sorted by count). The
+unconstrained choice is the brute-force argmin per table. Hot replicas cost memory on every
+rank, so when their sum exceeds the per-rank budget the tables compete: we minimise
+``sum_t cost_t(H_t)`` subject to ``sum_t H_t * bytes_per_row_t <= budget`` with a Lagrange
+multiplier (bisection on lambda; each table then takes ``argmin cost_t(H) + lambda *
+bytes_per_row_t * H``). Because counts are sorted, each cost curve is convex up to ties,
+so this is the optimum up to one table's last rows.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from torchrec_hybrid.planner import cost_model as cm
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class TableProfile:
+    """One table's inputs to the sizing: traffic, coverage curve, ids in rank order, memory."""
+
+    traffic: cm.TableTraffic
+    coverage: torch.Tensor  # [K+1], coverage[H] for H = 0..K
+    ranked_ids: Optional[torch.Tensor]  # [K] row ids, most frequent first (None: unknown)
+    bytes_per_hot_row: int
+    source: str = "stats"
+
+
+def profile_from_stats(stats, table: str, traffic: cm.TableTraffic, bytes_per_hot_row: int,
+                       max_rows: int) -> TableProfile:
+    """Coverage and ranked ids of ``table`` from a ``FrequencyStats`` (exact or sketched)."""
+    total = stats.lookups(table)
+    ids, counts = stats.top_counts(table, max_rows)
+    if total <= 0:
+        ids, counts = ids[:0], counts[:0]
+    cov = cm.coverage_from_counts(counts.cpu(), total=max(total, 1))  # already ranked
+    return TableProfile(traffic, cov, ids.cpu().to(torch.int64), bytes_per_hot_row, "stats")
+
+
+def profile_uniform(traffic: cm.TableTraffic, bytes_per_hot_row: int, max_rows: int,
+                    ranked_ids: Optional[torch.Tensor] = None, source: str = "uniform") -> TableProfile:
+    """No statistics: every row equally likely (so replication never pays off by itself)."""
+    k = max_rows if ranked_ids is None else min(max_rows, ranked_ids.numel())
+    return TableProfile(traffic, cm.uniform_coverage(traffic.rows, k), ranked_ids, bytes_per_hot_row, source)
+
+
+def cost_curve(p: TableProfile, a2a_bw: float, allreduce_bw: float) -> torch.Tensor:
+    return cm.hybrid_cost_curve(p.traffic, p.coverage, a2a_bw, allreduce_bw)
+
+
+def choose_hot_rows(profiles: Dict[str, TableProfile], budget_bytes: Optional[float],
+                    a2a_bw: float = 1.0, allreduce_bw: float = 1.0,
+                    fixed: Optional[Dict[str, int]] = None) -> Dict[str, int]:
+    """H per table minimising the summed step cost within ``budget_bytes`` (per rank).
+
+    ``fixed`` tables keep the given H (e.g. the sharder's explicit hot ids) and use budget.
+    """
+    fixed = dict(fixed or {})
+    curves = {n: cost_curve(p, a2a_bw, allreduce_bw) for n, p in profiles.items() if n not in fixed}
+    sizes = {n: float(p.bytes_per_hot_row) for n, p in profiles.items()}
+    used_fixed = sum(fixed[n] * sizes[n] for n in fixed)
+
+    def pick(lam: float) -> Dict[str, int]:
+        out = {}
+        for n, c in curves.items():
+            h = torch.arange(c.numel(), dtype=torch.float64)
+            out[n] = int(torch.argmin(c + lam * sizes[n] * h))
+        return out
+
+    def used(choice: Dict[str, int]) -> float:
+        return used_fixed + sum(h * sizes[n] for n, h in choice.items())
+
+    best = pick(0.0)
+    if budget_bytes is None or used(best) <= budget_bytes:
+        return {**best, **fixed}
+    if used_fixed > budget_bytes:
+        logger.warning("fixed hot sets alone (%d B) exceed the hot-row budget (%d B)", used_fixed, budget_bytes)
+    hi = max([float((c[0] - c.min()) / sizes[n]) + 1.0 for n, c in curves.items()] + [1.0])
+    lo = 0.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        if used(pick(mid)) <= budget_bytes:
+            hi = mid
+        else:
+            lo = mid
+    chosen = pick(hi)
+    logger.info("hot-row budget %d B binds: %d B used (lambda %.3g)", budget_bytes, used(chosen), hi)
+    return {**chosen, **fixed}
+
+
+def hot_ids_for(p: TableProfile, hot_rows: int) -> Optional[torch.Tensor]:
+    """The ``hot_rows`` most frequent ids, sorted (None when the profile has no ids)."""
+    if p.ranked_ids is None:
+        return None
+    return torch.sort(p.ranked_ids[:hot_rows]).values
+
+
+def coverage_at(p: TableProfile, hot_rows: int) -> float:
+    return float(p.coverage[min(hot_rows, p.coverage.numel() - 1)])
+
+
+def curve_argmin(p: TableProfile, a2a_bw: float, allreduce_bw: float, max_rows: Optional[int] = None
+                 ) -> Tuple[int, float]:
+    """(H, cost) brute-force optimum of one table (for validation and tests)."""
+    c = cost_curve(p, a2a_bw, allreduce_bw)
+    if max_rows is not None:
+        c = c[: max_rows + 1]
+    h = int(torch.argmin(c))
+    return h, float(c[h])

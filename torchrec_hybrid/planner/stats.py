@@ -1,0 +1,108 @@
+"""The planner's stats log, with frequency_hybrid tables in it.
+
+TorchRec's ``EmbeddingStats`` raises for an unknown sharding type in two places: the
+abbreviation of the type (``_get_sharding_type_abbr``) and the per-shard input/output sizes
+(``_calculate_shard_io_sizes``). ``HybridEmbeddingStats`` answers both for hybrid tables
+("FH"; sizes from the cost model) and appends a table of the estimated communication of
+every table of the plan: type, hot rows, lookup coverage, bytes per rank per step, and for
+hybrid tables the cheapest stock alternative by the same model.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import Iterator, List, Optional
+
+import torchrec.distributed.planner.stats as _tr_stats
+from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.planner.types import ShardingOption
+
+from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.planner.estimators import traffic_of
+from torchrec_hybrid.types import FREQUENCY_HYBRID
+
+logger = logging.getLogger(__name__)
+
+ABBREVIATION = "FH"
+MB = 1024 * 1024
+
+
+@contextlib.contextmanager
+def _hybrid_abbreviation() -> Iterator[None]:
+    """TorchRec's abbreviation function, taught "frequency_hybrid" for the duration."""
+    stock = _tr_stats._get_sharding_type_abbr
+
+    def abbr(sharding_type: str) -> str:
+        return ABBREVIATION if sharding_type == FREQUENCY_HYBRID else stock(sharding_type)
+
+    _tr_stats._get_sharding_type_abbr = abbr
+    try:
+        yield
+    finally:
+        _tr_stats._get_sharding_type_abbr = stock
+
+
+def option_bytes(so: ShardingOption, world_size: int) -> Optional[float]:
+    """Cost-model bytes per rank per step of one planned option (None: type not modelled)."""
+    choice = getattr(so, "hybrid_choice", None)
+    if so.sharding_type == FREQUENCY_HYBRID and choice is not None:
+        return float(choice.bytes_per_step)
+    tr = traffic_of(so, world_size)
+    try:
+        return cm.stock_bytes(so.sharding_type, tr, num_column_shards=len(so.shards))
+    except ValueError:
+        return None
+
+
+def communication_table(best_plan: List[ShardingOption], world_size: int) -> List[str]:
+    """Rows of the per-table communication summary (also used by validate.py)."""
+    header = ["Table", "Sharding", "Rows", "Hot rows", "Coverage", "Est. MB/step/rank", "Best stock (MB)"]
+    rows = [header]
+    total = 0.0
+    for so in sorted(best_plan, key=lambda o: o.fqn):
+        b = option_bytes(so, world_size)
+        total += b or 0.0
+        ch = getattr(so, "hybrid_choice", None)
+        hyb = so.sharding_type == FREQUENCY_HYBRID and ch is not None
+        rows.append([
+            so.fqn.lstrip("."),
+            ABBREVIATION if so.sharding_type == FREQUENCY_HYBRID else so.sharding_type,
+            str(so.tensor.shape[0]),
+            str(ch.hot_rows) if hyb else "-",
+            f"{ch.coverage:.3f}" if hyb else "-",
+            "?" if b is None else f"{b / MB:.4f}",
+            f"{ch.best_stock_type} {ch.best_stock_bytes / MB:.4f}" if hyb and ch.best_stock_bytes else "-",
+        ])
+    rows.append(["TOTAL", "", "", "", "", f"{total / MB:.4f}", ""])
+    widths = [max(len(r[i]) for r in rows) for i in range(len(header))]
+    return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
+
+
+class HybridEmbeddingStats(EmbeddingStats):
+    """``EmbeddingStats`` that shows frequency_hybrid tables ("FH") and estimated bytes."""
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
+            run_time, best_plan, constraints=None, sharders=None, enumerator=None, debug=True,
+            debug_stats=None) -> None:
+        self._world_size = topology.world_size
+        with _hybrid_abbreviation():
+            super().log(sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
+                        run_time, best_plan, constraints=constraints, sharders=sharders,
+                        enumerator=enumerator, debug=debug, debug_stats=debug_stats)
+        lines = ["Estimated communication per rank per step (cost model, fp32; FH = frequency_hybrid):"]
+        lines += communication_table(best_plan, topology.world_size)
+        width = max([self._width] + [len(line) + 4 for line in lines])
+        boxed = [f"# {line: <{width - 3}}#" for line in lines] + ["#" * width]
+        self._stats_table.extend(boxed)
+        for line in boxed:  # beside the stock table, through the same logger
+            _tr_stats.logger.info(line)
+
+    def _get_shard_stats(self, shard, sharding_option, world_size, local_world_size, constraints=None):
+        if sharding_option.sharding_type != FREQUENCY_HYBRID:
+            return super()._get_shard_stats(shard, sharding_option, world_size, local_world_size, constraints)
+        parts = sharding_option.hybrid_choice.comm_bytes
+        inp = (parts["lengths"] + parts["cold_ids"]) / MB
+        out = (parts["partials"] / 2) / MB
+        ranks = list(shard.ranks)
+        return ranks, [inp] * len(ranks), [out] * len(ranks)
