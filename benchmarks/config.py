@@ -1,0 +1,96 @@
+"""What one benchmark run measures: a `Workload` per configuration, grouped by run mode.
+
+A workload fixes everything that makes two sharding types comparable: world size, tables,
+batch, id distribution, model and hot-set rule. Every sharding type of a workload is built
+in the same process group and timed interleaved on the same batches (see measure.py).
+"""
+
+from dataclasses import asdict, dataclass, replace
+from typing import Dict, List, Tuple
+
+SHARDING_TYPES: Tuple[str, ...] = (
+    "frequency_hybrid", "table_wise", "column_wise", "row_wise", "data_parallel", "planner",
+)
+STOCK_TYPES: Tuple[str, ...] = SHARDING_TYPES[1:]
+
+
+@dataclass(frozen=True)
+class Workload:
+    """One configuration. ``alpha=0`` means uniform ids (Zipf exponent 0)."""
+
+    world: int = 4
+    model: str = "ebc"            # "ebc" (EBC + loss on pooled output) or "dlrm"
+    multi_hot: bool = False       # False: one id per feature; True: MLPerf DLRMv2 sizes
+    alpha: float = 1.1
+    rows_cap: int = 100_000       # Criteo-Kaggle cardinalities capped at this
+    dim: int = 64
+    batch_per_rank: int = 1024
+    hot_rows: int = 2000          # most popular rows across all tables, replicated
+    stats_batches: int = 4        # global batches counted by FrequencyStats for the hot set
+    warmup: int = 3               # untimed steps per model before timing
+    steps: int = 20               # timed steps per model (interleaved, order rotated)
+    types: Tuple[str, ...] = SHARDING_TYPES
+    device: str = "cpu"
+    seed: int = 0
+
+    @property
+    def name(self) -> str:
+        dist = "uniform" if self.alpha == 0 else f"zipf{self.alpha:g}"
+        hot = "multihot" if self.multi_hot else "onehot"
+        return f"W{self.world}-{self.device}-{self.model}-{hot}-{dist}-H{self.hot_rows}"
+
+    def as_dict(self) -> Dict:
+        d = asdict(self)
+        d["name"] = self.name
+        d["types"] = list(self.types)
+        return d
+
+
+HEADLINE = Workload(world=4, model="ebc", multi_hot=False, alpha=1.1, rows_cap=100_000, dim=64,
+                    batch_per_rank=1024, hot_rows=2000, warmup=3, steps=20)
+
+ALPHAS = (1.05, 1.1, 1.2, 0.0)
+
+
+def _grid(worlds, models, hots, alphas, **kw) -> List[Workload]:
+    return [Workload(world=w, model=m, multi_hot=h, alpha=a, **kw)
+            for w in worlds for m in models for h in hots for a in alphas]
+
+
+def mode_workloads(mode: str, cuda: bool = False) -> List[Workload]:
+    """The configurations of a run mode ('tiny', 'quick', 'full', 'headline')."""
+    if mode == "headline":
+        out = [HEADLINE]
+    elif mode == "tiny":
+        # seconds: small tables and batch, every model/hotness kind, two id laws
+        tiny = dict(rows_cap=2_000, dim=16, batch_per_rank=64, hot_rows=200, stats_batches=2, warmup=1, steps=3)
+        out = [Workload(world=2, model="ebc", multi_hot=False, alpha=1.1, **tiny),
+               Workload(world=2, model="ebc", multi_hot=False, alpha=0.0, **tiny),
+               Workload(world=2, model="dlrm", multi_hot=True, alpha=1.1, **tiny)]
+    elif mode == "quick":
+        # a sweep at a smaller table cap and batch (data_parallel all-reduces whole tables:
+        # at the headline's 100k cap one of its steps alone takes seconds here)
+        sweep = dict(rows_cap=10_000, dim=64, batch_per_rank=256, hot_rows=500, warmup=2, steps=8)
+        out = _grid([2, 4], ["ebc"], [False], [1.05, 1.1, 1.2, 0.0], **sweep)
+        out += _grid([4], ["dlrm"], [False, True], [1.1], **sweep)
+        out += _grid([4], ["ebc"], [True], [1.1], **sweep)
+    elif mode == "full":
+        sweep = dict(rows_cap=20_000, dim=64, batch_per_rank=512, hot_rows=1000, warmup=2, steps=10)
+        out = [HEADLINE]
+        out += _grid([2, 4], ["ebc", "dlrm"], [False, True], ALPHAS, **sweep)
+    else:
+        raise ValueError(f"unknown mode {mode!r}")
+    if cuda:
+        out += [replace(w, world=1, device="cuda") for w in out if w.world == 2]
+    return out
+
+
+def hot_row_sweep(mode: str) -> List[Workload]:
+    """Bytes vs hot rows: the hybrid alone at several hot-set sizes (same data)."""
+    if mode == "tiny":
+        base = replace(mode_workloads("tiny")[0], types=("frequency_hybrid",))
+        return [replace(base, hot_rows=h) for h in (0, 800)]
+    if mode in ("quick", "full"):
+        base = replace(HEADLINE, types=("frequency_hybrid",), warmup=1, steps=3)
+        return [replace(base, hot_rows=h) for h in (0, 250, 1000, 8000, 32000)]
+    return []

@@ -1,0 +1,46 @@
+"""The model's estimate of bytes sent per rank per step, for a measured configuration.
+
+The only place the benchmarks touch the cost model (torchrec_hybrid/planner/cost_model.py):
+per table it prices the table's planned sharding type from the table shape, the ids per bag
+and, for frequency_hybrid, the hot coverage measured by `FrequencyStats` on the statistics
+batches. Added here, outside the cost model: the DDP all-reduce of DLRM's dense MLPs (a
+ring all-reduce, priced like a data-parallel table) and the per-module overhead.
+"""
+
+from typing import Dict, Mapping, Sequence
+
+from torchrec_hybrid.planner import cost_model as cm
+
+
+def expected_bytes(table_types: Mapping[str, Sequence], rows: Mapping[str, int], dim: int,
+                   hotness: Mapping[str, int], batch: int, world: int, cold_fraction: Mapping[str, float],
+                   hot_rows: Mapping[str, int], dense_numel: int = 0) -> float:
+    """Bytes per rank per step of one model; ``table_types[t] = [sharding_type, shards]``.
+
+    One feature per table; ``hotness[t]`` ids per bag; cold_fraction / hot_rows per table.
+    """
+    total, hybrid_module, stock_module = 0.0, False, False
+    for name, (kind, shards) in table_types.items():
+        t = cm.TableTraffic(rows=rows[name], dim=dim, features=1, pooling=float(hotness[name]),
+                            batch=batch, world=world)
+        if kind == cm.FREQUENCY_HYBRID:
+            total += float(cm.hybrid_total_bytes(t, 1.0 - cold_fraction[name], hot_rows[name]))
+            hybrid_module = True
+        else:
+            total += cm.stock_bytes(kind, t, num_column_shards=max(1, shards))
+            stock_module |= kind != cm.DATA_PARALLEL
+    if dense_numel:
+        total += cm.stock_bytes(cm.DATA_PARALLEL, cm.TableTraffic(dense_numel, 1, 1, 1.0, batch, world))
+    if hybrid_module:
+        total += cm.module_overhead_bytes(world, 1, validate_ids=True)
+    if stock_module:
+        total += cm.module_overhead_bytes(world, 1, validate_ids=False)
+    return total
+
+
+def expected_for(raw: Dict, kind: str, dim: int, batch: int, world: int) -> float:
+    """`expected_bytes` for sharding type `kind` from one rank's raw result (measure.py)."""
+    hotness = dict(zip(raw["rows_per_table"], raw["hotness"]))
+    return expected_bytes(raw["table_types"][kind], raw["rows_per_table"], dim, hotness, batch,
+                          world, raw["cold_fraction"], raw["hot_rows_per_table"], raw["dense_numel"])
+

@@ -1,0 +1,114 @@
+"""Per-rank measurement of one workload: every sharding type in one process group.
+
+Protocol (DESIGN.md section 3):
+- all models of the workload are built in the same process group, run ``warmup`` untimed
+  steps each, then ``steps`` timed steps *interleaved*: step s runs every model once, in an
+  order rotated by s, each behind a barrier (outside the window);
+- bytes: OS-level ``wchar`` (what gloo writes to its sockets) around each model's step;
+  nothing prints, logs or writes files inside a window;
+- memory (after timing, so it cannot disturb it): RSS growth while building the model,
+  plus the peak RSS above the pre-step RSS over one step, with the kernel's high-water mark
+  reset through ``/proc/self/clear_refs`` before the step, and freed heap pages handed back
+  to the kernel first (glibc ``malloc_trim``) so that the step's allocations show in RSS
+  instead of reusing pages other models freed; ``ru_maxrss`` of the whole process is
+  reported too. The allocator's settings are left alone (they would change step times).
+"""
+
+import ctypes
+import gc
+import logging
+import resource
+import time
+from typing import Dict, List
+
+import torch
+import torch.distributed as dist
+
+from torchrec_hybrid.comm_bytes import sent_bytes
+
+from benchmarks.config import Workload
+from benchmarks.data import make_data
+from benchmarks.models import build
+
+logger = logging.getLogger(__name__)
+
+
+def _status_kb(field: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
+
+
+def rss() -> int:
+    return _status_kb("VmRSS") * 1024
+
+
+def reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def peak() -> int:
+    return _status_kb("VmHWM") * 1024
+
+
+def _release_freed_memory() -> None:
+    """Return free heap pages to the kernel (glibc only; a no-op elsewhere)."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
+def run_workload(rank: int, world: int, w: Workload) -> Dict:
+    """Measures workload `w` on this rank; returns raw per-step numbers per sharding type."""
+    device = torch.device("cuda", rank) if w.device == "cuda" else torch.device("cpu")
+    data = make_data(w, rank, world)
+    built, build_rss, types, dense = {}, {}, {}, 0
+    for kind in w.types:
+        gc.collect()
+        before = rss()
+        b = build(kind, w, data.tables, data.hot_ids, device)
+        built[kind], build_rss[kind], types[kind], dense = b, rss() - before, b.table_types, b.dense_numel
+    kinds = list(w.types)
+    for s in range(w.warmup):
+        for kind in kinds:
+            built[kind].step(data.batches[s])
+    times: Dict[str, List[float]] = {k: [] for k in kinds}
+    sent: Dict[str, List[int]] = {k: [] for k in kinds}
+    for s in range(w.steps):
+        batch = data.batches[w.warmup + s]
+        rot = s % len(kinds)
+        for kind in kinds[rot:] + kinds[:rot]:
+            dist.barrier()
+            step = built[kind].step
+            b0, t0 = sent_bytes(), time.perf_counter()
+            step(batch)
+            t1, b1 = time.perf_counter(), sent_bytes()
+            times[kind].append(t1 - t0)
+            sent[kind].append(b1 - b0)
+    step_peak = {}
+    for kind in kinds:
+        dist.barrier()
+        gc.collect()
+        _release_freed_memory()
+        base, ok = rss(), reset_peak()
+        built[kind].step(data.batches[-1])
+        step_peak[kind] = max(0, peak() - base) if ok else None
+    del built
+    gc.collect()
+    dist.barrier()
+    return {
+        "rank": rank, "times_s": times, "sent_bytes": sent, "build_rss_bytes": build_rss,
+        "step_peak_rss_bytes": step_peak, "table_types": types, "dense_numel": dense,
+        "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+        "cold_fraction": data.cold_fraction(), "hotness": data.hotness,
+        "hot_rows_per_table": {k: int(v.numel()) for k, v in data.hot_ids.items()},
+        "rows_per_table": {t.name: t.num_embeddings for t in data.tables},
+    }

@@ -1,0 +1,104 @@
+"""Turns raw per-rank numbers into results: summary per configuration, markdown, plots.
+
+Definitions used in every output:
+- bytes: OS-level bytes sent per rank per step (mean over timed steps, then over ranks);
+  ``expected_bytes``: the cost model's figure for the same plan (estimate.py);
+- step time: per step the slowest rank's time; median, min and max over the timed steps;
+- memory: per rank, RSS growth while building the model + peak RSS growth within one step
+  (VmHWM reset via /proc/self/clear_refs); the max over ranks is reported.
+"""
+
+import statistics
+from collections import Counter
+from typing import Dict, List
+
+from benchmarks.config import STOCK_TYPES, Workload
+from benchmarks.estimate import expected_for
+
+MB = 1e6
+
+
+def summarize(w: Workload, ranks: List[Dict]) -> Dict:
+    """One configuration's result from the raw results of all its ranks."""
+    r0 = ranks[0]
+    out = {}
+    for kind in w.types:
+        per_rank = [statistics.fmean(r["sent_bytes"][kind]) for r in ranks]
+        step_times = [max(ts) for ts in zip(*(r["times_s"][kind] for r in ranks))]
+        peaks = [r["build_rss_bytes"][kind] + (r["step_peak_rss_bytes"][kind] or 0) for r in ranks]
+        out[kind] = {
+            "bytes_per_rank_per_step": statistics.fmean(per_rank),
+            "bytes_per_rank_per_step_max_rank": max(per_rank),
+            "expected_bytes_per_rank_per_step": expected_for(r0, kind, w.dim, w.batch_per_rank, w.world),
+            "step_time_s": {"median": statistics.median(step_times), "min": min(step_times),
+                            "max": max(step_times), "n": len(step_times)},
+            "peak_mem_bytes_per_rank": max(peaks),
+            "build_rss_bytes_per_rank": max(r["build_rss_bytes"][kind] for r in ranks),
+            "step_peak_rss_bytes_per_rank": max((r["step_peak_rss_bytes"][kind] or 0) for r in ranks),
+            "planned_types": dict(Counter(t for t, _ in r0["table_types"][kind].values())),
+        }
+    lookups = sum(r0["hotness"])  # lookups per sample, one feature per table
+    cold = sum(c * h for c, h in zip(r0["cold_fraction"].values(), r0["hotness"])) / lookups
+    return {
+        "workload": w.as_dict(),
+        "hot_set": {
+            "rule": f"the {w.hot_rows} most frequent rows across all tables, counted by FrequencyStats "
+                    f"over {w.stats_batches} global batches drawn before the measured ones",
+            "hot_rows_total": sum(r0["hot_rows_per_table"].values()),
+            "cold_fraction_of_lookups": cold,
+        },
+        "ru_maxrss_bytes_per_rank": max(r["ru_maxrss_bytes"] for r in ranks),
+        "results": out,
+        "ratios": ratios(out),
+    }
+
+
+def ratios(res: Dict) -> Dict:
+    """Hybrid vs table_wise bytes, and hybrid median time vs the fastest stock type measured."""
+    if "frequency_hybrid" not in res:
+        return {}
+    h = res["frequency_hybrid"]
+    out = {}
+    if "table_wise" in res:
+        out["bytes_hybrid_over_table_wise"] = h["bytes_per_rank_per_step"] / res["table_wise"]["bytes_per_rank_per_step"]
+        out["expected_bytes_hybrid_over_table_wise"] = (
+            h["expected_bytes_per_rank_per_step"] / res["table_wise"]["expected_bytes_per_rank_per_step"])
+    stock = {k: res[k]["step_time_s"]["median"] for k in STOCK_TYPES if k in res}
+    if stock:
+        fastest = min(stock, key=stock.get)
+        out["fastest_stock_type"] = fastest
+        out["time_hybrid_over_fastest_stock"] = h["step_time_s"]["median"] / stock[fastest]
+    return out
+
+
+def markdown(results: List[Dict], title: str) -> str:
+    lines = [f"# {title}", "",
+             "Bytes: OS-level bytes sent per rank per step (wchar), mean over steps and ranks; "
+             "model = cost-model estimate for the same plan. Time: slowest rank per step, median "
+             "[min-max] over interleaved timed steps. Memory: max over ranks of RSS growth at build "
+             "+ peak RSS growth in one step.", ""]
+    for r in results:
+        w, hs = r["workload"], r["hot_set"]
+        lines += [f"## {w['name']}", "",
+                  f"W={w['world']} {w['device']}, {w['model']}, {'multi-hot (DLRMv2)' if w['multi_hot'] else 'one-hot'}, "
+                  f"{'uniform ids' if w['alpha'] == 0 else 'Zipf ' + format(w['alpha'], 'g')}, 26 tables cap "
+                  f"{w['rows_cap']:,} rows, dim {w['dim']}, B={w['batch_per_rank']}/rank, "
+                  f"{w['steps']} timed steps. Hot set: {hs['hot_rows_total']} rows, "
+                  f"cold fraction of lookups {hs['cold_fraction_of_lookups']:.3f}.", "",
+                  "| type | MB sent/rank/step | model MB | model/measured | step ms median [min-max] | peak MB/rank | plan |",
+                  "|---|---:|---:|---:|---|---:|---|"]
+        for kind, x in r["results"].items():
+            t = x["step_time_s"]
+            plan = ", ".join(f"{k}x{v}" for k, v in x["planned_types"].items())
+            lines.append(
+                f"| {kind} | {x['bytes_per_rank_per_step'] / MB:.3f} | {x['expected_bytes_per_rank_per_step'] / MB:.3f} "
+                f"| {x['expected_bytes_per_rank_per_step'] / max(1.0, x['bytes_per_rank_per_step']):.3f} "
+                f"| {t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}] "
+                f"| {x['peak_mem_bytes_per_rank'] / MB:.1f} | {plan} |")
+        rt = r["ratios"]
+        if "bytes_hybrid_over_table_wise" in rt and "time_hybrid_over_fastest_stock" in rt:
+            lines += ["", f"Hybrid / table_wise bytes: **{rt['bytes_hybrid_over_table_wise']:.3f}** "
+                          f"(model {rt['expected_bytes_hybrid_over_table_wise']:.3f}); hybrid / fastest stock "
+                          f"({rt['fastest_stock_type']}) median step time: **{rt['time_hybrid_over_fastest_stock']:.3f}**."]
+        lines.append("")
+    return "\n".join(lines)

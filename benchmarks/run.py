@@ -1,0 +1,168 @@
+"""One entry point for every benchmark: frequency_hybrid against stock TorchRec sharding.
+
+    python -m benchmarks [--tiny | --quick | --headline]      (default: the full run)
+
+--tiny      seconds; every kind of configuration at toy sizes (what the tests run)
+--quick     < 5 min on a 2-core CPU box: a reduced sweep, the hot-row sweep, the simulator
+--headline  the core issue's acceptance configuration alone; prints its ratios
+(default)   < 15 min: headline + W in {2, 4} x {ebc, dlrm} x {one-hot, multi-hot} x
+            {Zipf 1.05, 1.1, 1.2, uniform} at a smaller table cap, hot-row sweep, simulator
+
+Writes benchmarks/results/<mode>.json and <mode>.md, plots <mode>_bytes_vs_alpha.png and
+<mode>_bytes_vs_hot_rows.png, and (quick/full) projected.{json,md} + projected_bytes_vs_W.png.
+"""
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+import time
+from typing import Dict, List
+
+if __package__ in (None, ""):  # `python benchmarks/run.py`
+    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from benchmarks.config import Workload, hot_row_sweep, mode_workloads  # noqa: E402
+
+logger = logging.getLogger("benchmarks")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+TARGETS = {"bytes_hybrid_over_table_wise": 0.5, "time_hybrid_over_fastest_stock": 1.1}
+SUBSETS = {
+    "tiny": "W=2 only; ebc and dlrm; one-hot and multi-hot; Zipf 1.1 and uniform (not 1.05/1.2); "
+            "toy sizes (cap 2,000 rows, dim 16, B=64); 3 timed steps - a smoke test, not a benchmark",
+    "quick": "W=2 and 4 one-hot ebc at Zipf 1.05/1.1/1.2/uniform; W=4 dlrm one-hot and multi-hot and "
+             "ebc multi-hot at Zipf 1.1 only; cap 10,000 rows, B=256, 500 hot rows, 8 timed steps; "
+             "the headline is not part of quick (run --headline)",
+    "full": "all of W in {2,4} x {ebc,dlrm} x {one-hot,multi-hot} x {Zipf 1.05,1.1,1.2,uniform} at cap "
+            "20,000 rows, B=512, 1,000 hot rows, 10 timed steps; plus the headline",
+    "headline": "the acceptance configuration only",
+}
+
+
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def measure(workloads: List[Workload]) -> List[Dict]:
+    """Runs workloads grouped by (world, device) in one process group each; summaries in order."""
+    from benchmarks.launch import run_group
+    from benchmarks.report import summarize
+
+    groups: Dict[tuple, List[int]] = {}
+    for i, w in enumerate(workloads):
+        groups.setdefault((w.world, w.device), []).append(i)
+    out: List[Dict] = [None] * len(workloads)
+    for (world, device), idx in groups.items():
+        logger.info("W=%d %s: %d configurations", world, device, len(idx))
+        raw = run_group([workloads[i] for i in idx], timeout=1800)
+        for i, r in zip(idx, raw):
+            out[i] = summarize(workloads[i], r)
+    return out
+
+
+def _reference(results: List[Dict], sweep: List[Dict]) -> Dict:
+    """The multi-type result of the sweep's base workload (its table_wise line)."""
+    if not sweep:
+        return None
+    base = sweep[0]["workload"]["name"].rsplit("-H", 1)[0]
+    for r in results:
+        if r["workload"]["name"].rsplit("-H", 1)[0] == base and len(r["workload"]["types"]) > 1:
+            return r
+    return None
+
+
+def main(argv=None) -> Dict:
+    p = argparse.ArgumentParser(description="frequency_hybrid vs stock TorchRec sharding benchmarks")
+    g = p.add_mutually_exclusive_group()
+    for m in ("tiny", "quick", "headline"):
+        g.add_argument(f"--{m}", dest="mode", action="store_const", const=m)
+    g.add_argument("--ci", dest="mode", action="store_const", const="tiny", help="same as --tiny")
+    p.add_argument("--out", default=RESULTS, help="results folder")
+    p.add_argument("--no-simulate", action="store_true")
+    a = p.parse_args(argv)
+    mode = a.mode or "full"
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("benchmarks").setLevel(logging.INFO)
+    os.makedirs(a.out, exist_ok=True)
+    t0 = time.time()
+    cuda = _cuda()
+    main_w, sweep_w = mode_workloads(mode, cuda=cuda), hot_row_sweep(mode)
+    res = measure(main_w + sweep_w)
+    results, sweep = res[:len(main_w)], res[len(main_w):]
+
+    from benchmarks import plots, report
+
+    files = {}
+    if mode != "headline":
+        files["bytes_vs_alpha"] = plots.bytes_vs_alpha(results, os.path.join(a.out, f"{mode}_bytes_vs_alpha.png"))
+        files["bytes_vs_hot_rows"] = plots.bytes_vs_hot_rows(
+            sweep, _reference(results, sweep), os.path.join(a.out, f"{mode}_bytes_vs_hot_rows.png"))
+    md = report.markdown(results + sweep, f"Benchmarks ({mode} run)")
+    if mode in ("quick", "full") and not a.no_simulate:
+        from benchmarks import simulate
+
+        sim = simulate.simulate(samples=300_000 if mode == "quick" else 1_000_000)
+        simulate.plot(sim, os.path.join(a.out, "projected_bytes_vs_W.png"))
+        with open(os.path.join(a.out, "projected.json"), "w") as f:
+            json.dump(sim, f, indent=1)
+        md += "\n" + simulate.markdown(sim)
+        files["projected_bytes_vs_W"] = os.path.join(a.out, "projected_bytes_vs_W.png")
+    doc = {
+        "mode": mode, "subset": SUBSETS[mode], "runtime_s": time.time() - t0,
+        "machine": {"cpus": os.cpu_count(), "cuda": cuda, "python": platform.python_version(),
+                    "platform": platform.platform()},
+        "definitions": {
+            "bytes": "OS-level bytes written by each rank during its step (/proc/self/io wchar; gloo "
+                     "socket writes), mean over timed steps then over ranks; nothing logs inside a window",
+            "expected_bytes": "torchrec_hybrid.planner.cost_model for the same plan (benchmarks/estimate.py)",
+            "step_time": "per step the slowest rank's wall time; all types built in one process group, "
+                         "timed interleaved with the order rotated each step, after warm-up, barrier before "
+                         "each step (outside the window)",
+            "peak_mem": "RSS (not tracemalloc): growth while building + peak growth within one step "
+                        "(VmHWM reset by /proc/self/clear_refs after malloc_trim), max over ranks",
+        },
+        "targets": TARGETS, "configurations": results, "hot_row_sweep": sweep, "files": files,
+    }
+    headline = [r for r in results if r["workload"]["name"] == mode_workloads("headline")[0].name
+                and len(r["workload"]["types"]) > 1]
+    if headline:
+        doc["headline"] = _headline(headline[0])
+    name = "headline" if mode == "headline" else mode
+    with open(os.path.join(a.out, f"{name}.json"), "w") as f:
+        json.dump(doc, f, indent=1)
+    with open(os.path.join(a.out, f"{name}.md"), "w") as f:
+        f.write(md)
+    logger.info("wrote %s/%s.json and .md in %.0f s", a.out, name, doc["runtime_s"])
+    if headline:
+        print(json.dumps(doc["headline"], indent=1))
+    return doc
+
+
+def _headline(r: Dict) -> Dict:
+    res, rt = r["results"], r["ratios"]
+    h, tw = res["frequency_hybrid"], res["table_wise"]
+    fastest = res[rt["fastest_stock_type"]]
+    return {
+        "configuration": r["workload"]["name"], "hot_set": r["hot_set"],
+        "bytes_hybrid_over_table_wise": rt["bytes_hybrid_over_table_wise"],
+        "bytes_target": TARGETS["bytes_hybrid_over_table_wise"],
+        "bytes_per_rank_per_step": {"frequency_hybrid": h["bytes_per_rank_per_step"],
+                                    "table_wise": tw["bytes_per_rank_per_step"],
+                                    "frequency_hybrid_model": h["expected_bytes_per_rank_per_step"]},
+        "time_hybrid_over_fastest_stock": rt["time_hybrid_over_fastest_stock"],
+        "time_target": TARGETS["time_hybrid_over_fastest_stock"],
+        "fastest_stock_type": rt["fastest_stock_type"],
+        "median_step_s": {"frequency_hybrid": h["step_time_s"]["median"],
+                          rt["fastest_stock_type"]: fastest["step_time_s"]["median"]},
+        "timed_steps": h["step_time_s"]["n"],
+        "meets_bytes_target": rt["bytes_hybrid_over_table_wise"] <= TARGETS["bytes_hybrid_over_table_wise"],
+        "meets_time_target": rt["time_hybrid_over_fastest_stock"] <= TARGETS["time_hybrid_over_fastest_stock"],
+    }
+
+
+if __name__ == "__main__":
+    main()
