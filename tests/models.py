@@ -102,3 +102,24 @@ def skewed_batch(configs, keys: List[str], batch: int, seed: int, hot: Dict[str,
     weights = torch.rand(int(lengths.sum()), generator=g) if weighted else None
     return torchrec.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=torch.cat(values), lengths=lengths,
                                                         weights=weights)
+
+
+def full_optimizer_state(optimizer, world: int) -> Dict[str, torch.Tensor]:
+    """``{param/state_name: full tensor}`` of a fused optimizer, identical on every rank.
+
+    Stock table-wise keeps a table's state on its owner only, so the key set is gathered
+    first and every rank joins every (collective) assembly in the same order.
+    """
+    state = optimizer.state_dict()["state"]
+    mine = {f"{p}/{n}": (tuple(v.size()) if hasattr(v, "size") else None)
+            for p, states in state.items() for n, v in states.items()}
+    everyone = [None] * world
+    torch.distributed.all_gather_object(everyone, mine)
+    merged = {}
+    for d in everyone:
+        merged.update({k: v for k, v in d.items() if v is not None})
+    out = {}
+    for key in sorted(merged):
+        p, n = key.split("/", 1)
+        out[key] = full_weight(state.get(p, {}).get(n), size=merged[key])
+    return out

@@ -64,8 +64,9 @@ def run_ranks(fn, world: int, timeout: float = 240, **kwargs):
         if p.is_alive():
             p.kill()
     if errors:
-        first = min(errors)
-        raise AssertionError(f"rank {first} failed:\n{errors[first]}")
+        # the root cause is usually the one rank that did not fail in a collective
+        ordered = sorted(errors, key=lambda r: ("Connection reset" in errors[r] or "Connection closed" in errors[r], r))
+        raise AssertionError("\n".join(f"rank {r} failed:\n{errors[r]}" for r in ordered))
     missing = [r for r in range(world) if r not in results]
     if missing:
         raise AssertionError(f"ranks {missing} hung or died (timeout {timeout}s)")

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torchrec
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables
+from tests.models import OPTIMIZERS, build, full_optimizer_state, full_weight, hot_ids, skewed_batch, tables
 from tests.multiprocess import run_ranks
 from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
 
@@ -52,13 +52,10 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
         table = k.split(".")[1]
         if kinds.get(table) != "dp":
             assert not torch.equal(wt, full_weight(ref.state_dict()[k])), f"{k} never trained"
-    oh_state, ot_state = mh.fused_optimizer.state_dict()["state"], mt.fused_optimizer.state_dict()["state"]
-    # stock table-wise keeps a table's state on its owner only: assemble full tensors
-    for param in sorted(oh_state):  # same keys on every rank (row-wise layout)
-        for name in sorted(oh_state[param]):
-            mine = full_weight(oh_state[param][name])
-            theirs = full_weight(ot_state.get(param, {}).get(name), size=mine.shape)
-            torch.testing.assert_close(mine, theirs, atol=1e-5, rtol=1e-5)
+    oh_state, ot_state = full_optimizer_state(mh.fused_optimizer, world), full_optimizer_state(mt.fused_optimizer, world)
+    assert sorted(oh_state) == sorted(ot_state)
+    for k in oh_state:
+        torch.testing.assert_close(oh_state[k], ot_state[k], atol=1e-5, rtol=1e-5)
     # hot replicas: bit-identical across ranks
     replicas = [rep for lk in mh.module.hybrid_lookups() for rep in lk.hot_replicas()]
     assert replicas
