@@ -6,9 +6,10 @@
   a summary is taken, never inside a step.
 - Bytes: ``torchrec_hybrid.comm_bytes.count_sent_bytes`` around each ``pipeline.progress``
   call (the caller measures; nothing prints inside the window). A step also all-reduces the
-  dense gradients (DDP); that part is measured once at start-up with an all-reduce of the
+  MLP gradients (DDP); that part is measured once at start-up with an all-reduce of the
   same size (``measure_dense_sync_bytes``) and subtracted, so ``bytes_per_step`` is the
-  embedding traffic (input/output dists, hot-row sync, id checks) per rank.
+  embedding traffic per rank: input/output dists, hot-row sync, id checks, and the DDP
+  all-reduce of data-parallel tables. ``total_bytes_per_step`` is the unadjusted figure.
 - samples/s counts global samples (all ranks) after ``warmup_steps``.
 """
 

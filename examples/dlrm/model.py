@@ -3,9 +3,9 @@
 - ``build_model``: ``torchrec.models.dlrm.DLRM`` (embedding tables on the meta device, so
   DMP allocates only each rank's shards) wrapped in ``DLRMTrain`` (adds the BCE loss).
 - ``build_plan``: one of three planners (``sharding.planner``):
-  ``hybrid``  the frequency-hybrid planner (``torchrec_hybrid.planner``) fed with the
-              frequency statistics; falls back to ``manual`` with a warning while that
-              planner is not available in this checkout;
+  ``hybrid``  ``torchrec_hybrid.planner.HybridEmbeddingShardingPlanner`` fed with the
+              frequency statistics: it picks each table's sharding type and the hot set of
+              each hybrid table (options under ``sharding.hybrid``);
   ``manual``  every table ``frequency_hybrid`` (hot rows replicated, cold rows row-wise);
   ``stock``   TorchRec's ``EmbeddingShardingPlanner`` with the stock sharder (comparison).
 - ``build_optimizer``: embeddings use FBGEMM's fused optimizer (applied in backward); the
@@ -15,7 +15,7 @@
 from __future__ import annotations
 
 import logging
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,7 +31,7 @@ from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
+from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder, frequency_hybrid
 from torchrec_hybrid.stats import FrequencyStats, HotSetRule
 
 logger = logging.getLogger(__name__)
@@ -75,19 +75,35 @@ def hot_set_rule(cfg) -> HotSetRule:
 
 def _hybrid_planner_class():
     try:
-        from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner  # type: ignore
-    except ImportError:
+        from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner
+    except ImportError:  # a checkout without the planner
         return None
     return HybridEmbeddingShardingPlanner
 
 
-def build_plan(cfg, model: torch.nn.Module, stats: FrequencyStats, hot_ids: Dict[str, torch.Tensor],
+def _topology(world_size: int, device: torch.device) -> Topology:
+    if device.type == "cpu":
+        try:  # gloo: one bandwidth for every collective (torchrec's defaults describe NVLink)
+            from torchrec_hybrid.planner import gloo_topology
+        except ImportError:
+            pass
+        else:
+            return gloo_topology(world_size, local_world_size=world_size)
+    return Topology(world_size=world_size, local_world_size=world_size, compute_device=device.type)
+
+
+def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot_ids: Dict[str, torch.Tensor],
                world_size: int, device: torch.device, pg: dist.ProcessGroup
                ) -> Tuple[ShardingPlan, ModuleSharder, str]:
-    """(plan, sharder, planner actually used)."""
+    """(plan, sharder, planner actually used).
+
+    ``hybrid``: the planner picks each table's type and, for hybrid tables, its hot set
+    (carried in the plan) from the statistics. ``manual``: every table ``frequency_hybrid``
+    with ``hot_ids`` (from ``sharding.hot_set``). ``stock``: TorchRec's planner and sharder.
+    """
     kind = cfg.sharding.planner
     fp = fused_params(cfg)
-    topology = Topology(world_size=world_size, local_world_size=world_size, compute_device=device.type)
+    topology = _topology(world_size, device)
     if kind == "stock":
         sharder = EmbeddingBagCollectionSharder(fused_params=fp)
         planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size)
@@ -98,15 +114,26 @@ def build_plan(cfg, model: torch.nn.Module, stats: FrequencyStats, hot_ids: Dict
     if kind == "hybrid":
         planner_cls = _hybrid_planner_class()
         if planner_cls is not None:
-            planner = planner_cls(topology=topology, batch_size=cfg.data.batch_size, stats=stats)
+            opts = {k: v for k, v in dict(cfg.sharding.hybrid).items() if v is not None}
+            planner = planner_cls(topology=topology, batch_size=cfg.data.batch_size, frequency_stats=stats, **opts)
             return planner.collective_plan(model, [sharder], pg), sharder, "hybrid"
-        logger.warning("torchrec_hybrid.planner.HybridEmbeddingShardingPlanner is not available; "
-                       "using the manual plan (every table frequency_hybrid)")
+        logger.warning("torchrec_hybrid.planner is not available; using the manual plan")
     ebc = model.model.sparse_arch.embedding_bag_collection
     gens = {c.name: frequency_hybrid() for c in ebc.embedding_bag_configs()}
     plan = construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=world_size,
                                           world_size=world_size, device_type=device.type)
     return ShardingPlan({EBC_PATH: plan}), sharder, "manual"
+
+
+def planned_hot_ids(plan: ShardingPlan, sharder_hot_ids: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+    """Hot ids of every ``frequency_hybrid`` table as the sharded model will use them."""
+    out: Dict[str, torch.Tensor] = {}
+    for module_plan in plan.plan.values():
+        for name, ps in module_plan.items():  # type: ignore[union-attr]
+            if ps.sharding_type == FREQUENCY_HYBRID:
+                ids = getattr(ps, "hot_ids", None)  # a plan may carry them; they win
+                out[name] = ids if ids is not None else sharder_hot_ids.get(name, torch.empty(0, dtype=torch.int64))
+    return out
 
 
 def shard_model(model: torch.nn.Module, plan: ShardingPlan, sharder: ModuleSharder,
@@ -142,6 +169,10 @@ def dense_parameters(model: torch.nn.Module) -> Dict[str, torch.nn.Parameter]:
     return {n: p for n, p in in_backward_optimizer_filter(model.named_parameters()) if p.requires_grad}
 
 
-def dense_numel(model: torch.nn.Module) -> int:
-    """Elements of the data-parallel (dense) parameters: what DDP all-reduces each step."""
-    return sum(p.numel() for p in dense_parameters(model).values())
+def mlp_numel(model: torch.nn.Module) -> int:
+    """Elements of the MLP parameters (DDP all-reduces their gradients each step).
+
+    Data-parallel embedding tables are also DDP parameters, but their all-reduce is
+    embedding traffic, so they are not counted here.
+    """
+    return sum(p.numel() for n, p in dense_parameters(model).items() if "embedding_bag_collection" not in n)

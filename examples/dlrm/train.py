@@ -22,7 +22,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
 if __package__ in (None, ""):  # run as a script: make `examples.dlrm` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -38,7 +38,8 @@ from examples.dlrm.metrics import (  # noqa: E402
     JsonlLog, StepTimer, TrainMetrics, measure_dense_sync_bytes)
 from examples.dlrm.pipeline import HybridTrainPipelineSparseDist  # noqa: E402
 from examples.dlrm.model import (  # noqa: E402
-    build_model, build_optimizer, build_plan, dense_numel, describe_plan, hot_set_rule, shard_model)
+    build_model, build_optimizer, build_plan, describe_plan, hot_set_rule, mlp_numel,
+    planned_hot_ids, shard_model)
 from torchrec_hybrid.stats import FrequencyStats  # noqa: E402
 
 logger = logging.getLogger("dlrm")
@@ -54,6 +55,8 @@ def setup_logging(rank: int, level: str) -> None:
         logging.getLogger(name).setLevel(ours)
     for noisy in ("torchrec", "torch.fx._symbolic_trace", "torch.distributed"):
         logging.getLogger(noisy).setLevel(logging.ERROR)
+    for handler in logging.getLogger().handlers:  # torchrec warns on the root logger for DP tables
+        handler.addFilter(lambda r: not r.getMessage().startswith("Sharding spec not found"))
     warnings.filterwarnings("ignore")
 
 
@@ -97,13 +100,11 @@ def frequency_stats(cfg: Config, source, tables, rank: int, resuming: bool) -> O
     return stats
 
 
-def hot_coverage(stats: FrequencyStats, hot_ids: Dict[str, torch.Tensor]) -> float:
-    """Share of the counted lookups that hit a hot row (exactly counted tables)."""
-    hit = total = 0
-    for name, ids in hot_ids.items():
-        if stats.is_exact(name):
-            hit += int(stats.counts(name)[ids].sum())
-            total += stats.lookups(name)
+def local_share(stats: FrequencyStats, hot_ids: Dict[str, torch.Tensor], replicated: List[str]) -> float:
+    """Share of the counted lookups served without communication: hot rows + replicated tables."""
+    hit = sum(int(stats.counts(n)[ids].sum()) for n, ids in hot_ids.items() if stats.is_exact(n))
+    hit += sum(stats.lookups(n) for n in replicated)
+    total = sum(stats.lookups(n) for n in stats.table_names)
     return hit / total if total else float("nan")
 
 
@@ -120,19 +121,22 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
         logger.warning("checkpoint.resume is set but %s holds no checkpoint: starting fresh",
                        cfg.checkpoint.dir)
 
-    hot_ids: Dict[str, torch.Tensor] = {}
+    rule_hot_ids: Dict[str, torch.Tensor] = {}
     stats = None
     if cfg.sharding.planner != "stock":
         stats = frequency_stats(cfg, source, tables, rank, resuming=resume_from is not None)
-        hot_ids = hot_set_rule(cfg).select(stats)
-        logger.info("hot set: %d rows of %d (%.1f%% of counted lookups)",
-                    sum(int(v.numel()) for v in hot_ids.values()), sum(t.num_embeddings for t in tables),
-                    100 * hot_coverage(stats, hot_ids))
+        rule_hot_ids = hot_set_rule(cfg).select(stats)  # manual plan (the hybrid planner picks its own)
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, tables)
-    plan, sharder, planner_used = build_plan(cfg, model, stats, hot_ids, world, device, dist.group.WORLD)
+    plan, sharder, planner_used = build_plan(cfg, model, stats, rule_hot_ids, world, device, dist.group.WORLD)
+    hot_ids = planned_hot_ids(plan, rule_hot_ids)
     logger.info("planner %s: %s", planner_used, describe_plan(plan))
+    if stats is not None:
+        replicated = [n for mp in plan.plan.values() for n, ps in mp.items() if ps.sharding_type == "data_parallel"]
+        logger.info("hot set: %d rows of %d; %.1f%% of the counted lookups are local (hot rows + "
+                    "data-parallel tables)", sum(int(v.numel()) for v in hot_ids.values()),
+                    sum(t.num_embeddings for t in tables), 100 * local_share(stats, hot_ids, replicated))
     dmp = shard_model(model, plan, sharder, device)
     optimizer = build_optimizer(cfg, dmp)
 
@@ -151,7 +155,7 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
 
     metrics = TrainMetrics(global_batch=world * cfg.data.batch_size, auc_window=cfg.metrics.auc_window,
                            warmup_steps=cfg.metrics.warmup_steps,
-                           dense_sync_bytes=measure_dense_sync_bytes(dense_numel(dmp), device),
+                           dense_sync_bytes=measure_dense_sync_bytes(mlp_numel(dmp), device),
                            group=side_group)
     jsonl = JsonlLog(cfg.metrics.jsonl if rank == 0 else None, append=start > 0)
     tqdm.tqdm.monitor_interval = 0  # no background thread writing inside a measured step

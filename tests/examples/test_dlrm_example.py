@@ -73,8 +73,8 @@ def test_resume_gives_same_losses(tmp_path):
 
 
 def test_auc_rises_on_synthetic_data():
-    out, _ = run_train("--steps", "120", "--batch-size", "256", "--set", "metrics.auc_window=40",
-                       "--set", "optim.dense.lr=0.1", "--set", "optim.embedding.lr=0.1", timeout=150)
+    # progressive validation: the last 40 steps' predictions were made before training on them
+    out, _ = run_train("--steps", "120", "--batch-size", "256", "--set", "metrics.auc_window=40", timeout=150)
     assert out["auc"] > 0.6, out
 
 
