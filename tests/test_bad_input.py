@@ -1,0 +1,74 @@
+"""Bad ids and bad hot sets fail clearly on every rank, without hangs or weight changes."""
+
+import pytest
+import torch
+import torchrec
+
+from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables
+from tests.multiprocess import run_ranks
+from torchrec_hybrid import HotSetError, HybridEmbeddingBagCollectionSharder, InvalidIdError
+
+KINDS = {"t0": "hybrid", "t1": "hybrid", "t2": "tw", "t3": "hybrid"}
+
+
+def _step(model, kjt, keys):
+    d = model(kjt).wait().to_dict()
+    torch.cat([d[k] for k in keys], dim=1).sum().backward()
+
+
+def bad_ids(rank, world, feature, value):
+    configs = tables()
+    hot_t = hot_ids()
+    model = build(configs, world, KINDS, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"]))
+    keys = [f for c in configs for f in c.feature_names]
+    _step(model, skewed_batch(configs, keys, batch=4, seed=rank, hot=hot_t), keys)
+    before = {k: full_weight(v) for k, v in model.state_dict().items()}
+    kjt = skewed_batch(configs, keys, batch=4, seed=10 + rank, hot=hot_t)
+    if rank == world - 1:  # only the last rank sees the bad id
+        values = kjt.values().clone()
+        start = int(sum(kjt.length_per_key()[: keys.index(feature)]))
+        values[start] = value
+        kjt = torchrec.KeyedJaggedTensor(keys=keys, values=values, lengths=kjt.lengths())
+    with pytest.raises(InvalidIdError) as err:
+        _step(model, kjt, keys)
+    msg = str(err.value)
+    assert f"'{feature}'" in msg and str(value) in msg and f"rank {world - 1}" in msg, msg
+    for k, v in model.state_dict().items():
+        assert torch.equal(full_weight(v), before[k]), f"{k} changed on a rejected batch"
+    # the next good batch trains normally
+    _step(model, skewed_batch(configs, keys, batch=4, seed=20 + rank, hot=hot_t), keys)
+    after = {k: full_weight(v) for k, v in model.state_dict().items()}
+    assert any(not torch.equal(after[k], before[k]) for k in after)
+    return msg
+
+
+@pytest.mark.parametrize("feature,value", [("f1", 30), ("f0b", -3), ("f2", 10**9)],
+                         ids=["too-large-hybrid", "negative-shared-table", "too-large-table-wise"])
+def test_bad_id_fails_on_every_rank(feature, value):
+    messages = run_ranks(bad_ids, 2, timeout=120, feature=feature, value=value)
+    assert messages[0] == messages[1]
+
+
+def bad_hot_set(rank, world, case):
+    configs = tables()
+    hot = {k: list(v) for k, v in {"t0": [3, 7], "t1": [0, 29], "t3": [16]}.items()}
+    if case == "differs" and rank == 1:
+        hot["t1"] = [0, 28]
+    if case == "size-differs" and rank == 0:
+        hot["t0"] = [3]
+    if case == "out-of-range" and rank == 1:
+        hot["t3"] = [17]
+    if case == "duplicate":
+        hot["t0"] = [3, 7, 3]
+    sharder = HybridEmbeddingBagCollectionSharder({k: torch.tensor(v) for k, v in hot.items()},
+                                                 fused_params=OPTIMIZERS["sgd"])
+    with pytest.raises(HotSetError) as err:
+        build(configs, world, KINDS, sharder)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("case,expect", [("differs", "t1"), ("size-differs", "t0"), ("out-of-range", "rank(s) [1]"),
+                                         ("duplicate", "3 appears more than once")])
+def test_bad_hot_set_refused_at_shard_time(case, expect):
+    messages = run_ranks(bad_hot_set, 2, timeout=120, case=case)
+    assert all(expect in m for m in messages), messages
