@@ -1,0 +1,249 @@
+"""Check the planner on the Criteo-like workload: estimated vs measured bytes, chosen vs optimal H.
+
+Workload (DESIGN.md section 3): the 26 Criteo-Kaggle tables capped at ``--max-rows`` rows,
+dim 64, local batch 1024, one id per feature, Zipf(alpha) ids over a fixed random
+permutation of each table. Steps:
+
+1. count statistics on ``--stats-batches`` batches (their own seed);
+2. plan with ``HybridEmbeddingShardingPlanner`` on a uniform-bandwidth (gloo) topology;
+3. run the plan under DMP on W gloo ranks (torch.multiprocessing), warm up, then measure
+   ``wchar`` (``torchrec_hybrid.comm_bytes``) over ``--steps`` steps with nothing printed or
+   logged inside the window; compare with the cost model's bytes for the chosen plan;
+4. compare each hybrid table's H with the brute-force optimum of the same cost model, on the
+   counted statistics and on the exact Zipf probabilities.
+
+Run: ``python -m torchrec_hybrid.planner.validate [--world 4] [--json out.json]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import socket
+from typing import Any, Dict, List, Optional
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from torchrec_hybrid.planner import cost_model as cm
+
+logger = logging.getLogger(__name__)
+
+
+def _tables(max_rows: int, dim: int):
+    from torchrec_hybrid.stats import criteo_table_sizes, criteo_tables
+
+    return criteo_tables(criteo_table_sizes(max_rows=max_rows), embedding_dim=dim)
+
+
+def _samplers(configs, alpha: float, seed: int = 0):
+    from torchrec_hybrid.stats.synthetic import ZipfSampler
+
+    g = torch.Generator().manual_seed(seed)  # the permutations: the same on every rank
+    return [ZipfSampler(c.num_embeddings, alpha, g) for c in configs]
+
+
+def _batch(configs, samplers, batch: int, g: torch.Generator):
+    import torchrec
+
+    keys = [c.feature_names[0] for c in configs]
+    values = torch.cat([s.sample(batch, g) for s in samplers])
+    return torchrec.KeyedJaggedTensor(keys=keys, values=values,
+                                      lengths=torch.ones(batch * len(keys), dtype=torch.int32), stride=batch)
+
+
+def collect_stats(configs, samplers, batch: int, batches: int, seed: int = 12345):
+    from torchrec_hybrid.stats import FrequencyStats
+
+    st = FrequencyStats(configs)
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(batches):
+        st.update(_batch(configs, samplers, batch, g))
+    return st
+
+
+def make_plan(configs, stats, world: int, batch: int, bandwidth_gbps: float, kind: str = "planner"):
+    """(planner or None, plan): the hybrid planner's plan, or every table ``kind`` (a control)."""
+    import torchrec
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
+    from torchrec_hybrid.planner.topology import gloo_topology
+    from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
+
+    cons = None if kind == "planner" else {c.name: ParameterConstraints(sharding_types=[kind]) for c in configs}
+    planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(world, bandwidth_gbps), batch_size=batch,
+                                             frequency_stats=stats, constraints=cons)
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    plan = planner.plan(ebc, [HybridEmbeddingBagCollectionSharder(fused_params=_fused())])
+    return planner, plan
+
+
+def _fused() -> Dict[str, Any]:
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01}
+
+
+def estimated_bytes(planner, world: int) -> Dict[str, float]:
+    """Cost-model bytes per rank per step of the planner's last plan, per table + overhead."""
+    from torchrec_hybrid.planner.stats import option_bytes
+
+    opts = planner.planned_options()
+    out = {so.name: float(option_bytes(so, world) or 0.0) for so in opts}
+    dists = len({so.sharding_type for so in opts if so.sharding_type != cm.DATA_PARALLEL})
+    out["_module_overhead"] = cm.module_overhead_bytes(world, dists)
+    return out
+
+
+def _rank_main(rank: int, world: int, port: int, plan, max_rows: int, dim: int, alpha: float, batch: int,
+               warmup: int, steps: int, result_q) -> None:
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.CRITICAL)  # nothing may be written inside the measured window
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_WORLD_SIZE=str(world))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        import torchrec
+        from torchrec.distributed.model_parallel import DistributedModelParallel
+
+        from torchrec_hybrid.comm_bytes import count_sent_bytes
+        from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
+
+        configs = _tables(max_rows, dim)
+        samplers = _samplers(configs, alpha)
+        model = DistributedModelParallel(
+            torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta")),
+            device=torch.device("cpu"), plan=plan,
+            sharders=[HybridEmbeddingBagCollectionSharder(fused_params=_fused())])
+        g = torch.Generator().manual_seed(1000 + rank)
+        batches = [_batch(configs, samplers, batch, g) for _ in range(warmup + steps)]
+
+        def step(kjt):
+            out = model(kjt).wait()
+            out.values().sum().backward()
+
+        for kjt in batches[:warmup]:
+            step(kjt)
+        dist.barrier()
+        with count_sent_bytes() as sent:
+            for kjt in batches[warmup:]:
+                step(kjt)
+        dist.barrier()
+        result_q.put((rank, sent[0] / steps))
+    finally:
+        dist.destroy_process_group()
+
+
+def measure(plan, world: int, max_rows: int, dim: int, alpha: float, batch: int, warmup: int, steps: int
+            ) -> List[float]:
+    """Bytes sent per step by each rank (``wchar``), running ``plan`` under DMP on gloo."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.get_context("spawn")
+    q = ctx.SimpleQueue()
+    procs = [ctx.Process(target=_rank_main, args=(r, world, port, plan, max_rows, dim, alpha, batch, warmup,
+                                                   steps, q)) for r in range(world)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join()
+    if any(p.exitcode != 0 for p in procs):
+        raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
+    res = dict(q.get() for _ in range(world))
+    return [res[r] for r in range(world)]
+
+
+def h_check(planner, configs, stats, alpha: float, world: int, batch: int) -> List[Dict[str, Any]]:
+    """Chosen H vs brute force of the cost model on the counts and on the exact Zipf law."""
+    rows = []
+    opts = {so.name: so for so in planner.planned_options()}
+    for c in configs:
+        ch = planner.hybrid_choices().get(c.name)
+        if ch is None:
+            continue
+        tr = cm.TableTraffic(rows=c.num_embeddings, dim=c.embedding_dim, features=1, pooling=1.0,
+                             batch=batch, world=world)
+        cov = cm.coverage_from_counts(stats.counts(c.name).to(torch.float64))
+        curve = torch.stack([cm.hybrid_total_bytes(tr, cov[h], h) for h in range(cov.numel())]) \
+            if cov.numel() < 2000 else cm.hybrid_total_bytes(tr, cov, torch.arange(cov.numel()))
+        h_brute = int(torch.argmin(curve))
+        w = torch.arange(1, c.num_embeddings + 1, dtype=torch.float64).pow(-alpha)
+        true_cov = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w / w.sum(), 0)])
+        true_curve = cm.hybrid_total_bytes(tr, true_cov, torch.arange(true_cov.numel()))
+        h_true = int(torch.argmin(true_curve))
+        rows.append({
+            "table": c.name, "rows": c.num_embeddings, "planned_type": opts[c.name].sharding_type,
+            "h_chosen": ch.hot_rows, "h_brute_force": h_brute,
+            "bytes_chosen": float(curve[ch.hot_rows]), "bytes_brute_force": float(curve[h_brute]),
+            "h_true_optimum": h_true, "true_bytes_chosen": float(true_curve[ch.hot_rows]),
+            "true_bytes_optimum": float(true_curve[h_true]),
+        })
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--batch", type=int, default=1024)
+    ap.add_argument("--dim", type=int, default=64)
+    ap.add_argument("--max-rows", type=int, default=100_000)
+    ap.add_argument("--alpha", type=float, default=1.1)
+    ap.add_argument("--stats-batches", type=int, default=64)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--bandwidth-gbps", type=float, default=1.0)
+    ap.add_argument("--controls", nargs="*", default=["table_wise"],
+                    help="stock types to measure as well (every table that type)")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    for name in ("torchrec", "torch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+    configs = _tables(a.max_rows, a.dim)
+    stats = collect_stats(configs, _samplers(configs, a.alpha), a.batch, a.stats_batches)
+    report: Dict[str, Any] = {"args": vars(a), "plans": {}}
+    for kind in ["planner"] + list(a.controls):
+        planner, plan = make_plan(configs, stats, a.world, a.batch, a.bandwidth_gbps, kind)
+        est = estimated_bytes(planner, a.world)
+        meas = measure(plan, a.world, a.max_rows, a.dim, a.alpha, a.batch, a.warmup, a.steps)
+        types: Dict[str, int] = {}
+        for so in planner.planned_options():
+            types[so.sharding_type] = types.get(so.sharding_type, 0) + 1
+        entry = {"types": types, "estimated_bytes_per_rank_step": sum(est.values()),
+                 "measured_bytes_per_rank_step": sum(meas) / len(meas), "measured_per_rank": meas,
+                 "estimated_per_table": est}
+        entry["ratio_measured_to_estimated"] = entry["measured_bytes_per_rank_step"] / entry[
+            "estimated_bytes_per_rank_step"]
+        if kind == "planner":
+            hc = h_check(planner, configs, stats, a.alpha, a.world, a.batch)
+            entry["h_check"] = hc
+            entry["total_hot_rows"] = sum(r["h_chosen"] for r in hc if r["planned_type"] == cm.FREQUENCY_HYBRID)
+        report["plans"][kind] = entry
+        logger.info("%s: %s  estimated %.3f MB  measured %.3f MB per rank per step (x%.3f)", kind, types,
+                    entry["estimated_bytes_per_rank_step"] / 1e6, entry["measured_bytes_per_rank_step"] / 1e6,
+                    entry["ratio_measured_to_estimated"])
+    hc = report["plans"]["planner"]["h_check"]
+    same = sum(r["h_chosen"] == r["h_brute_force"] for r in hc)
+    logger.info("H chosen == brute force of the cost model for %d/%d tables considered", same, len(hc))
+    for r in hc:
+        if r["planned_type"] == cm.FREQUENCY_HYBRID:
+            logger.info("  %-10s rows %7d  H %5d (brute %5d, exact-Zipf optimum %5d: %.0f vs %.0f B)", r["table"],
+                        r["rows"], r["h_chosen"], r["h_brute_force"], r["h_true_optimum"],
+                        r["true_bytes_chosen"], r["true_bytes_optimum"])
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(report, f, indent=1)
+    return report
+
+
+if __name__ == "__main__":
+    main()
