@@ -50,6 +50,8 @@ HEADLINE = Workload(world=4, model="ebc", multi_hot=False, alpha=1.1, rows_cap=1
                     batch_per_rank=1024, hot_rows=2000, warmup=3, steps=20)
 
 ALPHAS = (1.05, 1.1, 1.2, 0.0)
+# sizes of the sweeps (quick and full): 26 tables capped at 10k rows, B=256 per rank
+SWEEP = dict(rows_cap=10_000, dim=64, batch_per_rank=256, hot_rows=500, warmup=1, steps=6)
 
 
 def _grid(worlds, models, hots, alphas, **kw) -> List[Workload]:
@@ -68,16 +70,14 @@ def mode_workloads(mode: str, cuda: bool = False) -> List[Workload]:
                Workload(world=2, model="ebc", multi_hot=False, alpha=0.0, **tiny),
                Workload(world=2, model="dlrm", multi_hot=True, alpha=1.1, **tiny)]
     elif mode == "quick":
-        # a sweep at a smaller table cap and batch (data_parallel all-reduces whole tables:
+        # a subset at a smaller table cap and batch (data_parallel all-reduces whole tables:
         # at the headline's 100k cap one of its steps alone takes seconds here)
-        sweep = dict(rows_cap=10_000, dim=64, batch_per_rank=256, hot_rows=500, warmup=2, steps=8)
-        out = _grid([2, 4], ["ebc"], [False], [1.05, 1.1, 1.2, 0.0], **sweep)
-        out += _grid([4], ["dlrm"], [False, True], [1.1], **sweep)
-        out += _grid([4], ["ebc"], [True], [1.1], **sweep)
+        out = _grid([2], ["ebc"], [False], ALPHAS, **SWEEP)
+        out += _grid([4], ["ebc"], [False], [1.1, 0.0], **SWEEP)
+        out += [Workload(world=4, model="dlrm", multi_hot=False, alpha=1.1, **SWEEP),
+                Workload(world=4, model="ebc", multi_hot=True, alpha=1.1, **SWEEP)]
     elif mode == "full":
-        sweep = dict(rows_cap=20_000, dim=64, batch_per_rank=512, hot_rows=1000, warmup=2, steps=10)
-        out = [HEADLINE]
-        out += _grid([2, 4], ["ebc", "dlrm"], [False, True], ALPHAS, **sweep)
+        out = [HEADLINE] + _grid([2, 4], ["ebc", "dlrm"], [False, True], ALPHAS, **SWEEP)
     else:
         raise ValueError(f"unknown mode {mode!r}")
     if cuda:
@@ -91,6 +91,6 @@ def hot_row_sweep(mode: str) -> List[Workload]:
         base = replace(mode_workloads("tiny")[0], types=("frequency_hybrid",))
         return [replace(base, hot_rows=h) for h in (0, 800)]
     if mode in ("quick", "full"):
-        base = replace(HEADLINE, types=("frequency_hybrid",), warmup=1, steps=3)
-        return [replace(base, hot_rows=h) for h in (0, 250, 1000, 8000, 32000)]
+        base = Workload(world=4, model="ebc", multi_hot=False, alpha=1.1, types=("frequency_hybrid",), **SWEEP)
+        return [replace(base, hot_rows=h) for h in (0, 100, 2000, 8000)]
     return []

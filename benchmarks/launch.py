@@ -80,22 +80,24 @@ def run_group(workloads: List[Workload], timeout: float = 900, progress: bool = 
         p.start()
     results = [[None] * world for _ in workloads]
     pending, deadline, error = len(workloads) * world, time.time() + timeout, None
-    while pending and error is None and time.time() < deadline:
-        if queue.empty():
-            if not any(p.is_alive() for p in procs):
-                break
-            time.sleep(0.05)
-            continue
-        rank, status, i, payload = queue.get()
-        if status == "error":
-            error = f"rank {rank} failed:\n{payload}"
-        else:
-            results[i][rank] = payload
-            pending -= 1
-    for p in procs:
-        p.join(timeout=5 if error else max(1.0, deadline - time.time()))
-        if p.is_alive():
-            p.kill()
+    try:
+        while pending and error is None and time.time() < deadline:
+            if queue.empty():
+                if not any(p.is_alive() for p in procs):
+                    break
+                time.sleep(0.05)
+                continue
+            rank, status, i, payload = queue.get()
+            if status == "error":
+                error = f"rank {rank} failed:\n{payload}"
+            else:
+                results[i][rank] = payload
+                pending -= 1
+    finally:
+        for p in procs:
+            p.join(timeout=5 if (error or pending) else max(1.0, deadline - time.time()))
+            if p.is_alive():
+                p.kill()
     if error:
         raise RuntimeError(error)
     if pending:

@@ -2,8 +2,9 @@
 
     python -m benchmarks [--tiny | --quick | --headline]      (default: the full run)
 
---tiny      seconds; every kind of configuration at toy sizes (what the tests run)
---quick     < 5 min on a 2-core CPU box: a reduced sweep, the hot-row sweep, the simulator
+--tiny      seconds; one of each kind of configuration at toy sizes (what the tests run)
+--quick     < 5 min on a 2-core CPU box: a subset of the sweep (SUBSETS), the hot-row sweep,
+            the simulator
 --headline  the core issue's acceptance configuration alone; prints its ratios
 (default)   < 15 min: headline + W in {2, 4} x {ebc, dlrm} x {one-hot, multi-hot} x
             {Zipf 1.05, 1.1, 1.2, uniform} at a smaller table cap, hot-row sweep, simulator
@@ -17,6 +18,7 @@ import json
 import logging
 import os
 import platform
+import signal
 import sys
 import time
 from typing import Dict, List
@@ -30,13 +32,14 @@ logger = logging.getLogger("benchmarks")
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
 TARGETS = {"bytes_hybrid_over_table_wise": 0.5, "time_hybrid_over_fastest_stock": 1.1}
 SUBSETS = {
-    "tiny": "W=2 only; ebc and dlrm; one-hot and multi-hot; Zipf 1.1 and uniform (not 1.05/1.2); "
-            "toy sizes (cap 2,000 rows, dim 16, B=64); 3 timed steps - a smoke test, not a benchmark",
-    "quick": "W=2 and 4 one-hot ebc at Zipf 1.05/1.1/1.2/uniform; W=4 dlrm one-hot and multi-hot and "
-             "ebc multi-hot at Zipf 1.1 only; cap 10,000 rows, B=256, 500 hot rows, 8 timed steps; "
-             "the headline is not part of quick (run --headline)",
-    "full": "all of W in {2,4} x {ebc,dlrm} x {one-hot,multi-hot} x {Zipf 1.05,1.1,1.2,uniform} at cap "
-            "20,000 rows, B=512, 1,000 hot rows, 10 timed steps; plus the headline",
+    "tiny": "W=2 only: ebc one-hot at Zipf 1.1 and uniform, dlrm multi-hot at Zipf 1.1; toy sizes "
+            "(cap 2,000 rows, dim 16, B=64, 200 hot rows); 3 timed steps - a smoke test, not a benchmark",
+    "quick": "ebc one-hot at W=2 for Zipf 1.05/1.1/1.2/uniform and at W=4 for Zipf 1.1/uniform; W=4 dlrm "
+             "one-hot and ebc multi-hot at Zipf 1.1; 26 tables capped at 10,000 rows, dim 64, B=256 per "
+             "rank, 500 hot rows, 6 timed steps after 1 warm-up; the headline is not part of quick "
+             "(python benchmarks/run.py --headline)",
+    "full": "the headline, plus all of W in {2,4} x {ebc,dlrm} x {one-hot,multi-hot} x {Zipf 1.05,1.1,1.2,"
+            "uniform} at the quick sizes (cap 10,000 rows, B=256, 500 hot rows, 6 timed steps)",
     "headline": "the acceptance configuration only",
 }
 
@@ -84,6 +87,7 @@ def main(argv=None) -> Dict:
     p.add_argument("--out", default=RESULTS, help="results folder")
     p.add_argument("--no-simulate", action="store_true")
     a = p.parse_args(argv)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: no orphaned ranks
     mode = a.mode or "full"
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("benchmarks").setLevel(logging.INFO)
@@ -105,7 +109,7 @@ def main(argv=None) -> Dict:
     if mode in ("quick", "full") and not a.no_simulate:
         from benchmarks import simulate
 
-        sim = simulate.simulate(samples=300_000 if mode == "quick" else 1_000_000)
+        sim = simulate.simulate(samples=500_000 if mode == "quick" else 2_000_000)
         simulate.plot(sim, os.path.join(a.out, "projected_bytes_vs_W.png"))
         with open(os.path.join(a.out, "projected.json"), "w") as f:
             json.dump(sim, f, indent=1)
