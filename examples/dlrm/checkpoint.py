@@ -67,12 +67,20 @@ def save(directory: str, step: int, model: torch.nn.Module, optimizer, data_posi
     return path
 
 
-def load(path: str, model: torch.nn.Module, optimizer, group: Optional[dist.ProcessGroup] = None
-         ) -> Dict[str, int]:
-    """Collective: restores model, optimizer and progress from ``path``; returns the progress."""
+def load(path: str, model: torch.nn.Module, optimizer, group: Optional[dist.ProcessGroup] = None,
+         with_optimizer: bool = True) -> Dict[str, int]:
+    """Collective: restores model, optimizer and progress from ``path``; returns the progress.
+
+    ``with_optimizer=False`` loads only weights and progress: the way to continue under a
+    different plan (e.g. hybrid -> stock), whose optimizer state is laid out differently
+    (a data-parallel table's dense optimizer state vs a fused table's, for instance).
+    """
     state = _state(model, optimizer, 0, 0)
+    if not with_optimizer:
+        del state["optim"]
     dcp.load(state, checkpoint_id=path, process_group=group)
-    optimizer.load_state_dict(state["optim"])
+    if with_optimizer:
+        optimizer.load_state_dict(state["optim"])
     model.load_state_dict(state["model"])
     refresh_hot_replicas(model)  # after both weights and optimizer state are in place
     progress = {k: int(v) for k, v in state["progress"].items()}

@@ -75,7 +75,7 @@ def setup_distributed(cfg: Config):
     return dist.get_rank(), dist.get_world_size(), device
 
 
-def frequency_stats(cfg: Config, source, tables, rank: int, resuming: bool) -> Optional[FrequencyStats]:
+def frequency_stats(cfg: Config, source, tables, rank: int, resuming: bool, group) -> Optional[FrequencyStats]:
     """Statistics for the hot set: from the checkpoint dir (resume), a file, or the first N batches."""
     sc = cfg.sharding.stats
     ckpt_dir = cfg.checkpoint.dir
@@ -90,7 +90,7 @@ def frequency_stats(cfg: Config, source, tables, rank: int, resuming: bool) -> O
         stats = FrequencyStats(tables)
         for batch in itertools.islice(source.batches(0), sc.batches):
             stats.update(batch.sparse_features)
-        stats.all_reduce_()
+        stats.all_reduce_(group)  # CPU counters: the gloo side group (also under NCCL)
         logger.info("frequency statistics from the first %d batches (%d samples, all ranks)",
                     stats.num_batches // dist.get_world_size(), stats.num_samples)
     if rank == 0:
@@ -124,7 +124,7 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
     rule_hot_ids: Dict[str, torch.Tensor] = {}
     stats = None
     if cfg.sharding.planner != "stock":
-        stats = frequency_stats(cfg, source, tables, rank, resuming=resume_from is not None)
+        stats = frequency_stats(cfg, source, tables, rank, resuming=resume_from is not None, group=side_group)
         rule_hot_ids = hot_set_rule(cfg).select(stats)  # manual plan (the hybrid planner picks its own)
 
     torch.manual_seed(cfg.seed)
@@ -142,7 +142,8 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
 
     start, data_position = 0, 0
     if resume_from is not None:
-        progress = checkpoint.load(resume_from, dmp, optimizer, group=side_group)
+        progress = checkpoint.load(resume_from, dmp, optimizer, group=side_group,
+                                   with_optimizer=cfg.checkpoint.load_optimizer)
         start, data_position = progress["step"], progress["data_position"]
 
     steps = int(cfg.train.steps)

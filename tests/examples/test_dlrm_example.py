@@ -84,3 +84,17 @@ def test_bad_override_is_rejected(flag):
 
     with pytest.raises((KeyError, ValueError)):
         config_from_args(["--config", TINY, *flag.split(" ", 1)])
+
+
+def test_checkpoint_weights_load_into_stock_plan(tmp_path):
+    # hybrid run of 4 steps + checkpoint; the 5th loss only depends on the weights and batch 5,
+    # so a stock-planned run that loads those weights must reproduce it.
+    ckpt, hyb, stock = tmp_path / "ckpt", tmp_path / "hybrid.jsonl", tmp_path / "stock.jsonl"
+    run_train("--steps", "5", "--set", f"metrics.jsonl={hyb}")
+    run_train("--steps", "4", "--checkpoint-dir", str(ckpt))
+    out, _ = run_train("--steps", "5", "--checkpoint-dir", str(ckpt), "--resume", "--planner", "stock",
+                       "--set", "checkpoint.load_optimizer=false", "--set", f"metrics.jsonl={stock}")
+    assert out["planner"] == "stock" and out["start_step"] == 4
+    (step_h, loss_h), (step_s, loss_s) = read_losses(hyb)[-1], read_losses(stock)[-1]
+    assert step_h == step_s == 5
+    assert loss_s == pytest.approx(loss_h, rel=1e-5)
