@@ -26,6 +26,7 @@ yields sparse features only and reads as a single process, so the readers here b
 
 from __future__ import annotations
 
+import dataclasses
 import glob
 import itertools
 import math
@@ -42,7 +43,7 @@ from torchrec.datasets.criteo import (
     criteo_terabyte,
 )
 from torchrec.datasets.utils import Batch
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
+from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid.stats.sources import _day_key
@@ -234,7 +235,9 @@ def build_data(cfg, rank: int, world_size: int):
     """(source, tables) for the config's ``data`` section; tables are ``t_cat_i`` configs."""
     d = cfg.data
     sizes = table_sizes_from_config(d)
-    tables: List[EmbeddingBagConfig] = criteo_tables(sizes, embedding_dim=cfg.model.embedding_dim)
+    pooling = PoolingType[str(cfg.model.get("pooling", "sum")).upper()]
+    tables: List[EmbeddingBagConfig] = [dataclasses.replace(t, pooling=pooling)
+                                        for t in criteo_tables(sizes, embedding_dim=cfg.model.embedding_dim)]
     if d.source == "synthetic":
         lab = d.label
         src = SyntheticCriteoBatches(sizes, d.batch_size, rank, world_size, alpha=d.alpha,

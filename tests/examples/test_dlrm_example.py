@@ -50,6 +50,11 @@ def test_smoke_two_ranks():
     assert out["bytes_per_step"] > 0 and out["samples_per_s"] > 0
 
 
+def test_multi_hot_mean_pooling():
+    out, _ = run_train("--steps", "4", "--set", "data.multi_hot=true", "--set", "model.pooling=mean")
+    assert all(math.isfinite(out[k]) for k in KEYS) and out["loss"] < 2.0
+
+
 def test_stock_planner_runs_same_config():
     out, _ = run_train("--steps", "4", "--planner", "stock")
     assert out["planner"] == "stock" and out["hot_rows"] == 0
