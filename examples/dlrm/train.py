@@ -164,7 +164,7 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
                     file=sys.stderr, desc="train", dynamic_ncols=True)
     every = int(cfg.checkpoint.every or 0)
     dmp.train()
-    step = start
+    step = saved_at = start
     while step < steps:
         try:
             with StepTimer() as t:  # nothing may print or log inside
@@ -182,10 +182,15 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
             bar.clear()
             logger.info("step %d loss %.4f auc %.4f samples/s %.0f embedding bytes/step %.0f",
                         step, s["loss"], s["auc"], s["samples_per_s"], s["bytes_per_step"])
-        if cfg.checkpoint.dir and ((every and step % every == 0) or step == steps):
-            checkpoint.save(cfg.checkpoint.dir, step, dmp, optimizer, data_position=step, group=side_group)
+        if cfg.checkpoint.dir and every and step % every == 0:
+            saved_at = step
+            checkpoint.save(cfg.checkpoint.dir, step, dmp, optimizer,
+                            data_position=data_position + step - start, group=side_group)
     bar.close()
     jsonl.close()
+    if cfg.checkpoint.dir and saved_at != step:  # always leave a checkpoint of the last step
+        checkpoint.save(cfg.checkpoint.dir, step, dmp, optimizer,
+                        data_position=data_position + step - start, group=side_group)
 
     final = metrics.summary(step)
     final.update(planner=planner_used, world_size=world, global_batch=world * cfg.data.batch_size,
