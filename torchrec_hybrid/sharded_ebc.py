@@ -83,10 +83,19 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def input_dist(self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor):
         if self._validate_ids and isinstance(features, KeyedJaggedTensor):
-            self._check_ids(features)
+            features = self._start_id_check(ctx, features)
         return super().input_dist(ctx, features)
 
-    def _check_ids(self, features: KeyedJaggedTensor) -> None:
+    def compute_and_output_dist(self, ctx: EmbeddingBagCollectionContext, input):
+        self._finish_id_check(ctx)  # before any lookup: a rejected batch changes nothing
+        return super().compute_and_output_dist(ctx, input)
+
+    def _start_id_check(self, ctx, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """Checks ids locally and starts an async all-gather of the verdicts.
+
+        The gather overlaps the input all-to-alls and is awaited before the lookups, so it
+        adds no round trip. Bad ids are replaced by 0 meanwhile so the dists stay in step.
+        """
         keys = tuple(features.keys())
         rows = self._rows_cache.get(keys)
         if rows is None:
@@ -101,14 +110,28 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         if bool(bad.any()):
             i = int(bad.nonzero()[0])
             report = torch.tensor([1, int(key_of_value[i]), int(values[i])], dtype=torch.int64)
+            features = KeyedJaggedTensor(keys=list(keys), values=torch.where(bad, torch.zeros_like(values), values),
+                                         weights=features.weights_or_none(), lengths=features.lengths(),
+                                         stride=features.stride())
         pg = self._env.process_group
         if pg is None or dist.get_world_size(pg) == 1:
-            reports = report.view(1, 3)
+            ctx._hybrid_id_check = (None, report.view(1, 3), keys)
         else:
             dev = _collective_device(pg)
             out = torch.empty(dist.get_world_size(pg) * 3, dtype=torch.int64, device=dev)
-            dist.all_gather_into_tensor(out, report.to(dev), group=pg)
-            reports = out.view(-1, 3).cpu()
+            work = dist.all_gather_into_tensor(out, report.to(dev), group=pg, async_op=True)
+            ctx._hybrid_id_check = (work, out, keys)
+        return features
+
+    def _finish_id_check(self, ctx) -> None:
+        pending = getattr(ctx, "_hybrid_id_check", None)
+        if pending is None:
+            return
+        ctx._hybrid_id_check = None
+        work, out, keys = pending
+        if work is not None:
+            work.wait()
+        reports = out.view(-1, 3).cpu()
         if int(reports[:, 0].sum()) == 0:
             return
         msgs = []
@@ -116,7 +139,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             f = keys[int(reports[r, 1])]
             msgs.append(f"rank {r}: feature '{f}' (table '{self._table_by_feature.get(f, '?')}') has id "
                         f"{int(reports[r, 2])} outside [0, {self._rows_by_feature.get(f, '?')})")
-        raise InvalidIdError("invalid embedding ids, batch rejected before any communication or update: "
+        raise InvalidIdError("invalid embedding ids, batch rejected before any lookup or update: "
                              + "; ".join(msgs))
 
 

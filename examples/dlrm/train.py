@@ -36,7 +36,7 @@ from examples.dlrm.config import Config, config_from_args  # noqa: E402
 from examples.dlrm.data import build_data  # noqa: E402
 from examples.dlrm.metrics import (  # noqa: E402
     JsonlLog, StepTimer, TrainMetrics, measure_dense_sync_bytes)
-from examples.dlrm.pipeline import HybridTrainPipelineSparseDist  # noqa: E402
+from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa: E402
 from examples.dlrm.model import (  # noqa: E402
     build_model, build_optimizer, build_plan, describe_plan, hot_set_rule, mlp_numel,
     planned_hot_ids, shard_model)
@@ -152,7 +152,7 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
         dist.all_reduce(n, op=dist.ReduceOp.MIN, group=side_group)
         steps = min(steps, start + int(n))
     batches = itertools.islice(source.batches(data_position), max(0, steps - start))
-    pipeline = HybridTrainPipelineSparseDist(dmp, optimizer, device)  # TrainPipelineSparseDist + shim
+    pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
 
     metrics = TrainMetrics(global_batch=world * cfg.data.batch_size, auc_window=cfg.metrics.auc_window,
                            warmup_steps=cfg.metrics.warmup_steps,

@@ -149,12 +149,16 @@ class HotReplica:
         pos = torch.arange(slots.numel(), device=slots.device) - first[table]
         lengths = (torch.arange(bags, device=slots.device)[None, :] < per_table[:, None]).reshape(-1)
         offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.to(torch.int64))
-        width = self._dims[table]
-        within = segment_arange(width)
-        dst = (torch.repeat_interleave(pos * sum(self.dims) + self._dim_offsets[table], width) + within)
-        src = torch.repeat_interleave(self._slot_weight_base[slots], width) + within
         grad_out = torch.zeros(bags * sum(self.dims), dtype=grad.dtype, device=grad.device)
-        grad_out[dst] = grad[src]
+        if len(set(self.dims)) == 1:  # one width: move whole rows
+            D = self.dims[0]
+            grad_out.view(-1, D)[pos * len(self.dims) + table] = grad.view(-1, D)[self._slot_weight_base[slots] // D]
+        else:
+            width = self._dims[table]
+            within = segment_arange(width)
+            dst = torch.repeat_interleave(pos * sum(self.dims) + self._dim_offsets[table], width) + within
+            src = torch.repeat_interleave(self._slot_weight_base[slots], width) + within
+            grad_out[dst] = grad[src]
         with torch.enable_grad():
             out = self.tbe(self._slot_row[slots], offsets)
             torch.autograd.backward(out, grad_out.view(bags, -1))

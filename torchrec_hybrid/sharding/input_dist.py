@@ -103,7 +103,9 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer(
             "_block_sizes", torch.tensor(block_sizes, dtype=torch.int64, device=device), persistent=False
         )
-        self._dist = KJTAllToAll(pg=pg, splits=[self._num_features] * self._world)
+        # not named `_dist`: TrainPipelineSparseDist swaps the forward of any input dist's `_dist`
+        # for a fused splits all-to-all that returns no awaitable; ours waits on its own.
+        self._cold_dist = KJTAllToAll(pg=pg, splits=[self._num_features] * self._world)
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
         F, W = self._num_features, self._world
@@ -153,7 +155,7 @@ class HybridSparseFeaturesDist(nn.Module):
             sent_lengths=sent_lengths,
             lengths=lengths,
         )
-        splits_awaitable = self._dist(bucketized)
+        splits_awaitable = self._cold_dist(bucketized)
 
         def tensors_ready():
             tensors_awaitable = splits_awaitable.wait()

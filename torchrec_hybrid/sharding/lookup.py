@@ -15,6 +15,7 @@ from torch import nn
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.types import ShardingEnv, ShardingType
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.hot_replica import HotReplica
@@ -25,11 +26,31 @@ from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 class HybridLookupOutput:
     """Unreduced pooled embeddings of one step, handed to the output dist."""
 
-    cold: torch.Tensor  # [W * B, D]: partial sums for every (source rank, sample), owner side
+    cold: torch.Tensor  # [B', D]: partial sums of the non-empty received bags, owner side
+    cold_rows: torch.Tensor  # [F, W * B]: row of ``cold`` holding each received bag (-1: empty)
     hot: torch.Tensor  # [B, D]: sums over the local hot lookups
     received_lengths: torch.Tensor  # [F, W * B] cold ids received (owner side)
     sent_lengths: torch.Tensor  # [W, F, B] cold ids sent (sample side)
     lengths: torch.Tensor  # [F, B] full bag lengths
+
+
+def _compact_bags(kjt: KeyedJaggedTensor, num_features: int):
+    """Drops the empty bags of a received cold KJT (most of its ``W * B`` bags per feature).
+
+    The TBE needs one batch size for all features, so feature f's non-empty bags take rows
+    ``0..n_f-1`` and the batch is ``max n_f``; values keep their order. Returns the compact
+    KJT and, per received bag, its row in the lookup output (-1 for empty bags).
+    """
+    lengths = kjt.lengths().view(num_features, -1)
+    nonempty = lengths > 0
+    rows = torch.cumsum(nonempty, dim=1) - 1
+    batch = max(1, int(nonempty.sum(1).max()))
+    compact = torch.zeros(num_features, batch, dtype=lengths.dtype, device=lengths.device)
+    feature = torch.arange(num_features, device=lengths.device)[:, None].expand_as(lengths)
+    compact[feature[nonempty], rows[nonempty]] = lengths[nonempty]
+    out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
+                            lengths=compact.view(-1), stride=batch)
+    return out, torch.where(nonempty, rows, torch.full_like(rows, -1))
 
 
 class HybridLookup(nn.Module):
@@ -56,7 +77,8 @@ class HybridLookup(nn.Module):
 
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
         B = inp.lengths.size(1)
-        cold = self.cold(inp.cold)
+        compact, cold_rows = _compact_bags(inp.cold, sum(self._feature_splits))
+        cold = self.cold(compact)
         hot = []
         offsets = inp.hot_offsets
         f0 = s0 = 0
@@ -68,6 +90,7 @@ class HybridLookup(nn.Module):
             f0, s0 = f0 + nf, s0 + ns
         return HybridLookupOutput(
             cold=cold,
+            cold_rows=cold_rows,
             hot=torch.cat(hot, dim=1) if len(hot) > 1 else hot[0],
             received_lengths=inp.cold.lengths().view(sum(self._feature_splits), -1),
             sent_lengths=inp.sent_lengths,

@@ -67,18 +67,27 @@ class HybridPooledEmbeddingDist(nn.Module):
         self.register_buffer("_dims", dims.to(device), persistent=False)
         self.register_buffer("_dim_offsets", (torch.cumsum(dims, 0) - dims).to(device), persistent=False)
         self._any_mean = any(mean_features)
+        # all features one width: move whole rows instead of computing element positions
+        self._uniform_dim = feature_dims[0] if len(set(feature_dims)) == 1 else None
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
 
-    def _elements(self, mask: torch.Tensor, batch_rows: bool):
-        """Flat output positions of the bags in ``mask [W, F, B]`` and per-rank element counts."""
+    def _elements(self, mask: torch.Tensor, rows_of=None):
+        """Positions of the bags in ``mask [W, F, B]`` and per-rank element counts.
+
+        A bag's row is its sample, or ``rows_of[f, w * B + b]`` (the compact cold rows).
+        Positions are rows of the output viewed as ``[-1, D]`` when every feature has width
+        D, else flat element positions.
+        """
         W, F, B = mask.shape
         nz = mask.nonzero()
         rank, feat, sample = nz[:, 0], nz[:, 1], nz[:, 2]
-        row = rank * B + sample if batch_rows else sample
+        row = sample if rows_of is None else rows_of[feat, rank * B + sample]
+        per_rank = (mask.sum(2).to(torch.int64) * self._dims[None, :]).sum(1)
+        if self._uniform_dim is not None:
+            return row * F + feat, per_rank.tolist()
         width = self._dims[feat]
         pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], width)
-        per_rank = (mask.sum(2).to(torch.int64) * self._dims[None, :]).sum(1)
         return pos, per_rank.tolist()
 
     def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
@@ -86,13 +95,18 @@ class HybridPooledEmbeddingDist(nn.Module):
         W = self._world
         # owner side: bags received with >= 1 cold id, in (source rank, feature, sample) order
         recv_mask = out.received_lengths.view(F, W, B).permute(1, 0, 2) > 0
-        send_pos, send_splits = self._elements(recv_mask, batch_rows=True)
+        send_pos, send_splits = self._elements(recv_mask, rows_of=out.cold_rows)
         # sample side: bags we sent to each owner with >= 1 cold id, same order on the owner
         back_mask = out.sent_lengths > 0
-        recv_pos, recv_splits = self._elements(back_mask, batch_rows=False)
-        partials = out.cold.reshape(-1)[send_pos]
+        recv_pos, recv_splits = self._elements(back_mask)
+        D = self._uniform_dim
+        partials = out.cold.reshape(-1, D)[send_pos].reshape(-1) if D else out.cold.reshape(-1)[send_pos]
         received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
-        pooled = out.hot.reshape(-1).index_add(0, recv_pos, received).view(B, self._total_dim)
+        if D:
+            pooled = out.hot.reshape(-1, D).index_add(0, recv_pos, received.view(-1, D))
+        else:
+            pooled = out.hot.reshape(-1).index_add(0, recv_pos, received)
+        pooled = pooled.view(B, self._total_dim)
         if self._any_mean:
             per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
             divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
