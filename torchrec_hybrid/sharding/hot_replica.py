@@ -2,11 +2,12 @@
 
 Forward pools the local hot lookups through FBGEMM's dense TBE kernel on a leaf that shares
 storage with the fused TBE's weights, so autograd yields the local row gradients instead of
-updating. In backward a hook all-reduces ``[row gradients | lookup counts]`` (dense, one
-collective), divides by W like TorchRec's all-to-all backward, and *replays* the reduced
-gradient through the fused TBE (one bag per touched row): FBGEMM then applies exactly the
-update it would have applied to the global batch, with its own optimizer state. Every rank
-replays the same bytes, so replicas stay bit-identical.
+updating. In backward a hook starts an async all-reduce of ``[row gradients | lookup
+counts]`` (dense, one collective) that overlaps the rest of the backward pass; at the end of
+the pass a queued callback divides by W like TorchRec's all-to-all backward and *replays*
+the reduced gradient through the fused TBE (one bag per touched row): FBGEMM then applies
+exactly the update it would have applied to the global batch, with its own optimizer state.
+Every rank replays the same bytes, so replicas stay bit-identical.
 
 After each update the rows this rank owns in the row-wise layout are copied, with their
 optimizer state, into the cold TBE's "shadow rows", so the cold shard is always the complete
@@ -132,11 +133,18 @@ class HotReplica:
     # -- backward: reduce, replay, shadow --------------------------------------------------
     @torch.no_grad()
     def _sync(self, leaf: torch.Tensor, counts: torch.Tensor) -> None:
+        """Starts the all-reduce; the replay runs once the whole backward pass is done."""
         grad = leaf.grad
         leaf.grad = None
         buf = torch.cat([grad.reshape(-1), counts.to(grad.dtype)])
-        dist.all_reduce(buf, group=self._pg)
-        grad, touched = buf[: grad.numel()], buf[grad.numel():] > 0
+        work = dist.all_reduce(buf, group=self._pg, async_op=True)
+        torch.autograd.Variable._execution_engine.queue_callback(
+            lambda: self._apply(work, buf, grad.numel()))
+
+    @torch.no_grad()
+    def _apply(self, work, buf: torch.Tensor, n: int) -> None:
+        work.wait()
+        grad, touched = buf[:n], buf[n:] > 0
         if get_gradient_division():
             grad = grad / self._world
         slots = touched.nonzero().view(-1)

@@ -7,7 +7,7 @@ routes the cold partial sums home and adds them to the hot sums.
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -28,7 +28,10 @@ class HybridLookupOutput:
 
     cold: torch.Tensor  # [B', D]: partial sums of the non-empty received bags, owner side
     cold_rows: torch.Tensor  # [F, W * B]: row of ``cold`` holding each received bag (-1: empty)
-    hot: torch.Tensor  # [B, D]: sums over the local hot lookups
+    # () -> [B, D] sums over the local hot lookups. Called by the output dist *after* its
+    # all-to-all, so in backward the hot gradient (and its all-reduce) comes first and
+    # overlaps the reverse all-to-all.
+    hot: Callable[[], torch.Tensor]
     received_lengths: torch.Tensor  # [F, W * B] cold ids received (owner side)
     sent_lengths: torch.Tensor  # [W, F, B] cold ids sent (sample side)
     lengths: torch.Tensor  # [F, B] full bag lengths
@@ -79,19 +82,23 @@ class HybridLookup(nn.Module):
         B = inp.lengths.size(1)
         compact, cold_rows = _compact_bags(inp.cold, sum(self._feature_splits))
         cold = self.cold(compact)
-        hot = []
-        offsets = inp.hot_offsets
-        f0 = s0 = 0
-        for replica, nf, ns in zip(self._hot, self._feature_splits, self._slot_splits):  # per group
-            off = offsets[f0 * B: (f0 + nf) * B + 1]
-            lo, hi = off[0], off[-1]
-            w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
-            hot.append(replica.pool(inp.hot_indices[lo:hi], off - lo, w, inp.hot_counts[s0:s0 + ns], B))
-            f0, s0 = f0 + nf, s0 + ns
+
+        def hot() -> torch.Tensor:
+            out = []
+            offsets = inp.hot_offsets
+            f0 = s0 = 0
+            for replica, nf, ns in zip(self._hot, self._feature_splits, self._slot_splits):  # per group
+                off = offsets[f0 * B: (f0 + nf) * B + 1]
+                lo, hi = off[0], off[-1]
+                w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
+                out.append(replica.pool(inp.hot_indices[lo:hi], off - lo, w, inp.hot_counts[s0:s0 + ns], B))
+                f0, s0 = f0 + nf, s0 + ns
+            return torch.cat(out, dim=1) if len(out) > 1 else out[0]
+
         return HybridLookupOutput(
             cold=cold,
             cold_rows=cold_rows,
-            hot=torch.cat(hot, dim=1) if len(hot) > 1 else hot[0],
+            hot=hot,
             received_lengths=inp.cold.lengths().view(sum(self._feature_splits), -1),
             sent_lengths=inp.sent_lengths,
             lengths=inp.lengths,

@@ -102,10 +102,11 @@ class HybridPooledEmbeddingDist(nn.Module):
         D = self._uniform_dim
         partials = out.cold.reshape(-1, D)[send_pos].reshape(-1) if D else out.cold.reshape(-1)[send_pos]
         received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
+        hot = out.hot()
         if D:
-            pooled = out.hot.reshape(-1, D).index_add(0, recv_pos, received.view(-1, D))
+            pooled = hot.reshape(-1, D).index_add(0, recv_pos, received.view(-1, D))
         else:
-            pooled = out.hot.reshape(-1).index_add(0, recv_pos, received)
+            pooled = hot.reshape(-1).index_add(0, recv_pos, received)
         pooled = pooled.view(B, self._total_dim)
         if self._any_mean:
             per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
