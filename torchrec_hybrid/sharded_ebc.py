@@ -10,6 +10,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionContext, ShardedEmbeddingBagCollection
 from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
@@ -90,6 +91,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._finish_id_check(ctx)  # before any lookup: a rejected batch changes nothing
         return super().compute_and_output_dist(ctx, input)
 
+    @record_function("## hybrid:id_check ##")
     def _start_id_check(self, ctx, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Checks ids locally and starts an async all-gather of the verdicts.
 

@@ -19,6 +19,7 @@ from typing import List
 
 import torch
 import torch.distributed as dist
+from torch.autograd.profiler import record_function
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
@@ -128,7 +129,7 @@ class HotReplica:
         )
         if leaf.requires_grad:
             leaf.register_post_accumulate_grad_hook(lambda p: self._sync(p, counts))
-        return out.view(batch, self.total_dim)
+        return out if out.shape == (batch, self.total_dim) else out.view(batch, self.total_dim)
 
     # -- backward: reduce, replay, shadow --------------------------------------------------
     @torch.no_grad()
@@ -142,6 +143,7 @@ class HotReplica:
             lambda: self._apply(work, buf, grad.numel()))
 
     @torch.no_grad()
+    @record_function("## hybrid:hot_replay ##")
     def _apply(self, work, buf: torch.Tensor, n: int) -> None:
         work.wait()
         grad, touched = buf[:n], buf[n:] > 0

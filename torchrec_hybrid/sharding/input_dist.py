@@ -16,6 +16,7 @@ from typing import List, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.profiler import record_function
 from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.embedding_sharding import bucketize_kjt_before_all2all
 from torchrec.distributed.types import Awaitable
@@ -53,6 +54,9 @@ class HybridLookupInput:
                   self.sent_lengths, self.lengths):
             if t is not None:
                 t.record_stream(stream)
+
+
+DENSE_MAP_MAX_ROWS = 1 << 25  # 128 MiB of int32 per sharding, at most
 
 
 class _Ready(Awaitable):
@@ -98,6 +102,15 @@ class HybridSparseFeaturesDist(nn.Module):
         hot_keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
         self._total_hot = int(hot_keys.numel())
         self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
+        # Tables small enough in total get a dense key -> slot map (one gather per id);
+        # larger ones use a binary search over the sorted hot keys (memory O(hot rows)).
+        total_rows = int(rows.sum())
+        slot_map = None
+        if total_rows <= DENSE_MAP_MAX_ROWS:
+            slot_map = torch.full((total_rows,), -1, dtype=torch.int32)
+            slot_map[hot_keys] = torch.arange(self._total_hot, dtype=torch.int32)
+            slot_map = slot_map.to(device)
+        self.register_buffer("_slot_map", slot_map, persistent=False)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
         self.register_buffer("_feature_hot_offset", hot_offset[ft].to(device), persistent=False)
         self.register_buffer(
@@ -108,6 +121,10 @@ class HybridSparseFeaturesDist(nn.Module):
         self._cold_dist = KJTAllToAll(pg=pg, splits=[self._num_features] * self._world)
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
+        with record_function("## hybrid:input_dist ##"):
+            return self._forward(features)
+
+    def _forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
         F, W = self._num_features, self._world
         B = features.stride()
         values = features.values()
@@ -118,7 +135,10 @@ class HybridSparseFeaturesDist(nn.Module):
             torch.arange(F, device=values.device), per_feature, output_size=values.numel()
         )
         keys = values.to(torch.int64) + self._feature_key_offset[feature_of_value]
-        if self._total_hot > 0:
+        if self._slot_map is not None:
+            slot = self._slot_map[keys]
+            is_hot = slot >= 0
+        elif self._total_hot > 0:
             slot = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
             is_hot = self._hot_keys[slot] == keys
         else:

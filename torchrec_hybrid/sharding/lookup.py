@@ -12,6 +12,7 @@ from typing import Callable, List, Optional
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.types import ShardingEnv, ShardingType
@@ -46,14 +47,17 @@ def _compact_bags(kjt: KeyedJaggedTensor, num_features: int):
     """
     lengths = kjt.lengths().view(num_features, -1)
     nonempty = lengths > 0
-    rows = torch.cumsum(nonempty, dim=1) - 1
-    batch = max(1, int(nonempty.sum(1).max()))
-    compact = torch.zeros(num_features, batch, dtype=lengths.dtype, device=lengths.device)
-    feature = torch.arange(num_features, device=lengths.device)[:, None].expand_as(lengths)
-    compact[feature[nonempty], rows[nonempty]] = lengths[nonempty]
+    rows = torch.cumsum(nonempty, dim=1, dtype=torch.int32) - 1
+    batch = max(1, int(rows[:, -1].max()) + 1)
+    rows = torch.where(nonempty, rows, -1)
+    # scatter every bag's length to (feature, row); empty bags go to a trash slot at the end
+    base = torch.arange(0, num_features * batch, batch, dtype=torch.int32, device=lengths.device)[:, None]
+    dest = torch.where(nonempty, base + rows, num_features * batch)
+    compact = torch.zeros(num_features * batch + 1, dtype=lengths.dtype, device=lengths.device)
+    compact.scatter_(0, dest.view(-1).to(torch.int64), lengths.reshape(-1))
     out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
-                            lengths=compact.view(-1), stride=batch)
-    return out, torch.where(nonempty, rows, torch.full_like(rows, -1))
+                            lengths=compact[:-1], stride=batch)
+    return out, rows
 
 
 class HybridLookup(nn.Module):
@@ -80,9 +84,11 @@ class HybridLookup(nn.Module):
 
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
         B = inp.lengths.size(1)
-        compact, cold_rows = _compact_bags(inp.cold, sum(self._feature_splits))
-        cold = self.cold(compact)
+        with record_function("## hybrid:cold_lookup ##"):
+            compact, cold_rows = _compact_bags(inp.cold, sum(self._feature_splits))
+            cold = self.cold(compact)
 
+        @record_function("## hybrid:hot_lookup ##")
         def hot() -> torch.Tensor:
             out = []
             offsets = inp.hot_offsets

@@ -13,6 +13,7 @@ from typing import List
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.types import Awaitable
 
@@ -38,6 +39,27 @@ class _VariableAllToAll(torch.autograd.Function):
         if get_gradient_division():
             out = out / ctx.pg.size()
         return out, None, None, None
+
+
+class _AddPartials(torch.autograd.Function):
+    """``hot`` += received partials at their rows, in place (hot is a fresh, private tensor).
+
+    Spares the copy of an out-of-place ``index_add`` and, unlike an in-place op on a view,
+    autograd's CopySlices machinery, which clones the whole gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hot, received, positions, width):
+        ctx.save_for_backward(positions)
+        ctx.width = width
+        hot.view(-1, width).index_add_(0, positions, received.view(-1, width))
+        ctx.mark_dirty(hot)
+        return hot
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        return grad, grad.reshape(-1, ctx.width).index_select(0, positions).view(-1), None, None
 
 
 class _Done(Awaitable):
@@ -90,6 +112,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], width)
         return pos, per_rank.tolist()
 
+    @record_function("## hybrid:output_dist ##")
     def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
         F, B = out.lengths.shape
         W = self._world
@@ -102,12 +125,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         D = self._uniform_dim
         partials = out.cold.reshape(-1, D)[send_pos].reshape(-1) if D else out.cold.reshape(-1)[send_pos]
         received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
-        hot = out.hot()
-        if D:
-            pooled = hot.reshape(-1, D).index_add(0, recv_pos, received.view(-1, D))
-        else:
-            pooled = hot.reshape(-1).index_add(0, recv_pos, received)
-        pooled = pooled.view(B, self._total_dim)
+        pooled = _AddPartials.apply(out.hot(), received, recv_pos, D or 1)
         if self._any_mean:
             per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
             divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
