@@ -24,8 +24,12 @@ def bytes_vs_alpha(results: List[Dict], path: str) -> Optional[str]:
     groups = {k: sorted(v, key=lambda r: r["workload"]["alpha"]) for k, v in groups.items() if len(v) >= 2}
     if not groups:
         return None
-    fig, axes = plt.subplots(1, len(groups), figsize=(5.2 * len(groups), 4.2), squeeze=False)
-    for ax, (key, rs) in zip(axes[0], groups.items()):
+    cols = min(4, len(groups))
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(5.2 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, (key, rs) in zip(axes.flat, groups.items()):
         xs = [_alpha_x(r["workload"]["alpha"]) for r in rs]
         for kind in rs[0]["results"]:
             ys = [r["results"][kind]["bytes_per_rank_per_step"] / MB for r in rs]
