@@ -127,7 +127,7 @@ class HotReplica:
             indice_weights=None if weights is None else weights.float(),
             feature_requires_grad=None, output_dtype=d.output_dtype,
         )
-        if leaf.requires_grad:
+        if leaf.requires_grad and self.num_slots > 0:
             leaf.register_post_accumulate_grad_hook(lambda p: self._sync(p, counts))
         return out if out.shape == (batch, self.total_dim) else out.view(batch, self.total_dim)
 

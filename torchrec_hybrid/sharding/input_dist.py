@@ -134,9 +134,9 @@ class HybridSparseFeaturesDist(nn.Module):
         feature_of_value = torch.repeat_interleave(
             torch.arange(F, device=values.device), per_feature, output_size=values.numel()
         )
-        keys = values.to(torch.int64) + self._feature_key_offset[feature_of_value]
+        keys = values.to(torch.int64) + self._feature_key_offset.index_select(0, feature_of_value)
         if self._slot_map is not None:
-            slot = self._slot_map[keys]
+            slot = self._slot_map.index_select(0, keys)
             is_hot = slot >= 0
         elif self._total_hot > 0:
             slot = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
@@ -147,7 +147,7 @@ class HybridSparseFeaturesDist(nn.Module):
         is_cold = ~is_hot
         flat_lengths = lengths.reshape(-1)
         hot_rows, hot_lengths = torch.ops.fbgemm.masked_select_jagged_1d(
-            slot - self._feature_hot_offset[feature_of_value], flat_lengths, is_hot
+            slot - self._feature_hot_offset.index_select(0, feature_of_value), flat_lengths, is_hot
         )
         cold_values, cold_lengths = torch.ops.fbgemm.masked_select_jagged_1d(values, flat_lengths, is_cold)
         hot_counts = torch.bincount(slot[is_hot], minlength=self._total_hot)

@@ -123,7 +123,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         back_mask = out.sent_lengths > 0
         recv_pos, recv_splits = self._elements(back_mask)
         D = self._uniform_dim
-        partials = out.cold.reshape(-1, D)[send_pos].reshape(-1) if D else out.cold.reshape(-1)[send_pos]
+        # index_select: its backward is an index_add (advanced indexing's is a slow index_put)
+        partials = (out.cold.reshape(-1, D) if D else out.cold.reshape(-1)).index_select(0, send_pos).reshape(-1)
         received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
         pooled = _AddPartials.apply(out.hot(), received, recv_pos, D or 1)
         if self._any_mean:
