@@ -19,7 +19,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.hybrid_sharding import HybridPooledEmbeddingSharding
 from torchrec_hybrid.sharding.lookup import HybridLookup
-from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, _collective_device, normalize_hot_ids
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, collective_device, normalize_hot_ids
 
 logger = logging.getLogger(__name__)
 
@@ -119,7 +119,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         if pg is None or dist.get_world_size(pg) == 1:
             ctx._hybrid_id_check = (None, report.view(1, 3), keys)
         else:
-            dev = _collective_device(pg)
+            dev = collective_device(pg)
             out = torch.empty(dist.get_world_size(pg) * 3, dtype=torch.int64, device=dev)
             work = dist.all_gather_into_tensor(out, report.to(dev), group=pg, async_op=True)
             ctx._hybrid_id_check = (work, out, keys)

@@ -66,7 +66,7 @@ def normalize_hot_ids(
         return out
 
     world, rank = dist.get_world_size(pg), dist.get_rank(pg)
-    dev = _collective_device(pg)
+    dev = collective_device(pg)
     counts = torch.tensor([len(problems)] + [out[c.name].numel() for c in configs], dtype=torch.int64)
     gathered = [torch.zeros_like(counts, device=dev) for _ in range(world)]
     dist.all_gather(gathered, counts.to(dev), group=pg)
@@ -94,7 +94,7 @@ def normalize_hot_ids(
     return out
 
 
-def _collective_device(pg: dist.ProcessGroup) -> torch.device:
+def collective_device(pg: dist.ProcessGroup) -> torch.device:
     """Tensors for a collective must live where the backend wants them (NCCL: cuda)."""
     if dist.get_backend(pg) == "nccl":
         return torch.device("cuda", torch.cuda.current_device())

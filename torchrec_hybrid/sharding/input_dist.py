@@ -1,8 +1,9 @@
 """Input dist of the frequency-hybrid sharding: remap, split hot/cold, ship cold ids.
 
 Per step and per rank (local batch B, F features of hybrid tables):
-1. every id is looked up in the sorted array of hot keys (``table_offset + id`` for all
-   tables at once, one ``searchsorted``) -> a hot slot or "cold";
+1. every id becomes a key ``table_offset + id`` (all tables at once) and is looked up in a
+   dense key -> hot-slot map (one gather), or, when the tables are too large in total for
+   such a map, by binary search in the sorted hot keys -> a hot slot or "cold";
 2. hot ids stay local, as indices into the replicated hot TBE;
 3. cold ids are bucketized by owner (row-wise blocks, the stock RW layout) and sent with
    TorchRec's ``KJTAllToAll``.
