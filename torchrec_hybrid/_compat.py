@@ -1,4 +1,4 @@
-"""Every private TorchRec / FBGEMM attribute this package touches, in one place.
+"""Every private TorchRec / FBGEMM / PyTorch attribute this package touches, in one place.
 
 TorchRec 1.8 and FBGEMM 1.8 expose no public API for these; if an upgrade renames one,
 this is the only file to change.
@@ -54,6 +54,13 @@ def flat_positions(base: torch.Tensor, view: torch.Tensor, rows: torch.Tensor) -
         return start + rows * view.stride(0)
     cols = torch.arange(view.size(1), dtype=torch.int64)
     return (start + rows[:, None] * view.stride(0) + cols[None, :] * view.stride(1)).reshape(-1)
+
+
+# --- PyTorch autograd --------------------------------------------------------------------------
+
+def queue_end_of_backward(callback) -> None:
+    """Runs ``callback`` once the current backward pass has finished (as DDP does)."""
+    torch.autograd.Variable._execution_engine.queue_callback(callback)
 
 
 # --- TorchRec internals -------------------------------------------------------------------

@@ -139,8 +139,7 @@ class HotReplica:
         leaf.grad = None
         buf = torch.cat([grad.reshape(-1), counts.to(grad.dtype)])
         work = dist.all_reduce(buf, group=self._pg, async_op=True)
-        torch.autograd.Variable._execution_engine.queue_callback(
-            lambda: self._apply(work, buf, grad.numel()))
+        _compat.queue_end_of_backward(lambda: self._apply(work, buf, grad.numel()))
 
     @torch.no_grad()
     @record_function("## hybrid:hot_replay ##")
