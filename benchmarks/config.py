@@ -47,7 +47,7 @@ class Workload:
 
 
 HEADLINE = Workload(world=4, model="ebc", multi_hot=False, alpha=1.1, rows_cap=100_000, dim=64,
-                    batch_per_rank=1024, hot_rows=2000, warmup=3, steps=20)
+                    batch_per_rank=1024, hot_rows=2000, warmup=5, steps=40)  # 40: steadier medians here
 
 ALPHAS = (1.05, 1.1, 1.2, 0.0)
 # sizes of the sweeps (quick and full): 26 tables capped at 10k rows, B=256 per rank
