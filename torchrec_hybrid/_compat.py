@@ -79,10 +79,6 @@ def sebc_lookups(sebc) -> list:
     return sebc._lookups
 
 
-def sebc_shardings(sebc) -> list:
-    return sebc._embedding_shardings
-
-
 def sebc_fix_mean_pooling(sebc, divided_after_dist: set) -> None:
     """Wire SEBC's MEAN-pooling callback so it divides exactly ``divided_after_dist``.
 

@@ -75,7 +75,15 @@ def _choice(so: ShardingOption) -> HotSetChoice:
     return choice
 
 
-class HybridPerfEstimator(ShardEstimator):
+class _HybridEstimator(ShardEstimator):
+    """Shared constructor: both estimators price from the topology (and constraints)."""
+
+    def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
+        self._topology = topology
+        self._constraints = constraints
+
+
+class HybridPerfEstimator(_HybridEstimator):
     """Sets ``shard.perf`` of frequency_hybrid options (per rank; every rank holds one shard).
 
     fwd_comms: cold ids + lengths (input dist) and forward partials; bwd_comms: backward
@@ -83,10 +91,6 @@ class HybridPerfEstimator(ShardEstimator):
     of cold ids on their owner, writing hot sums and partial sums; backward is
     ``bwd_compute_multiplier`` times that plus the hot gradient reduce/replay/shadow copy.
     """
-
-    def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
-        self._topology = topology
-        self._constraints = constraints
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
         t = self._topology
@@ -115,7 +119,7 @@ class HybridPerfEstimator(ShardEstimator):
                                   bwd_comms=bwd_comms, input_dist_comms=input_dist)
 
 
-class HybridStorageEstimator(ShardEstimator):
+class HybridStorageEstimator(_HybridEstimator):
     """Sets ``shard.storage`` of frequency_hybrid options.
 
     Per rank: the cold row-wise block and the hot replica (>= 1 row), each with the fused
@@ -123,10 +127,6 @@ class HybridStorageEstimator(ShardEstimator):
     for an optimizer given that way), plus the step's buffers: input ids, the owner's
     ``[W*B, D]`` partial sums and the ``[B, D]`` hot sums per feature.
     """
-
-    def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
-        self._topology = topology
-        self._constraints = constraints
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
         t = self._topology
