@@ -82,9 +82,11 @@ def test_hybrid_trains_like_table_wise(world, opt):
         dict(hot=ALL_HOT, rank0_mode="hot_only"),  # a rank that sends no cold ids at all
         dict(kinds={"t0": "hybrid", "t1": "cw", "t2": "rw", "t3": "dp"}, opt="adagrad"),
         dict(kinds={"t0": "tw", "t1": "hybrid", "t2": "hybrid", "t3": "tw"}),
+        # two hybrid tables of one width: their hot rows share one replica table
+        dict(kinds={"t0": "hybrid", "t1": "tw", "t2": "hybrid", "t3": "tw"}, opt="rowwise_adagrad"),
     ],
     ids=["mean", "weighted", "hot-only", "cold-only", "rank-without-cold", "mixed-cw-rw-dp",
-         "mixed-tw"],
+         "mixed-tw", "one-width"],
 )
 def test_inputs_match_table_wise(case):
     run_ranks(train_pair, 2, **case)

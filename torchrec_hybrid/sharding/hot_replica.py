@@ -9,13 +9,17 @@ the reduced gradient through the fused TBE (one bag per touched row): FBGEMM the
 exactly the update it would have applied to the global batch, with its own optimizer state.
 Every rank replays the same bytes, so replicas stay bit-identical.
 
+The hot rows of all tables of one width share one TBE table (a "bucket"): the optimizers
+are per row or per element, so this changes no update, and with one width (the usual case)
+the replay is a single bag-per-row lookup with no padding.
+
 After each update the rows this rank owns in the row-wise layout are copied, with their
 optimizer state, into the cold TBE's "shadow rows", so the cold shard is always the complete
 logical table (state_dict, checkpoints and ``fused_optimizer`` read it). ``refresh()`` copies
 the other way (after a load), collectively.
 """
 
-from typing import List
+from typing import List, Tuple
 
 import torch
 import torch.distributed as dist
@@ -34,6 +38,62 @@ from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.segments import segment_arange
 
 
+def hot_slot_layout(dims: List[int], sizes: List[int]) -> Tuple[List[int], List[int], List[int]]:
+    """Where the hot rows of a group's tables live in its replica.
+
+    Tables of one width share a bucket (buckets in order of first appearance); a bucket holds
+    its tables' hot rows table after table, ids ascending. Slots number the replica's rows
+    bucket after bucket. Returns, per table, its bucket and its first slot, and per bucket
+    its first slot.
+    """
+    widths = list(dict.fromkeys(dims))
+    bucket = [widths.index(d) for d in dims]
+    table_start, bucket_start, n = [0] * len(dims), [], 0
+    for b in range(len(widths)):  # set-up time loops over buckets / tables
+        bucket_start.append(n)
+        for t in range(len(dims)):
+            if bucket[t] == b:
+                table_start[t], n = n, n + sizes[t]
+    return bucket, table_start, bucket_start
+
+
+class _RowCopy:
+    """Copies between matching rows of two flat TBE buffers (weights or one optimizer state).
+
+    Holds flat element positions, or row positions when both sides are rows of one width
+    laid out contiguously (then the copies move whole rows: several times cheaper).
+    """
+
+    def __init__(self, hot_base: torch.Tensor, hot_pos: torch.Tensor,
+                 cold_base: torch.Tensor, cold_pos: torch.Tensor, width: int) -> None:
+        self.hot_base, self.cold_base, self.width = hot_base, cold_base, 1
+        if width > 1 and self._as_rows(hot_base, hot_pos, width) and self._as_rows(cold_base, cold_pos, width):
+            self.width = width
+            hot_pos, cold_pos = hot_pos[::width] // width, cold_pos[::width] // width
+        self.hot_pos, self.cold_pos = hot_pos.to(hot_base.device), cold_pos.to(cold_base.device)
+
+    @staticmethod
+    def _as_rows(base: torch.Tensor, pos: torch.Tensor, width: int) -> bool:
+        if base.numel() % width or pos.numel() % width:
+            return False
+        rows = pos.view(-1, width)
+        return bool(((rows[:, :1] % width) == 0).all()) and bool(
+            (rows - rows[:, :1] == torch.arange(width)).all())
+
+    def _view(self, base: torch.Tensor) -> torch.Tensor:
+        return base.view(-1, self.width) if self.width > 1 else base.view(-1)
+
+    def hot_to_cold(self) -> None:
+        # `.data`: don't bump the version counter the cold TBE's pending backward checks; the
+        # shadow rows are never touched by cold lookups (a hot id never goes cold).
+        src = self._view(self.hot_base).index_select(0, self.hot_pos)
+        self._view(self.cold_base.data).index_copy_(0, self.cold_pos, src)
+
+    def cold_into(self, buf: torch.Tensor) -> None:
+        """Scatters the cold rows into ``buf`` (shaped like the hot buffer) at their hot rows."""
+        self._view(buf).index_copy_(0, self.hot_pos, self._view(self.cold_base).index_select(0, self.cold_pos))
+
+
 class HotReplica:
     """Hot rows of the tables of one ``GroupedEmbeddingConfig``.
 
@@ -45,77 +105,96 @@ class HotReplica:
         hot_ids: sorted hot row ids per table of the group.
         cold_tbe: the group's cold fused TBE (shadow rows live there).
         pg: process group; device: compute device.
+        slot_base: the group's first slot among the hot slots of the whole sharding.
     """
 
     def __init__(self, config: GroupedEmbeddingConfig, hot_ids: List[torch.Tensor],
-                 cold_tbe: torch.nn.Module, pg: dist.ProcessGroup, device: torch.device) -> None:
+                 cold_tbe: torch.nn.Module, pg: dist.ProcessGroup, device: torch.device,
+                 slot_base: int = 0) -> None:
         self._pg, self._world = pg, pg.size()
         tables = config.embedding_tables
-        self.dims = [t.local_cols for t in tables]
+        dims = [t.local_cols for t in tables]
+        self.dims = dims
         self.total_dim = sum(t.embedding_dim * t.num_features() for t in tables)
-        rows_eff = [max(1, h.numel()) for h in hot_ids]  # a TBE table needs >= 1 row
+        sizes = [h.numel() for h in hot_ids]
+        self.num_slots, self.slot_base = sum(sizes), slot_base
+        bucket, table_start, bucket_start = hot_slot_layout(dims, sizes)
+        widths = list(dict.fromkeys(dims))
+        self._widths = widths
+        bucket_rows = [sum(s for s, b in zip(sizes, bucket) if b == k) for k in range(len(widths))]
+        rows_eff = [max(1, r) for r in bucket_rows]  # a TBE table needs >= 1 row
         on_cuda = device.type == "cuda"
         loc = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
         cdev = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
         fused_params = {k: v for k, v in (config.fused_params or {}).items()
                         if k not in ("enable_raw_embedding_streaming",)}
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            embedding_specs=[(r, d, loc, cdev) for r, d in zip(rows_eff, self.dims)],
-            feature_table_map=list(range(len(tables))),
+            embedding_specs=[(r, d, loc, cdev) for r, d in zip(rows_eff, widths)],
+            feature_table_map=list(range(len(widths))),
             pooling_mode=PoolingMode.SUM,
             weights_precision=data_type_to_sparse_type(config.data_type),
             device=device,
             **fused_params,
         )
-        feature_table_map = [i for i, t in enumerate(tables) for _ in range(t.num_features())]
+        feature_bucket = [bucket[t] for t, tb in enumerate(tables) for _ in range(tb.num_features())]
         self._dense = DenseTableBatchedEmbeddingBagsCodegen(
-            [(r, d) for r, d in zip(rows_eff, self.dims)],
-            feature_table_map=feature_table_map,
+            [(r, d) for r, d in zip(rows_eff, widths)],
+            feature_table_map=feature_bucket,
             pooling_mode=PoolingMode.SUM,
             use_cpu=not on_cuda,
         ).to(device)
         self._dense.weights = torch.nn.Parameter(torch.empty(0, device=device))  # storage is the fused TBE's
         self._weights = _compat.tbe_weight_base(self.tbe)
 
-        # Slot (hot row across the group's tables, in id order) -> table, row, flat position.
-        sizes = torch.tensor([h.numel() for h in hot_ids], dtype=torch.int64)
-        self.num_slots = int(sizes.sum())
-        self._slot_table = torch.repeat_interleave(torch.arange(len(tables)), sizes)
-        self._slot_row = segment_arange(sizes)
-        dims = torch.tensor(self.dims, dtype=torch.int64)
-        self._dims, self._dim_offsets = dims, torch.cumsum(dims, 0) - dims
-        w_views = self.tbe.split_embedding_weights()
-        self._slot_weight_base = torch.tensor(
-            [v.storage_offset() - self._weights.storage_offset() for v in w_views], dtype=torch.int64
-        )[self._slot_table] + self._slot_row * dims[self._slot_table]
-        self._build_shadow_map(config, hot_ids, cold_tbe)
-        for name in ("_slot_table", "_slot_row", "_dims", "_dim_offsets", "_slot_weight_base"):
-            setattr(self, name, getattr(self, name).to(device))
+        # Per slot: bucket and row in the bucket; per feature: first slot of its bucket.
+        bstart = torch.tensor(bucket_start, dtype=torch.int64)
+        self._slot_bucket = torch.repeat_interleave(torch.arange(len(widths)), torch.tensor(bucket_rows))
+        self._slot_row = torch.arange(self.num_slots) - bstart[self._slot_bucket]
+        self._feature_shift = (bstart[feature_bucket] + slot_base) if len(widths) > 1 else None
+        offsets = [v.storage_offset() - self._weights.storage_offset() for v in self.tbe.split_embedding_weights()]
+        w = torch.tensor(widths, dtype=torch.int64)
+        self._bucket_widths = w
+        self._slot_weight_base = torch.tensor(offsets, dtype=torch.int64)[self._slot_bucket] + self._slot_row * w[self._slot_bucket]
+        self._build_shadow_map(config, hot_ids, cold_tbe, bucket, table_start, bucket_start)
+        for name in ("_slot_bucket", "_slot_row", "_feature_shift", "_bucket_widths", "_slot_weight_base"):
+            t = getattr(self, name)
+            setattr(self, name, None if t is None else t.to(device))
 
-    def _build_shadow_map(self, config, hot_ids, cold_tbe) -> None:
-        """Flat (hot, cold) index pairs for the owned hot rows: weights and each optimizer state."""
+    def _build_shadow_map(self, config, hot_ids, cold_tbe, bucket, table_start, bucket_start) -> None:
+        """Row copies hot -> cold for the owned hot rows: weights and each optimizer state."""
         hot_states, cold_states = _compat.tbe_state_views(self.tbe), _compat.tbe_state_views(cold_tbe)
         pairs = [(self.tbe.split_embedding_weights(), cold_tbe.split_embedding_weights(),
                   self._weights, _compat.tbe_weight_base(cold_tbe))]
         for hv, cv in zip(hot_states, cold_states):
             pairs.append((hv, cv, _compat.tbe_state_base(self.tbe, hv[0]), _compat.tbe_state_base(cold_tbe, cv[0])))
-        self._shadow = []
+        self._shadow: List[_RowCopy] = []
         for hot_views, cold_views, hot_base, cold_base in pairs:
-            hot_idx, cold_idx = [], []
+            hot_pos, cold_pos, widths = [], [], set()
             for t, ids in enumerate(hot_ids):  # set-up time loop over tables
                 table = config.embedding_tables[t]
                 start = table.local_metadata.shard_offsets[0]
                 own = (ids >= start) & (ids < start + table.local_rows)
-                rows = own.nonzero().view(-1)
-                hot_idx.append(_compat.flat_positions(hot_base, hot_views[t], rows))
-                cold_idx.append(_compat.flat_positions(cold_base, cold_views[t], ids[own] - start))
-            self._shadow.append((hot_base, torch.cat(hot_idx).to(hot_base.device),
-                                 cold_base, torch.cat(cold_idx).to(cold_base.device)))
+                rows = own.nonzero().view(-1) + (table_start[t] - bucket_start[bucket[t]])
+                hot_view, cold_view = hot_views[bucket[t]], cold_views[t]
+                hot_pos.append(_compat.flat_positions(hot_base, hot_view, rows))
+                cold_pos.append(_compat.flat_positions(cold_base, cold_view, ids[own] - start))
+                widths.update({hot_view.size(1) if hot_view.dim() == 2 else 1,
+                               cold_view.size(1) if cold_view.dim() == 2 else 1})
+            width = widths.pop() if len(widths) == 1 else 1
+            self._shadow.append(_RowCopy(hot_base, torch.cat(hot_pos), cold_base, torch.cat(cold_pos), width))
 
     # -- forward ---------------------------------------------------------------------------
-    def pool(self, indices, offsets, weights, counts: torch.Tensor, batch: int) -> torch.Tensor:
-        """Pooled hot embeddings ``[batch, total_dim]`` of the local hot lookups (SUM)."""
+    def pool(self, slots, offsets, weights, counts: torch.Tensor, batch: int) -> torch.Tensor:
+        """Pooled hot embeddings ``[batch, total_dim]`` of the local hot lookups (SUM).
+
+        ``slots`` are hot slots of the whole sharding, jagged by (feature, sample) per ``offsets``.
+        """
         d = self._dense
+        if self._feature_shift is not None:  # several widths: slot -> row of the feature's bucket
+            per_feature = offsets[batch::batch] - offsets[:-1:batch]
+            indices = slots - torch.repeat_interleave(self._feature_shift, per_feature, output_size=slots.numel())
+        else:
+            indices = slots - self.slot_base if self.slot_base else slots
         # `.data`: same storage, own version counter (the replay updates the storage in place
         # after this graph has used it; the weight gradient never reads the weights).
         leaf = self._weights.data.requires_grad_(torch.is_grad_enabled())
@@ -145,47 +224,53 @@ class HotReplica:
     @record_function("## hybrid:hot_replay ##")
     def _apply(self, work, buf: torch.Tensor, n: int) -> None:
         work.wait()
-        grad, touched = buf[:n], buf[n:] > 0
+        grad = buf[:n]
         if get_gradient_division():
             grad = grad / self._world
-        slots = touched.nonzero().view(-1)
+        slots = (buf[n:] > 0).nonzero().view(-1)  # rows the global batch touched
         if slots.numel() == 0:
             return
-        table = self._slot_table[slots]
-        per_table = torch.bincount(table, minlength=len(self.dims))
-        bags = int(per_table.max())
-        first = torch.cumsum(per_table, 0) - per_table
-        pos = torch.arange(slots.numel(), device=slots.device) - first[table]
-        lengths = (torch.arange(bags, device=slots.device)[None, :] < per_table[:, None]).reshape(-1)
-        offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.to(torch.int64))
-        grad_out = torch.zeros(bags * sum(self.dims), dtype=grad.dtype, device=grad.device)
-        if len(set(self.dims)) == 1:  # one width: move whole rows
-            D = self.dims[0]
-            grad_out.view(-1, D)[pos * len(self.dims) + table] = grad.view(-1, D)[self._slot_weight_base[slots] // D]
+        if len(self._widths) == 1:  # one bucket: one bag per touched row, no padding
+            D = self._widths[0]
+            indices, grad_out = slots, grad.view(-1, D).index_select(0, slots)
+            offsets = torch.arange(slots.numel() + 1, device=slots.device)
         else:
-            width = self._dims[table]
-            within = segment_arange(width)
-            dst = torch.repeat_interleave(pos * sum(self.dims) + self._dim_offsets[table], width) + within
-            src = torch.repeat_interleave(self._slot_weight_base[slots], width) + within
-            grad_out[dst] = grad[src]
+            indices, offsets, grad_out = self._padded_bags(grad, slots)
         with torch.enable_grad():
-            out = self.tbe(self._slot_row[slots], offsets)
-            torch.autograd.backward(out, grad_out.view(bags, -1))
+            out = self.tbe(indices, offsets)
+            torch.autograd.backward(out, grad_out)
         self.to_shadow()
+
+    def _padded_bags(self, grad: torch.Tensor, slots: torch.Tensor):
+        """Replay input for several buckets: one bag per touched row, buckets padded to one batch."""
+        bucket = self._slot_bucket[slots]
+        per_bucket = torch.bincount(bucket, minlength=len(self._widths))
+        bags = int(per_bucket.max())
+        first = torch.cumsum(per_bucket, 0) - per_bucket
+        pos = torch.arange(slots.numel(), device=slots.device) - first[bucket]
+        lengths = (torch.arange(bags, device=slots.device)[None, :] < per_bucket[:, None]).reshape(-1)
+        offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.to(torch.int64))
+        total = int(self._bucket_widths.sum())
+        grad_out = torch.zeros(bags * total, dtype=grad.dtype, device=grad.device)
+        width = self._bucket_widths[bucket]
+        within = segment_arange(width)
+        col = torch.cumsum(self._bucket_widths, 0) - self._bucket_widths
+        dst = torch.repeat_interleave(pos * total + col[bucket], width) + within
+        src = torch.repeat_interleave(self._slot_weight_base[slots], width) + within
+        grad_out[dst] = grad[src]
+        return self._slot_row[slots], offsets, grad_out.view(bags, total)
 
     @torch.no_grad()
     def to_shadow(self) -> None:
         """Owned hot rows (weights + optimizer state) -> the cold shard's shadow rows."""
-        # `.data`: don't bump the version counter the cold TBE's pending backward checks; the
-        # shadow rows are never touched by cold lookups (a hot id never goes cold).
-        for hot_base, hot_idx, cold_base, cold_idx in self._shadow:
-            cold_base.data[cold_idx] = hot_base[hot_idx]
+        for copy in self._shadow:
+            copy.hot_to_cold()
 
     @torch.no_grad()
     def refresh(self) -> None:
         """Cold shadow rows -> every replica (collective; after a load or at start-up)."""
-        for hot_base, hot_idx, cold_base, cold_idx in self._shadow:
-            buf = torch.zeros_like(hot_base)
-            buf[hot_idx] = cold_base[cold_idx]
+        for copy in self._shadow:
+            buf = torch.zeros_like(copy.hot_base)
+            copy.cold_into(buf)
             dist.all_reduce(buf, group=self._pg)
-            hot_base.data.copy_(buf)
+            copy.hot_base.data.copy_(buf)

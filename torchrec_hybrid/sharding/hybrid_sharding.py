@@ -16,6 +16,7 @@ from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
 from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
+from torchrec_hybrid.sharding.hot_replica import hot_slot_layout
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
@@ -41,6 +42,14 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         groups = _compat.sharding_grouped_configs(self)
         self._tables = [t for g in groups for t in g.embedding_tables]
         self._hot_ids_per_group = [[hot_ids[t.name] for t in g.embedding_tables] for g in groups]
+        # hot slots: group after group, each laid out as its replica stores them
+        self._hot_slot_starts, self._group_slot_bases, base = [], [], 0
+        for g, ids in zip(groups, self._hot_ids_per_group):
+            sizes = [h.numel() for h in ids]
+            _, starts, _ = hot_slot_layout([t.local_cols for t in g.embedding_tables], sizes)
+            self._hot_slot_starts += [base + s for s in starts]
+            self._group_slot_bases.append(base)
+            base += sum(sizes)
         world = self._world_size
         for t in self._tables:  # our bucketization must agree with the stock row-wise layout
             block = (t.num_embeddings + world - 1) // world
@@ -60,6 +69,7 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             feature_tables=feature_tables,
             table_rows=rows,
             hot_ids=[h for group in self._hot_ids_per_group for h in group],
+            hot_slot_starts=self._hot_slot_starts,
             block_sizes=[(rows[i] + world - 1) // world for i in feature_tables],
             device=device if device is not None else self._device,
         )
@@ -69,6 +79,7 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         return HybridLookup(
             _compat.sharding_grouped_configs(self),
             self._hot_ids_per_group,
+            self._group_slot_bases,
             pg=self._pg,
             device=device if device is not None else self._device,
             env=self._env,

@@ -30,9 +30,10 @@ class HybridLookupInput:
 
     cold: ids received from every rank for the rows this rank owns (local row ids,
         batch ``W * B`` per feature, source-rank major).
-    hot_indices / hot_offsets / hot_weights: the local batch's hot lookups, as TBE input
-        (indices are rows of the hot replica, one bag per (feature, sample)).
-    hot_counts: lookups per hot row in this local batch ([total hot rows], for the sync).
+    hot_indices / hot_offsets / hot_weights: the local batch's hot lookups, jagged by
+        (feature, sample); indices are hot slots (rows of the replicas, all groups numbered
+        together).
+    hot_counts: lookups per hot slot in this local batch ([total hot rows], for the sync).
     sent_lengths: cold ids this rank sent, ``[W, F, B]`` (owner, feature, sample).
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
     """
@@ -77,6 +78,8 @@ class HybridSparseFeaturesDist(nn.Module):
         feature_tables: index of each feature's table in ``table_rows`` (sharding order).
         table_rows: ``num_embeddings`` per hybrid table.
         hot_ids: sorted hot row ids per table (same order as ``table_rows``).
+        hot_slot_starts: slot of each table's first hot id (its hot ids take consecutive slots;
+            the replicas' layout, :func:`hot_replica.hot_slot_layout`).
         block_sizes: rows per owner block, per feature (the row-wise layout of the cold shard).
         device: where the ids live.
     """
@@ -87,6 +90,7 @@ class HybridSparseFeaturesDist(nn.Module):
         feature_tables: List[int],
         table_rows: List[int],
         hot_ids: List[torch.Tensor],
+        hot_slot_starts: List[int],
         block_sizes: List[int],
         device: torch.device,
     ) -> None:
@@ -96,24 +100,24 @@ class HybridSparseFeaturesDist(nn.Module):
         self._num_features = len(feature_tables)
         rows = torch.tensor(table_rows, dtype=torch.int64)
         table_offset = torch.cumsum(rows, 0) - rows
-        hot_sizes = torch.tensor([h.numel() for h in hot_ids], dtype=torch.int64)
-        hot_offset = torch.cumsum(hot_sizes, 0) - hot_sizes
         ft = torch.tensor(feature_tables, dtype=torch.int64)
         keys = [h + off for h, off in zip(hot_ids, table_offset.tolist())]
         hot_keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
+        slots = [torch.arange(s, s + h.numel()) for h, s in zip(hot_ids, hot_slot_starts)]
+        key_slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
         self._total_hot = int(hot_keys.numel())
         self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
+        self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
         # Tables small enough in total get a dense key -> slot map (one gather per id);
         # larger ones use a binary search over the sorted hot keys (memory O(hot rows)).
         total_rows = int(rows.sum())
         slot_map = None
         if total_rows <= DENSE_MAP_MAX_ROWS:
             slot_map = torch.full((total_rows,), -1, dtype=torch.int32)
-            slot_map[hot_keys] = torch.arange(self._total_hot, dtype=torch.int32)
+            slot_map[hot_keys] = key_slots.to(torch.int32)
             slot_map = slot_map.to(device)
         self.register_buffer("_slot_map", slot_map, persistent=False)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
-        self.register_buffer("_feature_hot_offset", hot_offset[ft].to(device), persistent=False)
         self.register_buffer(
             "_block_sizes", torch.tensor(block_sizes, dtype=torch.int64, device=device), persistent=False
         )
@@ -140,18 +144,17 @@ class HybridSparseFeaturesDist(nn.Module):
             slot = self._slot_map.index_select(0, keys)
             is_hot = slot >= 0
         elif self._total_hot > 0:
-            slot = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
-            is_hot = self._hot_keys[slot] == keys
+            pos = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
+            is_hot = self._hot_keys.index_select(0, pos) == keys
+            slot = self._key_slots.index_select(0, pos)
         else:
             slot = torch.zeros_like(keys)
             is_hot = torch.zeros_like(keys, dtype=torch.bool)
         is_cold = ~is_hot
         flat_lengths = lengths.reshape(-1)
-        hot_rows, hot_lengths = torch.ops.fbgemm.masked_select_jagged_1d(
-            slot - self._feature_hot_offset.index_select(0, feature_of_value), flat_lengths, is_hot
-        )
+        hot_slots, hot_lengths = torch.ops.fbgemm.masked_select_jagged_1d(slot, flat_lengths, is_hot)
         cold_values, cold_lengths = torch.ops.fbgemm.masked_select_jagged_1d(values, flat_lengths, is_cold)
-        hot_counts = torch.bincount(slot[is_hot], minlength=self._total_hot)
+        hot_counts = torch.bincount(hot_slots, minlength=self._total_hot)
         cold = KeyedJaggedTensor(
             keys=features.keys(),
             values=cold_values,
@@ -169,7 +172,7 @@ class HybridSparseFeaturesDist(nn.Module):
         )
         sent_lengths = bucketized.lengths().view(W, F, B)
         local = dict(
-            hot_indices=hot_rows,
+            hot_indices=hot_slots,
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
             hot_weights=None if weights is None else weights[is_hot],
             hot_counts=hot_counts,

@@ -28,36 +28,43 @@ class HybridLookupOutput:
     """Unreduced pooled embeddings of one step, handed to the output dist."""
 
     cold: torch.Tensor  # [B', D]: partial sums of the non-empty received bags, owner side
-    cold_rows: torch.Tensor  # [F, W * B]: row of ``cold`` holding each received bag (-1: empty)
+    # the non-empty received bags in (source rank, feature, sample) order - the order they
+    # travel home in: their feature and their row in ``cold``; and how many per (rank, feature)
+    cold_bag_feature: torch.Tensor
+    cold_bag_row: torch.Tensor
+    cold_bag_counts: torch.Tensor  # [W, F]
     # () -> [B, D] sums over the local hot lookups. Called by the output dist *after* its
     # all-to-all, so in backward the hot gradient (and its all-reduce) comes first and
     # overlaps the reverse all-to-all.
     hot: Callable[[], torch.Tensor]
-    received_lengths: torch.Tensor  # [F, W * B] cold ids received (owner side)
     sent_lengths: torch.Tensor  # [W, F, B] cold ids sent (sample side)
     lengths: torch.Tensor  # [F, B] full bag lengths
 
 
-def _compact_bags(kjt: KeyedJaggedTensor, num_features: int):
+def _compact_bags(kjt: KeyedJaggedTensor, num_features: int, world: int):
     """Drops the empty bags of a received cold KJT (most of its ``W * B`` bags per feature).
 
     The TBE needs one batch size for all features, so feature f's non-empty bags take rows
-    ``0..n_f-1`` and the batch is ``max n_f``; values keep their order. Returns the compact
-    KJT and, per received bag, its row in the lookup output (-1 for empty bags).
+    ``0..n_f-1`` (in received order) and the batch is ``max n_f``; values keep their order.
+    Returns the compact KJT and the non-empty bags in (source rank, feature, sample) order
+    (one ``nonzero``): feature, row, and counts per (rank, feature).
     """
-    lengths = kjt.lengths().view(num_features, -1)
-    nonempty = lengths > 0
-    rows = torch.cumsum(nonempty, dim=1, dtype=torch.int32) - 1
-    batch = max(1, int(rows[:, -1].max()) + 1)
-    rows = torch.where(nonempty, rows, -1)
-    # scatter every bag's length to (feature, row); empty bags go to a trash slot at the end
-    base = torch.arange(0, num_features * batch, batch, dtype=torch.int32, device=lengths.device)[:, None]
-    dest = torch.where(nonempty, base + rows, num_features * batch)
-    compact = torch.zeros(num_features * batch + 1, dtype=lengths.dtype, device=lengths.device)
-    compact.scatter_(0, dest.view(-1).to(torch.int64), lengths.reshape(-1))
+    F, W = num_features, world
+    lengths = kjt.lengths().view(F, W, -1)
+    bag = (lengths > 0).permute(1, 0, 2).nonzero()  # [N, 3]: rank, feature, sample
+    rank, feat = bag[:, 0], bag[:, 1]
+    group = rank * F + feat
+    counts = torch.bincount(group, minlength=W * F).view(W, F)
+    flat = counts.view(-1)
+    # row of a bag = its feature's bags on lower ranks + its place among its (rank, feature)
+    before = (torch.cumsum(counts, 0) - counts).view(-1) - (torch.cumsum(flat, 0) - flat)
+    row = torch.arange(bag.size(0), device=bag.device) + before[group]
+    batch = max(1, int(counts.sum(0).max()))
+    compact = torch.zeros(F * batch, dtype=lengths.dtype, device=lengths.device)
+    compact[feat * batch + row] = lengths[feat, rank, bag[:, 2]]
     out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
-                            lengths=compact[:-1], stride=batch)
-    return out, rows
+                            lengths=compact, stride=batch)
+    return out, feat, row, counts
 
 
 class HybridLookup(nn.Module):
@@ -67,6 +74,7 @@ class HybridLookup(nn.Module):
         self,
         grouped_configs: List[GroupedEmbeddingConfig],
         hot_ids: List[List[torch.Tensor]],
+        slot_bases: List[int],
         pg: dist.ProcessGroup,
         device: torch.device,
         env: Optional[ShardingEnv] = None,
@@ -76,8 +84,9 @@ class HybridLookup(nn.Module):
             grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
         cold_tbes = [m.emb_module for m in _compat.grouped_lookup_modules(self.cold)]
-        self._hot = [HotReplica(c, h, tbe, pg, device)
-                     for c, h, tbe in zip(grouped_configs, hot_ids, cold_tbes)]
+        self._hot = [HotReplica(c, h, tbe, pg, device, slot_base=s)
+                     for c, h, tbe, s in zip(grouped_configs, hot_ids, cold_tbes, slot_bases)]
+        self._world = pg.size()
         self._feature_splits = [c.num_features() for c in grouped_configs]
         self._slot_splits = [r.num_slots for r in self._hot]
         self.refresh_hot()
@@ -85,7 +94,7 @@ class HybridLookup(nn.Module):
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
         B = inp.lengths.size(1)
         with record_function("## hybrid:cold_lookup ##"):
-            compact, cold_rows = _compact_bags(inp.cold, sum(self._feature_splits))
+            compact, feat, row, counts = _compact_bags(inp.cold, sum(self._feature_splits), self._world)
             cold = self.cold(compact)
 
         @record_function("## hybrid:hot_lookup ##")
@@ -103,9 +112,10 @@ class HybridLookup(nn.Module):
 
         return HybridLookupOutput(
             cold=cold,
-            cold_rows=cold_rows,
+            cold_bag_feature=feat,
+            cold_bag_row=row,
+            cold_bag_counts=counts,
             hot=hot,
-            received_lengths=inp.cold.lengths().view(sum(self._feature_splits), -1),
             sent_lengths=inp.sent_lengths,
             lengths=inp.lengths,
         )

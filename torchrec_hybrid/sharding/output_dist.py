@@ -94,34 +94,26 @@ class HybridPooledEmbeddingDist(nn.Module):
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
 
-    def _elements(self, mask: torch.Tensor, rows_of=None):
-        """Positions of the bags in ``mask [W, F, B]`` and per-rank element counts.
+    def _positions(self, feat: torch.Tensor, row: torch.Tensor, counts: torch.Tensor):
+        """Positions of bags (feature, row) in an output and per-rank element counts.
 
-        A bag's row is its sample, or ``rows_of[f, w * B + b]`` (the compact cold rows).
         Positions are rows of the output viewed as ``[-1, D]`` when every feature has width
-        D, else flat element positions.
+        D, else flat element positions. ``counts`` [W, F] are the bags per (rank, feature).
         """
-        W, F, B = mask.shape
-        nz = mask.nonzero()
-        rank, feat, sample = nz[:, 0], nz[:, 1], nz[:, 2]
-        row = sample if rows_of is None else rows_of[feat, rank * B + sample]
-        per_rank = (mask.sum(2).to(torch.int64) * self._dims[None, :]).sum(1)
+        per_rank = (counts.to(torch.int64) * self._dims[None, :]).sum(1).tolist()
         if self._uniform_dim is not None:
-            return row * F + feat, per_rank.tolist()
-        width = self._dims[feat]
-        pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], width)
-        return pos, per_rank.tolist()
+            return row * self._dims.numel() + feat, per_rank
+        pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], self._dims[feat])
+        return pos, per_rank
 
     @record_function("## hybrid:output_dist ##")
     def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        F, B = out.lengths.shape
-        W = self._world
         # owner side: bags received with >= 1 cold id, in (source rank, feature, sample) order
-        recv_mask = out.received_lengths.view(F, W, B).permute(1, 0, 2) > 0
-        send_pos, send_splits = self._elements(recv_mask, rows_of=out.cold_rows)
+        send_pos, send_splits = self._positions(out.cold_bag_feature, out.cold_bag_row, out.cold_bag_counts)
         # sample side: bags we sent to each owner with >= 1 cold id, same order on the owner
-        back_mask = out.sent_lengths > 0
-        recv_pos, recv_splits = self._elements(back_mask)
+        sent = out.sent_lengths > 0
+        bag = sent.nonzero()
+        recv_pos, recv_splits = self._positions(bag[:, 1], bag[:, 2], sent.sum(2))
         D = self._uniform_dim
         # index_select: its backward is an index_add (advanced indexing's is a slow index_put)
         partials = (out.cold.reshape(-1, D) if D else out.cold.reshape(-1)).index_select(0, send_pos).reshape(-1)
