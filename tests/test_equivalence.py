@@ -84,9 +84,11 @@ def test_hybrid_trains_like_table_wise(world, opt):
         dict(kinds={"t0": "tw", "t1": "hybrid", "t2": "hybrid", "t3": "tw"}),
         # two hybrid tables of one width: their hot rows share one replica table
         dict(kinds={"t0": "hybrid", "t1": "tw", "t2": "hybrid", "t3": "tw"}, opt="rowwise_adagrad"),
+        # same with an optimizer FBGEMM has no variable-batch lookup for (padded cold batch)
+        dict(kinds={"t0": "hybrid", "t1": "tw", "t2": "hybrid", "t3": "tw"}, opt="adagrad"),
     ],
     ids=["mean", "weighted", "hot-only", "cold-only", "rank-without-cold", "mixed-cw-rw-dp",
-         "mixed-tw", "one-width"],
+         "mixed-tw", "one-width", "one-width-padded"],
 )
 def test_inputs_match_table_wise(case):
     run_ranks(train_pair, 2, **case)

@@ -59,7 +59,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._validate_ids = validate_ids
         self._rows_by_feature = {f: c.num_embeddings for c in self._embedding_bag_configs for f in c.feature_names}
         self._table_by_feature = {f: c.name for c in self._embedding_bag_configs for f in c.feature_names}
-        self._rows_cache: Dict[tuple, torch.Tensor] = {}
+        self._limit_cache: Dict[tuple, torch.Tensor] = {}
+        self._no_report = torch.zeros(3, dtype=torch.int64)
         self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_hot_replicas())
         for c in hybrid:
             logger.info("table %s: frequency_hybrid with %d hot rows of %d", c.name,
@@ -99,19 +100,21 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         adds no round trip. Bad ids are replaced by 0 meanwhile so the dists stay in step.
         """
         keys = tuple(features.keys())
-        rows = self._rows_cache.get(keys)
-        if rows is None:
-            rows = torch.tensor([self._rows_by_feature.get(k, 2**62) for k in keys], device=features.values().device)
-            self._rows_cache[keys] = rows
         values = features.values()
+        limit = self._limit_cache.get((keys, values.dtype))
+        if limit is None:  # largest valid id per key (ids of unknown keys are not checked)
+            top = torch.iinfo(values.dtype).max
+            limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
+                                 dtype=values.dtype, device=values.device)
+            self._limit_cache[(keys, values.dtype)] = limit
         counts = torch.tensor(features.length_per_key(), device=values.device)
-        key_of_value = torch.repeat_interleave(torch.arange(len(keys), device=values.device), counts,
-                                               output_size=values.numel())
-        bad = (values < 0) | (values >= rows[key_of_value])
-        report = torch.zeros(3, dtype=torch.int64)
-        if bool(bad.any()):
+        limit_of_value = torch.repeat_interleave(limit, counts, output_size=values.numel())
+        report = self._no_report
+        if not torch.equal(torch.minimum(values.clamp(min=0), limit_of_value), values):  # rare path
+            bad = (values < 0) | (values > limit_of_value)
             i = int(bad.nonzero()[0])
-            report = torch.tensor([1, int(key_of_value[i]), int(values[i])], dtype=torch.int64)
+            key = int(torch.searchsorted(torch.cumsum(counts, 0), i, right=True))
+            report = torch.tensor([1, key, int(values[i])], dtype=torch.int64)
             features = KeyedJaggedTensor(keys=list(keys), values=torch.where(bad, torch.zeros_like(values), values),
                                          weights=features.weights_or_none(), lengths=features.lengths(),
                                          stride=features.stride())

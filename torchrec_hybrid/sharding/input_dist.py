@@ -19,7 +19,6 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.dist_data import KJTAllToAll
-from torchrec.distributed.embedding_sharding import bucketize_kjt_before_all2all
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -133,13 +132,12 @@ class HybridSparseFeaturesDist(nn.Module):
         F, W = self._num_features, self._world
         B = features.stride()
         values = features.values()
-        lengths = features.lengths().view(F, B)
+        flat_lengths = features.lengths()
+        lengths = flat_lengths.view(F, B)
         weights = features.weights_or_none()
-        per_feature = lengths.sum(1)
-        feature_of_value = torch.repeat_interleave(
-            torch.arange(F, device=values.device), per_feature, output_size=values.numel()
-        )
-        keys = values.to(torch.int64) + self._feature_key_offset.index_select(0, feature_of_value)
+        per_feature = torch.tensor(features.length_per_key(), device=values.device)
+        key_offset = torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=values.numel())
+        keys = values.to(torch.int64) + key_offset
         if self._slot_map is not None:
             slot = self._slot_map.index_select(0, keys)
             is_hot = slot >= 0
@@ -151,23 +149,21 @@ class HybridSparseFeaturesDist(nn.Module):
             slot = torch.zeros_like(keys)
             is_hot = torch.zeros_like(keys, dtype=torch.bool)
         is_cold = ~is_hot
-        flat_lengths = lengths.reshape(-1)
         hot_slots, hot_lengths = torch.ops.fbgemm.masked_select_jagged_1d(slot, flat_lengths, is_hot)
         cold_values, cold_lengths = torch.ops.fbgemm.masked_select_jagged_1d(values, flat_lengths, is_cold)
         hot_counts = torch.bincount(hot_slots, minlength=self._total_hot)
-        cold = KeyedJaggedTensor(
-            keys=features.keys(),
-            values=cold_values,
-            lengths=cold_lengths.to(torch.int32),
-            weights=None if weights is None else weights[is_cold],
-            stride=B,
+        # the stock row-wise bucketization (what bucketize_kjt_before_all2all calls), called
+        # directly: the cold ids never need to be a KJT of their own
+        block_sizes = self._block_sizes if values.dtype == torch.int64 else self._block_sizes.to(values.dtype)
+        sent, local_rows, sent_weights, _, _ = torch.ops.fbgemm.block_bucketize_sparse_features(
+            cold_lengths.to(flat_lengths.dtype), cold_values, bucketize_pos=False, sequence=False,
+            block_sizes=block_sizes, my_size=W, weights=None if weights is None else weights[is_cold],
         )
-        bucketized, _ = bucketize_kjt_before_all2all(cold, num_buckets=W, block_sizes=self._block_sizes)
         bucketized = KeyedJaggedTensor(
-            keys=bucketized.keys(),
-            values=bucketized.values().to(torch.int32),  # local row ids: 4 bytes on the wire
-            lengths=bucketized.lengths(),
-            weights=bucketized.weights_or_none(),
+            keys=list(features.keys()) * W,
+            values=local_rows.to(torch.int32),  # local row ids: 4 bytes on the wire
+            lengths=sent.view(-1),
+            weights=sent_weights,
             stride=B,
         )
         sent_lengths = bucketized.lengths().view(W, F, B)
