@@ -27,7 +27,7 @@ def test_hybrid_perf_and_storage_terms():
     H, c = ch.hot_rows, 1.0 - ch.coverage
     bw = 2.0 * 1024 ** 3 / 1000
     scale = W / (W - 1)
-    lengths = (W - 1) * B * 4
+    lengths = (W - 1) * (B * c / W * 4 + 8)  # non-empty bags only, + one batch size
     cold_ids = c * (W - 1) / W * B * 4
     partials = 2 * D * 4 * B * c * (W - 1) / W
     sync = 2 * (W - 1) / W * (max(H, 1) * D + H) * 4

@@ -12,8 +12,10 @@ coverage: ``coverage[H]`` = share of the table's lookups that fall on its H most
 rows (``coverage[0] == 0``, non-decreasing), e.g. from :func:`coverage_from_counts`.
 
 Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
-- input dist (KJTAllToAll): to each other rank the lengths of all F*B bags (int32) and the
-  cold ids that rank owns (int32): ``(W-1)*F*B*4 + c*(W-1)/W*F*B*L*4`` (c = 1 - coverage);
+- input dist (KJTAllToAll of a variable-batch KJT): to each other rank the lengths of the
+  bags holding >= 1 cold id it owns (int32), the cold ids it owns (int32) and one int64
+  batch size per feature: ``4*F*B*(W-1)*(1-(1-c/W)**L) + c*(W-1)/W*F*B*L*4 + (W-1)*F*8``
+  (c = 1 - coverage);
 - output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of
   a remote owner, forward and again backward: ``2*D*4*F*B*(W-1)*(1-(1-c/W)**L)``
   (exactly ``c*(W-1)/W`` bags per bag for one-hot; independent ids per bag otherwise);
@@ -174,7 +176,7 @@ def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torc
     # P(a bag has >= 1 cold id on a given owner) = 1 - (1 - c/W)^L, for each of W-1 remote owners
     bag_hit = 1.0 - torch.pow(1.0 - cold / w, t.pooling) if w > 1 else torch.zeros_like(cold)
     return {
-        "lengths": torch.full_like(cold, (w - 1) * t.bags * INT32),
+        "lengths": (w - 1) * (t.bags * bag_hit * INT32 + t.features * INT64),
         "cold_ids": cold * remote * t.lookups * INT32,
         "partials": 2 * t.dim * FP32 * t.bags * (w - 1) * bag_hit,
         "hot_sync": 2 * remote * (torch.clamp(h, min=1.0) * t.dim + h) * FP32,

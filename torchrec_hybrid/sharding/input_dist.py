@@ -27,13 +27,16 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 class HybridLookupInput:
     """What the hybrid lookup consumes for one step (one element of SEBC's ``KJTList``).
 
-    cold: ids received from every rank for the rows this rank owns (local row ids,
-        batch ``W * B`` per feature, source-rank major).
+    cold: ids received from every rank for the rows this rank owns (local row ids): a
+        variable-batch KJT holding only the non-empty bags, ``stride_per_key_per_rank()
+        [f][w]`` of them from rank w for feature f, feature-major then source rank.
     hot_indices / hot_offsets / hot_weights: the local batch's hot lookups, jagged by
         (feature, sample); indices are hot slots (rows of the replicas, all groups numbered
         together).
     hot_counts: lookups per hot slot in this local batch ([total hot rows], for the sync).
-    sent_lengths: cold ids this rank sent, ``[W, F, B]`` (owner, feature, sample).
+    sent_feature / sent_sample: the bags this rank sent (each with >= 1 cold id), in
+        (owner, feature, sample) order, the order their partial sums come back in.
+    sent_counts: how many of them per ``[owner, feature]``.
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
     """
 
@@ -42,7 +45,9 @@ class HybridLookupInput:
     hot_offsets: torch.Tensor
     hot_weights: Optional[torch.Tensor]
     hot_counts: torch.Tensor
-    sent_lengths: torch.Tensor
+    sent_feature: torch.Tensor
+    sent_sample: torch.Tensor
+    sent_counts: torch.Tensor
     lengths: torch.Tensor
 
     # Hooks TorchRec's KJTList / pipelines call on their elements.
@@ -52,7 +57,7 @@ class HybridLookupInput:
     def record_stream(self, stream: torch.Stream) -> None:
         self.cold.record_stream(stream)
         for t in (self.hot_indices, self.hot_offsets, self.hot_weights, self.hot_counts,
-                  self.sent_lengths, self.lengths):
+                  self.sent_feature, self.sent_sample, self.sent_counts, self.lengths):
             if t is not None:
                 t.record_stream(stream)
 
@@ -159,20 +164,28 @@ class HybridSparseFeaturesDist(nn.Module):
             cold_lengths.to(flat_lengths.dtype), cold_values, bucketize_pos=False, sequence=False,
             block_sizes=block_sizes, my_size=W, weights=None if weights is None else weights[is_cold],
         )
+        # Only the non-empty (owner, feature, sample) bags travel: a variable-batch KJT, one
+        # key per (owner, feature) with as many bags as it has, in (owner, feature, sample)
+        # order - lengths on the wire scale with the cold lookups, not with W * F * B.
+        sent = sent.view(-1)
+        bag = (sent > 0).nonzero().view(-1)
+        group = torch.div(bag, B, rounding_mode="floor")  # owner * F + feature
+        per_group = torch.bincount(group, minlength=W * F)
         bucketized = KeyedJaggedTensor(
             keys=list(features.keys()) * W,
             values=local_rows.to(torch.int32),  # local row ids: 4 bytes on the wire
-            lengths=sent.view(-1),
+            lengths=sent.index_select(0, bag),
             weights=sent_weights,
-            stride=B,
+            stride_per_key_per_rank=per_group.view(-1, 1).tolist(),
         )
-        sent_lengths = bucketized.lengths().view(W, F, B)
         local = dict(
             hot_indices=hot_slots,
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
             hot_weights=None if weights is None else weights[is_hot],
             hot_counts=hot_counts,
-            sent_lengths=sent_lengths,
+            sent_feature=group % F,
+            sent_sample=bag - group * B,
+            sent_counts=per_group.view(W, F),
             lengths=lengths,
         )
         splits_awaitable = self._cold_dist(bucketized)

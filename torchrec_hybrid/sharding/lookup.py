@@ -21,50 +21,55 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.hot_replica import HotReplica
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
+from torchrec_hybrid.sharding.segments import segment_arange
 
 
 @dataclass
 class HybridLookupOutput:
     """Unreduced pooled embeddings of one step, handed to the output dist."""
 
-    cold: torch.Tensor  # [B', D]: partial sums of the non-empty received bags, owner side
-    # the non-empty received bags in (source rank, feature, sample) order - the order they
-    # travel home in: their feature and their row in ``cold``; and how many per (rank, feature)
+    cold: torch.Tensor  # [B', D]: partial sums of the received bags, owner side
+    # the received bags in (source rank, feature, sample) order - the order they travel
+    # home in: their feature and their row in ``cold``; and how many per [rank, feature]
     cold_bag_feature: torch.Tensor
     cold_bag_row: torch.Tensor
-    cold_bag_counts: torch.Tensor  # [W, F]
+    cold_bag_counts: torch.Tensor
     # () -> [B, D] sums over the local hot lookups. Called by the output dist *after* its
     # all-to-all, so in backward the hot gradient (and its all-reduce) comes first and
     # overlaps the reverse all-to-all.
     hot: Callable[[], torch.Tensor]
-    sent_lengths: torch.Tensor  # [W, F, B] cold ids sent (sample side)
+    sent_feature: torch.Tensor  # sample side: the bags sent, (owner, feature, sample) order
+    sent_sample: torch.Tensor
+    sent_counts: torch.Tensor  # [W, F]
     lengths: torch.Tensor  # [F, B] full bag lengths
 
 
-def _compact_bags(kjt: KeyedJaggedTensor, num_features: int, world: int):
-    """Drops the empty bags of a received cold KJT (most of its ``W * B`` bags per feature).
+def _padded_bags(kjt: KeyedJaggedTensor):
+    """The received bags (variable batch per feature and source rank) as a fixed-batch KJT.
 
-    The TBE needs one batch size for all features, so feature f's non-empty bags take rows
-    ``0..n_f-1`` (in received order) and the batch is ``max n_f``; values keep their order.
-    Returns the compact KJT and the non-empty bags in (source rank, feature, sample) order
-    (one ``nonzero``): feature, row, and counts per (rank, feature).
+    The TBE needs one batch size for all features (FBGEMM's CPU variable-batch kernel is
+    far slower than padding), so feature f's bags take rows ``0..n_f-1`` in received order
+    and the batch is ``max n_f``; values keep their order. Returns the padded KJT and the
+    bags in (source rank, feature, sample) order: feature, row, and counts ``[W, F]``.
     """
-    F, W = num_features, world
-    lengths = kjt.lengths().view(F, W, -1)
-    bag = (lengths > 0).permute(1, 0, 2).nonzero()  # [N, 3]: rank, feature, sample
-    rank, feat = bag[:, 0], bag[:, 1]
-    group = rank * F + feat
-    counts = torch.bincount(group, minlength=W * F).view(W, F)
-    flat = counts.view(-1)
-    # row of a bag = its feature's bags on lower ranks + its place among its (rank, feature)
-    before = (torch.cumsum(counts, 0) - counts).view(-1) - (torch.cumsum(flat, 0) - flat)
-    row = torch.arange(bag.size(0), device=bag.device) + before[group]
-    batch = max(1, int(counts.sum(0).max()))
-    compact = torch.zeros(F * batch, dtype=lengths.dtype, device=lengths.device)
-    compact[feat * batch + row] = lengths[feat, rank, bag[:, 2]]
+    counts = torch.tensor(kjt.stride_per_key_per_rank(), device=kjt.device())  # [F, W]
+    F = counts.size(0)
+    per_feature = counts.sum(1)
+    batch = max(1, int(per_feature.max()))
+    lengths = kjt.lengths()
+    feat = torch.repeat_interleave(torch.arange(F, device=counts.device), per_feature, output_size=lengths.numel())
+    row = torch.arange(lengths.numel(), device=counts.device) - (torch.cumsum(per_feature, 0) - per_feature)[feat]
+    padded = torch.zeros(F * batch, dtype=lengths.dtype, device=lengths.device)
+    padded[feat * batch + row] = lengths
     out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
-                            lengths=compact, stride=batch)
-    return out, feat, row, counts
+                            lengths=padded, stride=batch)
+    # (rank, feature) blocks in rank-major order: first row and size of each
+    first_row = (torch.cumsum(counts, 1) - counts).t().reshape(-1)
+    size = counts.t().reshape(-1)
+    send_row = torch.repeat_interleave(first_row, size, output_size=lengths.numel()) + segment_arange(size)
+    send_feature = torch.repeat_interleave(torch.arange(F, device=counts.device).repeat(counts.size(1)), size,
+                                           output_size=lengths.numel())
+    return out, send_feature, send_row, counts.t()
 
 
 class HybridLookup(nn.Module):
@@ -86,7 +91,6 @@ class HybridLookup(nn.Module):
         cold_tbes = [m.emb_module for m in _compat.grouped_lookup_modules(self.cold)]
         self._hot = [HotReplica(c, h, tbe, pg, device, slot_base=s)
                      for c, h, tbe, s in zip(grouped_configs, hot_ids, cold_tbes, slot_bases)]
-        self._world = pg.size()
         self._feature_splits = [c.num_features() for c in grouped_configs]
         self._slot_splits = [r.num_slots for r in self._hot]
         self.refresh_hot()
@@ -94,8 +98,8 @@ class HybridLookup(nn.Module):
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
         B = inp.lengths.size(1)
         with record_function("## hybrid:cold_lookup ##"):
-            compact, feat, row, counts = _compact_bags(inp.cold, sum(self._feature_splits), self._world)
-            cold = self.cold(compact)
+            padded, feat, row, counts = _padded_bags(inp.cold)
+            cold = self.cold(padded)
 
         @record_function("## hybrid:hot_lookup ##")
         def hot() -> torch.Tensor:
@@ -116,7 +120,9 @@ class HybridLookup(nn.Module):
             cold_bag_row=row,
             cold_bag_counts=counts,
             hot=hot,
-            sent_lengths=inp.sent_lengths,
+            sent_feature=inp.sent_feature,
+            sent_sample=inp.sent_sample,
+            sent_counts=inp.sent_counts,
             lengths=inp.lengths,
         )
 

@@ -108,12 +108,10 @@ class HybridPooledEmbeddingDist(nn.Module):
 
     @record_function("## hybrid:output_dist ##")
     def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        # owner side: bags received with >= 1 cold id, in (source rank, feature, sample) order
+        # owner side: the bags received, in (source rank, feature, sample) order
         send_pos, send_splits = self._positions(out.cold_bag_feature, out.cold_bag_row, out.cold_bag_counts)
-        # sample side: bags we sent to each owner with >= 1 cold id, same order on the owner
-        sent = out.sent_lengths > 0
-        bag = sent.nonzero()
-        recv_pos, recv_splits = self._positions(bag[:, 1], bag[:, 2], sent.sum(2))
+        # sample side: the bags we sent, in the same order (their rows are their samples)
+        recv_pos, recv_splits = self._positions(out.sent_feature, out.sent_sample, out.sent_counts)
         D = self._uniform_dim
         # index_select: its backward is an index_add (advanced indexing's is a slow index_put)
         partials = (out.cold.reshape(-1, D) if D else out.cold.reshape(-1)).index_select(0, send_pos).reshape(-1)
