@@ -24,7 +24,7 @@ from typing import List, Tuple
 import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import EmbeddingLocation, PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, EmbeddingLocation, PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
     ComputeDevice,
     DenseTableBatchedEmbeddingBagsCodegen,
@@ -128,6 +128,8 @@ class HotReplica:
         cdev = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
         fused_params = {k: v for k, v in (config.fused_params or {}).items()
                         if k not in ("enable_raw_embedding_streaming",)}
+        # the replay's indices are built here, never user input
+        fused_params["bounds_check_mode"] = BoundsCheckMode.NONE
         self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
             embedding_specs=[(r, d, loc, cdev) for r, d in zip(rows_eff, widths)],
             feature_table_map=list(range(len(widths))),
@@ -225,8 +227,6 @@ class HotReplica:
     def _apply(self, work, buf: torch.Tensor, n: int) -> None:
         work.wait()
         grad = buf[:n]
-        if get_gradient_division():
-            grad = grad / self._world
         slots = (buf[n:] > 0).nonzero().view(-1)  # rows the global batch touched
         if slots.numel() == 0:
             return
@@ -236,6 +236,8 @@ class HotReplica:
             offsets = torch.arange(slots.numel() + 1, device=slots.device)
         else:
             indices, offsets, grad_out = self._padded_bags(grad, slots)
+        if get_gradient_division():
+            grad_out.div_(self._world)
         with torch.enable_grad():
             out = self.tbe(indices, offsets)
             torch.autograd.backward(out, grad_out)
