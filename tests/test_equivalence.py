@@ -140,3 +140,23 @@ def test_weighted_mean_matches_exact_gradient():
     exact gradient by up to 0.24 on this case), while ours pools SUM and divides in autograd.
     """
     run_ranks(weighted_mean_step, 2)
+
+
+def nan_padding_pair(rank, world, **case):
+    """train_pair with the owners' padding-bag gradients set to NaN instead of left unset."""
+    from torchrec_hybrid.sharding import output_dist
+
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        return grad.new_full(ctx.shape, float("nan")).index_copy_(0, positions, grad), None
+
+    output_dist._GatherBags.backward = staticmethod(backward)
+    train_pair(rank, world, **case)
+
+
+@pytest.mark.parametrize("case", [dict(opt="adagrad"), dict(opt="rowwise_adagrad", weighted=True),
+                                  dict(opt="sgd", mean=True)], ids=["adagrad", "rowwise-weighted", "sgd-mean"])
+def test_padding_gradients_are_never_read(case):
+    """The output dist leaves the gradient of padding bags uninitialised: the TBE backward
+    must never read it (a NaN there would reach the weights)."""
+    run_ranks(nan_padding_pair, 2, **case)

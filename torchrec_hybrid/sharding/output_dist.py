@@ -41,6 +41,26 @@ class _VariableAllToAll(torch.autograd.Function):
         return out, None, None, None
 
 
+class _GatherBags(torch.autograd.Function):
+    """``cold[positions]`` (rows or elements of the owner's padded lookup output).
+
+    Backward scatters into an *uninitialised* buffer: the positions cover every non-empty
+    bag, and the rest of the buffer holds padding bags without ids, whose gradient rows the
+    TBE backward never reads. Spares zero-filling the whole padded output every step.
+    """
+
+    @staticmethod
+    def forward(ctx, cold, positions):
+        ctx.save_for_backward(positions)
+        ctx.shape = cold.shape
+        return cold.index_select(0, positions)
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        return grad.new_empty(ctx.shape).index_copy_(0, positions, grad), None
+
+
 class _AddPartials(torch.autograd.Function):
     """``hot`` += received partials at their rows, in place (hot is a fresh, private tensor).
 
@@ -113,8 +133,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         # sample side: the bags we sent, in the same order (their rows are their samples)
         recv_pos, recv_splits = self._positions(out.sent_feature, out.sent_sample, out.sent_counts)
         D = self._uniform_dim
-        # index_select: its backward is an index_add (advanced indexing's is a slow index_put)
-        partials = (out.cold.reshape(-1, D) if D else out.cold.reshape(-1)).index_select(0, send_pos).reshape(-1)
+        partials = _GatherBags.apply(out.cold.reshape(-1, D) if D else out.cold.reshape(-1), send_pos).reshape(-1)
         received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
         pooled = _AddPartials.apply(out.hot(), received, recv_pos, D or 1)
         if self._any_mean:
