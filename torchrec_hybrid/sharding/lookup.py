@@ -21,7 +21,6 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.hot_replica import HotReplica
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
-from torchrec_hybrid.sharding.segments import segment_arange
 
 
 @dataclass
@@ -53,23 +52,27 @@ def _padded_bags(kjt: KeyedJaggedTensor):
     bags in (source rank, feature, sample) order: feature, row, and counts ``[W, F]``.
     """
     counts = torch.tensor(kjt.stride_per_key_per_rank(), device=kjt.device())  # [F, W]
-    F = counts.size(0)
+    F, W = counts.shape
+    lengths = kjt.lengths()
+    n = lengths.numel()
     per_feature = counts.sum(1)
     batch = max(1, int(per_feature.max()))
-    lengths = kjt.lengths()
-    feat = torch.repeat_interleave(torch.arange(F, device=counts.device), per_feature, output_size=lengths.numel())
-    row = torch.arange(lengths.numel(), device=counts.device) - (torch.cumsum(per_feature, 0) - per_feature)[feat]
+    arange_f = torch.arange(F, device=counts.device)
+    feat = torch.repeat_interleave(arange_f, per_feature, output_size=n)
+    row = torch.arange(n, device=counts.device) - (torch.cumsum(per_feature, 0) - per_feature)[feat]
     padded = torch.zeros(F * batch, dtype=lengths.dtype, device=lengths.device)
     padded[feat * batch + row] = lengths
     out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
                             lengths=padded, stride=batch)
-    # (rank, feature) blocks in rank-major order: first row and size of each
-    first_row = (torch.cumsum(counts, 1) - counts).t().reshape(-1)
+    # send order: (rank, feature) blocks, rank-major; block (w, f) holds rows
+    # first[f, w] .. first[f, w] + counts[f, w] - 1 of feature f
+    first = (torch.cumsum(counts, 1) - counts).t().reshape(-1)
     size = counts.t().reshape(-1)
-    send_row = torch.repeat_interleave(first_row, size, output_size=lengths.numel()) + segment_arange(size)
-    send_feature = torch.repeat_interleave(torch.arange(F, device=counts.device).repeat(counts.size(1)), size,
-                                           output_size=lengths.numel())
-    return out, send_feature, send_row, counts.t()
+    block_start = torch.cumsum(size, 0) - size
+    block = torch.repeat_interleave(torch.arange(F * W, device=counts.device), size, output_size=n)
+    send_row = torch.arange(n, device=counts.device) + (first - block_start)[block]
+    send_feature = block % F
+    return out, send_feature, send_row, size.view(W, F)
 
 
 class HybridLookup(nn.Module):
@@ -103,6 +106,8 @@ class HybridLookup(nn.Module):
 
         @record_function("## hybrid:hot_lookup ##")
         def hot() -> torch.Tensor:
+            if len(self._hot) == 1:
+                return self._hot[0].pool(inp.hot_indices, inp.hot_offsets, inp.hot_weights, inp.hot_counts, B)
             out = []
             offsets = inp.hot_offsets
             f0 = s0 = 0
@@ -112,7 +117,7 @@ class HybridLookup(nn.Module):
                 w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
                 out.append(replica.pool(inp.hot_indices[lo:hi], off - lo, w, inp.hot_counts[s0:s0 + ns], B))
                 f0, s0 = f0 + nf, s0 + ns
-            return torch.cat(out, dim=1) if len(out) > 1 else out[0]
+            return torch.cat(out, dim=1)
 
         return HybridLookupOutput(
             cold=cold,

@@ -120,9 +120,9 @@ class HybridPooledEmbeddingDist(nn.Module):
         Positions are rows of the output viewed as ``[-1, D]`` when every feature has width
         D, else flat element positions. ``counts`` [W, F] are the bags per (rank, feature).
         """
-        per_rank = (counts.to(torch.int64) * self._dims[None, :]).sum(1).tolist()
         if self._uniform_dim is not None:
-            return row * self._dims.numel() + feat, per_rank
+            return row * self._dims.numel() + feat, (counts.sum(1) * self._uniform_dim).tolist()
+        per_rank = (counts.to(torch.int64) * self._dims[None, :]).sum(1).tolist()
         pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], self._dims[feat])
         return pos, per_rank
 
