@@ -28,7 +28,7 @@ class Workload:
     hot_rows: int = 2000          # most popular rows across all tables, replicated
     stats_batches: int = 4        # global batches counted by FrequencyStats for the hot set
     warmup: int = 3               # untimed steps per model before timing
-    steps: int = 20               # timed steps per model (interleaved, order rotated)
+    steps: int = 20               # timed steps per model (interleaved, balanced orders)
     types: Tuple[str, ...] = SHARDING_TYPES
     device: str = "cpu"
     seed: int = 0
@@ -47,7 +47,7 @@ class Workload:
 
 
 HEADLINE = Workload(world=4, model="ebc", multi_hot=False, alpha=1.1, rows_cap=100_000, dim=64,
-                    batch_per_rank=1024, hot_rows=2000, warmup=5, steps=40)  # 40: steadier medians here
+                    batch_per_rank=1024, hot_rows=2000, warmup=5, steps=42)  # 7 cycles of the 6 orders
 
 ALPHAS = (1.05, 1.1, 1.2, 0.0)
 # sizes of the sweeps (quick and full): 26 tables capped at 10k rows, B=256 per rank

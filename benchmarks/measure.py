@@ -2,8 +2,13 @@
 
 Protocol (DESIGN.md section 3):
 - all models of the workload are built in the same process group, run ``warmup`` untimed
-  steps each, then ``steps`` timed steps *interleaved*: step s runs every model once, in an
-  order rotated by s, each behind a barrier (outside the window);
+  steps each, then ``steps`` timed steps *interleaved*: step s runs every model once, in
+  the order of row s of a Williams design (:func:`balanced_orders`: rotations of one
+  sequence chosen so that over a cycle every model runs in every position and right after
+  every other model equally often), each behind a barrier (outside the window). A plain
+  rotation keeps each model behind the same predecessor, and the predecessor moves a step
+  time by up to ~10% here (caches, allocator): the identical table_wise plan measured 11%
+  slower as "planner", which always ran right after data_parallel;
 - bytes: OS-level ``wchar`` (what gloo writes to its sockets) around each model's step;
   nothing prints, logs or writes files inside a window;
 - memory (after timing, so it cannot disturb it): RSS growth while building the model,
@@ -66,6 +71,24 @@ def _release_freed_memory() -> None:
         pass
 
 
+def balanced_orders(n: int) -> List[List[int]]:
+    """A Williams design for ``n`` models: ``n`` orders (``2n`` for odd ``n``).
+
+    Row s is the base sequence 0, 1, n-1, 2, n-2, ... shifted by s (mod n); for odd n the
+    reversed rows follow. Over all rows each model takes each position equally often and
+    each ordered pair (a right before b, a != b) occurs equally often.
+    """
+    base, lo, hi = [0], 1, n - 1
+    while len(base) < n:
+        base.append(lo)
+        lo += 1
+        if len(base) < n:
+            base.append(hi)
+            hi -= 1
+    rows = [[(x + s) % n for x in base] for s in range(n)]
+    return rows if n % 2 == 0 else rows + [r[::-1] for r in rows]
+
+
 def run_workload(rank: int, world: int, w: Workload) -> Dict:
     """Measures workload `w` on this rank; returns raw per-step numbers per sharding type."""
     device = torch.device("cuda", rank) if w.device == "cuda" else torch.device("cpu")
@@ -82,10 +105,10 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
             built[kind].step(data.batches[s])
     times: Dict[str, List[float]] = {k: [] for k in kinds}
     sent: Dict[str, List[int]] = {k: [] for k in kinds}
+    orders = balanced_orders(len(kinds))
     for s in range(w.steps):
         batch = data.batches[w.warmup + s]
-        rot = s % len(kinds)
-        for kind in kinds[rot:] + kinds[:rot]:
+        for kind in (kinds[i] for i in orders[s % len(orders)]):
             dist.barrier()
             step = built[kind].step
             b0, t0 = sent_bytes(), time.perf_counter()

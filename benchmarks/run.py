@@ -124,7 +124,8 @@ def main(argv=None) -> Dict:
                      "socket writes), mean over timed steps then over ranks; nothing logs inside a window",
             "expected_bytes": "torchrec_hybrid.planner.cost_model for the same plan (benchmarks/estimate.py)",
             "step_time": "per step the slowest rank's wall time; all types built in one process group, "
-                         "timed interleaved with the order rotated each step, after warm-up, barrier before "
+                         "timed interleaved, per step in the next order of a Williams design (every model in "
+                         "every position and after every other model equally often), after warm-up, barrier before "
                          "each step (outside the window)",
             "peak_mem": "RSS (not tracemalloc): growth while building + peak growth within one step "
                         "(VmHWM reset by /proc/self/clear_refs after malloc_trim), max over ranks",
