@@ -16,10 +16,3 @@ def test_every_model_in_every_position_and_after_every_other_equally_often(n):
     pairs = Counter((a, b) for r in rows for a, b in zip(r, r[1:]))
     assert len(pairs) == n * (n - 1) and len(set(pairs.values())) == 1
 
-
-def test_plain_rotation_would_not_balance_predecessors():
-    """Why the design exists: rotations of 0..n-1 keep one predecessor per model."""
-    n = 6
-    rotations = [list(range(s, n)) + list(range(s)) for s in range(n)]
-    pairs = Counter((a, b) for r in rotations for a, b in zip(r, r[1:]))
-    assert len(pairs) == n  # each model only ever follows one other

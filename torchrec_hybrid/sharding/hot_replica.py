@@ -114,14 +114,12 @@ class HotReplica:
         self._pg, self._world = pg, pg.size()
         tables = config.embedding_tables
         dims = [t.local_cols for t in tables]
-        self.dims = dims
         self.total_dim = sum(t.embedding_dim * t.num_features() for t in tables)
         sizes = [h.numel() for h in hot_ids]
         self.num_slots, self.slot_base = sum(sizes), slot_base
         bucket, table_start, bucket_start = hot_slot_layout(dims, sizes)
-        widths = list(dict.fromkeys(dims))
-        self._widths = widths
-        bucket_rows = [sum(s for s, b in zip(sizes, bucket) if b == k) for k in range(len(widths))]
+        self._widths = widths = list(dict.fromkeys(dims))  # per bucket, in the layout's order
+        bucket_rows = [end - start for start, end in zip(bucket_start, bucket_start[1:] + [self.num_slots])]
         rows_eff = [max(1, r) for r in bucket_rows]  # a TBE table needs >= 1 row
         on_cuda = device.type == "cuda"
         loc = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST

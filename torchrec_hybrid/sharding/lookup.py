@@ -57,9 +57,9 @@ def _padded_bags(kjt: KeyedJaggedTensor):
     n = lengths.numel()
     per_feature = counts.sum(1)
     batch = max(1, int(per_feature.max()))
-    arange_f = torch.arange(F, device=counts.device)
-    feat = torch.repeat_interleave(arange_f, per_feature, output_size=n)
-    row = torch.arange(n, device=counts.device) - (torch.cumsum(per_feature, 0) - per_feature)[feat]
+    bag = torch.arange(n, device=counts.device)
+    feat = torch.repeat_interleave(torch.arange(F, device=counts.device), per_feature, output_size=n)
+    row = bag - (torch.cumsum(per_feature, 0) - per_feature)[feat]
     padded = torch.zeros(F * batch, dtype=lengths.dtype, device=lengths.device)
     padded[feat * batch + row] = lengths
     out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
@@ -70,7 +70,7 @@ def _padded_bags(kjt: KeyedJaggedTensor):
     size = counts.t().reshape(-1)
     block_start = torch.cumsum(size, 0) - size
     block = torch.repeat_interleave(torch.arange(F * W, device=counts.device), size, output_size=n)
-    send_row = torch.arange(n, device=counts.device) + (first - block_start)[block]
+    send_row = bag + (first - block_start)[block]
     send_feature = block % F
     return out, send_feature, send_row, size.view(W, F)
 
