@@ -34,8 +34,9 @@ class HybridLookupInput:
         (feature, sample); indices are hot slots (rows of the replicas, all groups numbered
         together).
     hot_counts: lookups per hot slot in this local batch ([total hot rows], for the sync).
-    sent_feature / sent_sample: the bags this rank sent (each with >= 1 cold id), in
-        (owner, feature, sample) order, the order their partial sums come back in.
+    sent_cells: the bags this rank sent (each with >= 1 cold id), in (owner, feature,
+        sample) order - the order their partial sums come back in - as cells
+        ``sample * F + feature`` of the pooled output.
     sent_counts: how many of them per ``[owner, feature]``.
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
     """
@@ -45,8 +46,7 @@ class HybridLookupInput:
     hot_offsets: torch.Tensor
     hot_weights: Optional[torch.Tensor]
     hot_counts: torch.Tensor
-    sent_feature: torch.Tensor
-    sent_sample: torch.Tensor
+    sent_cells: torch.Tensor
     sent_counts: torch.Tensor
     lengths: torch.Tensor
 
@@ -57,12 +57,12 @@ class HybridLookupInput:
     def record_stream(self, stream: torch.Stream) -> None:
         self.cold.record_stream(stream)
         for t in (self.hot_indices, self.hot_offsets, self.hot_weights, self.hot_counts,
-                  self.sent_feature, self.sent_sample, self.sent_counts, self.lengths):
+                  self.sent_cells, self.sent_counts, self.lengths):
             if t is not None:
                 t.record_stream(stream)
 
 
-DENSE_MAP_MAX_ROWS = 1 << 25  # 128 MiB of int32 per sharding, at most
+DENSE_MAP_MAX_ROWS = 1 << 24  # 128 MiB of int64 per sharding, at most
 
 
 class _Ready(Awaitable):
@@ -117,8 +117,9 @@ class HybridSparseFeaturesDist(nn.Module):
         total_rows = int(rows.sum())
         slot_map = None
         if total_rows <= DENSE_MAP_MAX_ROWS:
-            slot_map = torch.full((total_rows,), -1, dtype=torch.int32)
-            slot_map[hot_keys] = key_slots.to(torch.int32)
+            # int64: the slots index the hot TBE as they are, with no cast per step
+            slot_map = torch.full((total_rows,), -1, dtype=torch.int64)
+            slot_map[hot_keys] = key_slots
             slot_map = slot_map.to(device)
         self.register_buffer("_slot_map", slot_map, persistent=False)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
@@ -168,7 +169,7 @@ class HybridSparseFeaturesDist(nn.Module):
         # key per (owner, feature) with as many bags as it has, in (owner, feature, sample)
         # order - lengths on the wire scale with the cold lookups, not with W * F * B.
         sent = sent.view(-1)
-        bag = (sent > 0).nonzero().view(-1)
+        bag = sent.nonzero().view(-1)  # lengths are >= 0
         group = torch.div(bag, B, rounding_mode="floor")  # owner * F + feature
         per_group = torch.bincount(group, minlength=W * F)
         bucketized = KeyedJaggedTensor(
@@ -183,8 +184,7 @@ class HybridSparseFeaturesDist(nn.Module):
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
             hot_weights=None if weights is None else weights[is_hot],
             hot_counts=hot_counts,
-            sent_feature=group % F,
-            sent_sample=bag - group * B,
+            sent_cells=(bag - group * B) * F + group % F,
             sent_counts=per_group.view(W, F),
             lengths=lengths,
         )

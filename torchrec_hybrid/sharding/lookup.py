@@ -29,17 +29,15 @@ class HybridLookupOutput:
 
     cold: torch.Tensor  # [B', D]: partial sums of the received bags, owner side
     # the received bags in (source rank, feature, sample) order - the order they travel
-    # home in: their feature and their row in ``cold``; and how many per [rank, feature]
-    cold_bag_feature: torch.Tensor
-    cold_bag_row: torch.Tensor
+    # home in - as cells ``row * F + feature`` of ``cold``; and how many per [rank, feature]
+    cold_bag_cells: torch.Tensor
     cold_bag_counts: torch.Tensor
     # () -> [B, D] sums over the local hot lookups. Called by the output dist *after* its
     # all-to-all, so in backward the hot gradient (and its all-reduce) comes first and
     # overlaps the reverse all-to-all.
     hot: Callable[[], torch.Tensor]
-    sent_feature: torch.Tensor  # sample side: the bags sent, (owner, feature, sample) order
-    sent_sample: torch.Tensor
-    sent_counts: torch.Tensor  # [W, F]
+    sent_cells: torch.Tensor  # sample side: the bags sent, (owner, feature, sample) order,
+    sent_counts: torch.Tensor  # as cells ``sample * F + feature``; how many per [W, F]
     lengths: torch.Tensor  # [F, B] full bag lengths
 
 
@@ -48,8 +46,9 @@ def _padded_bags(kjt: KeyedJaggedTensor):
 
     The TBE needs one batch size for all features (FBGEMM's CPU variable-batch kernel is
     far slower than padding), so feature f's bags take rows ``0..n_f-1`` in received order
-    and the batch is ``max n_f``; values keep their order. Returns the padded KJT and the
-    bags in (source rank, feature, sample) order: feature, row, and counts ``[W, F]``.
+    and the batch is ``max n_f``; values keep their order. Returns the padded KJT, and the
+    bags in (source rank, feature, sample) order - the order they travel home in - as cells
+    ``row * F + feature`` of the lookup output, with their counts ``[W, F]``.
     """
     counts = torch.tensor(kjt.stride_per_key_per_rank(), device=kjt.device())  # [F, W]
     F, W = counts.shape
@@ -57,22 +56,18 @@ def _padded_bags(kjt: KeyedJaggedTensor):
     n = lengths.numel()
     per_feature = counts.sum(1)
     batch = max(1, int(per_feature.max()))
-    bag = torch.arange(n, device=counts.device)
-    feat = torch.repeat_interleave(torch.arange(F, device=counts.device), per_feature, output_size=n)
-    row = bag - (torch.cumsum(per_feature, 0) - per_feature)[feat]
-    padded = torch.zeros(F * batch, dtype=lengths.dtype, device=lengths.device)
-    padded[feat * batch + row] = lengths
+    feature_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(per_feature)
+    padded = torch.ops.fbgemm.jagged_1d_to_dense(lengths, feature_offsets, batch, 0).view(-1)
     out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
-                            lengths=padded, stride=batch)
-    # send order: (rank, feature) blocks, rank-major; block (w, f) holds rows
-    # first[f, w] .. first[f, w] + counts[f, w] - 1 of feature f
+                            lengths=padded, stride=batch, length_per_key=kjt.length_per_key())
+    # Block (w, f) of the send order holds rows first[f, w] ...  of feature f, so the p-th
+    # bag sent is cell (p - block_start + first) * F + f of its block.
     first = (torch.cumsum(counts, 1) - counts).t().reshape(-1)
     size = counts.t().reshape(-1)
     block_start = torch.cumsum(size, 0) - size
-    block = torch.repeat_interleave(torch.arange(F * W, device=counts.device), size, output_size=n)
-    send_row = bag + (first - block_start)[block]
-    send_feature = block % F
-    return out, send_feature, send_row, size.view(W, F)
+    shift = (first - block_start) * F + torch.arange(W * F, device=counts.device) % F
+    cells = torch.arange(n, device=counts.device) * F + torch.repeat_interleave(shift, size, output_size=n)
+    return out, cells, size.view(W, F)
 
 
 class HybridLookup(nn.Module):
@@ -101,7 +96,7 @@ class HybridLookup(nn.Module):
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
         B = inp.lengths.size(1)
         with record_function("## hybrid:cold_lookup ##"):
-            padded, feat, row, counts = _padded_bags(inp.cold)
+            padded, cells, counts = _padded_bags(inp.cold)
             cold = self.cold(padded)
 
         @record_function("## hybrid:hot_lookup ##")
@@ -121,12 +116,10 @@ class HybridLookup(nn.Module):
 
         return HybridLookupOutput(
             cold=cold,
-            cold_bag_feature=feat,
-            cold_bag_row=row,
+            cold_bag_cells=cells,
             cold_bag_counts=counts,
             hot=hot,
-            sent_feature=inp.sent_feature,
-            sent_sample=inp.sent_sample,
+            sent_cells=inp.sent_cells,
             sent_counts=inp.sent_counts,
             lengths=inp.lengths,
         )

@@ -114,14 +114,17 @@ class HybridPooledEmbeddingDist(nn.Module):
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
 
-    def _positions(self, feat: torch.Tensor, row: torch.Tensor, counts: torch.Tensor):
-        """Positions of bags (feature, row) in an output and per-rank element counts.
+    def _positions(self, cells: torch.Tensor, counts: torch.Tensor):
+        """Positions of bags (cells ``row * F + feature``) in an output, and per-rank counts.
 
         Positions are rows of the output viewed as ``[-1, D]`` when every feature has width
-        D, else flat element positions. ``counts`` [W, F] are the bags per (rank, feature).
+        D (then they are the cells), else flat element positions. ``counts`` [W, F] are the
+        bags per (rank, feature); the returned counts are elements per rank.
         """
         if self._uniform_dim is not None:
-            return row * self._dims.numel() + feat, (counts.sum(1) * self._uniform_dim).tolist()
+            return cells, (counts.sum(1) * self._uniform_dim).tolist()
+        F = self._dims.numel()
+        feat, row = cells % F, torch.div(cells, F, rounding_mode="floor")
         per_rank = (counts.to(torch.int64) * self._dims[None, :]).sum(1).tolist()
         pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], self._dims[feat])
         return pos, per_rank
@@ -129,9 +132,9 @@ class HybridPooledEmbeddingDist(nn.Module):
     @record_function("## hybrid:output_dist ##")
     def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
         # owner side: the bags received, in (source rank, feature, sample) order
-        send_pos, send_splits = self._positions(out.cold_bag_feature, out.cold_bag_row, out.cold_bag_counts)
+        send_pos, send_splits = self._positions(out.cold_bag_cells, out.cold_bag_counts)
         # sample side: the bags we sent, in the same order (their rows are their samples)
-        recv_pos, recv_splits = self._positions(out.sent_feature, out.sent_sample, out.sent_counts)
+        recv_pos, recv_splits = self._positions(out.sent_cells, out.sent_counts)
         D = self._uniform_dim
         partials = _GatherBags.apply(out.cold.reshape(-1, D) if D else out.cold.reshape(-1), send_pos).reshape(-1)
         received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
