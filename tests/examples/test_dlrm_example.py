@@ -3,24 +3,19 @@
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from typing import Dict, List, Tuple
 
 import pytest
 
+from torchrec_hybrid.spawn import free_port
+
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 TORCHRUN = os.path.join(os.path.dirname(sys.executable), "torchrun")
 TRAIN = os.path.join(REPO, "examples", "dlrm", "train.py")
 TINY = os.path.join(REPO, "configs", "dlrm_tiny.yaml")
 KEYS = ("step", "loss", "auc", "samples_per_s", "bytes_per_step")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run_train(*args: str, timeout: float = 120, nproc: int = 2) -> Tuple[Dict, str]:

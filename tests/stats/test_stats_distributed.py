@@ -1,15 +1,11 @@
 """all_reduce_ over 2 gloo ranks: identical statistics, equal to counting the union."""
 
-import datetime
 import os
-import socket
-import time
 
 import torch
-import torch.distributed as dist
-import torch.multiprocessing as mp
 from stats_testutils import one_feature_kjts, table, zipf_stream
 
+from torchrec_hybrid.spawn import spawn_ranks
 from torchrec_hybrid.stats import FrequencyStats
 
 WORLD = 2
@@ -27,36 +23,18 @@ def rank_batches(rank):
     return one_feature_kjts(e, "f_e", 4096) + one_feature_kjts(s, "f_s", 8192)
 
 
-def _worker(rank, port, out_dir):
+def _worker(rank, world, emit, out_dir):
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank,
-                            world_size=WORLD, timeout=datetime.timedelta(seconds=60))
-    try:
-        stats = make_stats()
-        for kjt in rank_batches(rank):
-            stats.update(kjt)
-        stats.all_reduce_()
-        stats.save(os.path.join(out_dir, f"rank{rank}.pt"))
-    finally:
-        dist.destroy_process_group()
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    stats = make_stats()
+    for kjt in rank_batches(rank):
+        stats.update(kjt)
+    stats.all_reduce_()
+    stats.save(os.path.join(out_dir, f"rank{rank}.pt"))
+    emit(rank)
 
 
 def test_all_reduce_matches_union(tmp_path):
-    ctx = mp.start_processes(_worker, args=(free_port(), str(tmp_path)), nprocs=WORLD,
-                             join=False, start_method="spawn")
-    deadline = time.monotonic() + 120
-    # join() raises if a rank failed; returns True once all exited
-    while not ctx.join(timeout=1):
-        if time.monotonic() > deadline:
-            for p in ctx.processes:
-                p.kill()
-            raise AssertionError("ranks hung (120 s)")
+    assert spawn_ranks(_worker, WORLD, timeout=120, out_dir=str(tmp_path)) == [[r] for r in range(WORLD)]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(WORLD)]
     union = make_stats()
     for r in range(WORLD):

@@ -20,15 +20,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import os
-import socket
 from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
 from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -99,66 +97,45 @@ def estimated_bytes(planner, world: int) -> Dict[str, float]:
     return out
 
 
-def _rank_main(rank: int, world: int, port: int, plan, max_rows: int, dim: int, alpha: float, batch: int,
-               warmup: int, steps: int, result_q) -> None:
-    import warnings
-
-    warnings.filterwarnings("ignore")
+def _rank_main(rank: int, world: int, emit, plan, max_rows: int, dim: int, alpha: float, batch: int,
+               warmup: int, steps: int) -> None:
     logging.disable(logging.CRITICAL)  # nothing may be written inside the measured window
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
-                      LOCAL_WORLD_SIZE=str(world))
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", rank=rank, world_size=world)
-    try:
-        import torchrec
-        from torchrec.distributed.model_parallel import DistributedModelParallel
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
 
-        from torchrec_hybrid.comm_bytes import count_sent_bytes
-        from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
+    from torchrec_hybrid.comm_bytes import count_sent_bytes
+    from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
 
-        configs = _tables(max_rows, dim)
-        samplers = _samplers(configs, alpha)
-        model = DistributedModelParallel(
-            torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta")),
-            device=torch.device("cpu"), plan=plan,
-            sharders=[HybridEmbeddingBagCollectionSharder(fused_params=_fused())])
-        g = torch.Generator().manual_seed(1000 + rank)
-        batches = [_batch(configs, samplers, batch, g) for _ in range(warmup + steps)]
+    configs = _tables(max_rows, dim)
+    samplers = _samplers(configs, alpha)
+    model = DistributedModelParallel(
+        torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta")),
+        device=torch.device("cpu"), plan=plan,
+        sharders=[HybridEmbeddingBagCollectionSharder(fused_params=_fused())])
+    g = torch.Generator().manual_seed(1000 + rank)
+    batches = [_batch(configs, samplers, batch, g) for _ in range(warmup + steps)]
 
-        def step(kjt):
-            out = model(kjt).wait()
-            out.values().sum().backward()
+    def step(kjt):
+        out = model(kjt).wait()
+        out.values().sum().backward()
 
-        for kjt in batches[:warmup]:
+    for kjt in batches[:warmup]:
+        step(kjt)
+    dist.barrier()
+    with count_sent_bytes() as sent:
+        for kjt in batches[warmup:]:
             step(kjt)
-        dist.barrier()
-        with count_sent_bytes() as sent:
-            for kjt in batches[warmup:]:
-                step(kjt)
-        dist.barrier()
-        result_q.put((rank, sent[0] / steps))
-    finally:
-        dist.destroy_process_group()
+    dist.barrier()
+    emit(sent[0] / steps)
 
 
 def measure(plan, world: int, max_rows: int, dim: int, alpha: float, batch: int, warmup: int, steps: int
             ) -> List[float]:
     """Bytes sent per step by each rank (``wchar``), running ``plan`` under DMP on gloo."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.get_context("spawn")
-    q = ctx.SimpleQueue()
-    procs = [ctx.Process(target=_rank_main, args=(r, world, port, plan, max_rows, dim, alpha, batch, warmup,
-                                                   steps, q)) for r in range(world)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join()
-    if any(p.exitcode != 0 for p in procs):
-        raise RuntimeError(f"a rank failed: exit codes {[p.exitcode for p in procs]}")
-    res = dict(q.get() for _ in range(world))
-    return [res[r] for r in range(world)]
+    per_rank = spawn_ranks(_rank_main, world, timeout=1800, plan=plan, max_rows=max_rows, dim=dim,
+                           alpha=alpha, batch=batch, warmup=warmup, steps=steps)
+    return [items[0] for items in per_rank]
 
 
 def h_check(planner, configs, stats, alpha: float, world: int, batch: int) -> List[Dict[str, Any]]:
