@@ -14,10 +14,11 @@ from torchrec_hybrid.planner import cost_model as cm
 
 def expected_bytes(table_types: Mapping[str, Sequence], rows: Mapping[str, int], dim: int,
                    hotness: Mapping[str, int], batch: int, world: int, cold_fraction: Mapping[str, float],
-                   hot_rows: Mapping[str, int], dense_numel: int = 0) -> float:
+                   hot_rows: Mapping[str, int], dense_numel: int = 0, gloo: bool = False) -> float:
     """Bytes per rank per step of one model; ``table_types[t] = [sharding_type, shards]``.
 
-    One feature per table; ``hotness[t]`` ids per bag; cold_fraction / hot_rows per table.
+    One feature per table; ``hotness[t]`` ids per bag; cold_fraction / hot_rows per table;
+    ``gloo``: collectives as gloo implements them.
     """
     total, hybrid_module, stock_module = 0.0, False, False
     for name, (kind, shards) in table_types.items():
@@ -27,7 +28,7 @@ def expected_bytes(table_types: Mapping[str, Sequence], rows: Mapping[str, int],
             total += float(cm.hybrid_total_bytes(t, 1.0 - cold_fraction[name], hot_rows[name]))
             hybrid_module = True
         else:
-            total += cm.stock_bytes(kind, t, num_column_shards=max(1, shards))
+            total += cm.stock_bytes(kind, t, num_column_shards=max(1, shards), gloo=gloo)
             stock_module |= kind != cm.DATA_PARALLEL
     if dense_numel:
         total += cm.stock_bytes(cm.DATA_PARALLEL, cm.TableTraffic(dense_numel, 1, 1, 1.0, batch, world))
@@ -38,9 +39,9 @@ def expected_bytes(table_types: Mapping[str, Sequence], rows: Mapping[str, int],
     return total
 
 
-def expected_for(raw: Dict, kind: str, dim: int, batch: int, world: int) -> float:
+def expected_for(raw: Dict, kind: str, dim: int, batch: int, world: int, gloo: bool = False) -> float:
     """`expected_bytes` for sharding type `kind` from one rank's raw result (measure.py)."""
     hotness = dict(zip(raw["rows_per_table"], raw["hotness"]))
     return expected_bytes(raw["table_types"][kind], raw["rows_per_table"], dim, hotness, batch,
-                          world, raw["cold_fraction"], raw["hot_rows_per_table"], raw["dense_numel"])
+                          world, raw["cold_fraction"], raw["hot_rows_per_table"], raw["dense_numel"], gloo=gloo)
 

@@ -29,7 +29,8 @@ def summarize(w: Workload, ranks: List[Dict]) -> Dict:
         out[kind] = {
             "bytes_per_rank_per_step": statistics.fmean(per_rank),
             "bytes_per_rank_per_step_max_rank": max(per_rank),
-            "expected_bytes_per_rank_per_step": expected_for(r0, kind, w.dim, w.batch_per_rank, w.world),
+            "expected_bytes_per_rank_per_step": expected_for(
+                r0, kind, w.dim, w.batch_per_rank, w.world, gloo=w.device == "cpu"),
             "step_time_s": {"median": statistics.median(step_times), "min": min(step_times),
                             "max": max(step_times), "n": len(step_times)},
             "peak_mem_bytes_per_rank": max(peaks),

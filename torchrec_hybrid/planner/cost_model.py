@@ -107,12 +107,18 @@ def column_wise_bytes(t: TableTraffic, num_shards: int, id_bytes: int = INT64,
     }
 
 
-def row_wise_bytes(t: TableTraffic, id_bytes: int = INT64, length_bytes: int = INT32) -> Dict[str, float]:
-    """RW pooled: lengths to all, ids to owners; reduce-scatter of [W*B, D] and all-gather back."""
+def row_wise_bytes(t: TableTraffic, id_bytes: int = INT64, length_bytes: int = INT32,
+                   gloo: bool = False) -> Dict[str, float]:
+    """RW pooled: lengths to all, ids to owners; reduce-scatter of [W*B, D] and all-gather back.
+
+    gloo's reduce-scatter sends what its ring all-reduce does, 2(W-1)/W of the input (measured
+    with ``comm_bytes``), twice NCCL's (W-1)/W.
+    """
     w = t.world
+    reduce_scatter = (2 if gloo else 1) * (w - 1) * t.bags * t.dim * FP32
     return {
         "input": (w - 1) * t.bags * length_bytes + (w - 1) / w * t.lookups * id_bytes,
-        "output": 2 * (w - 1) * t.bags * t.dim * FP32,
+        "output": reduce_scatter + (w - 1) * t.bags * t.dim * FP32,
     }
 
 
@@ -122,14 +128,17 @@ def data_parallel_bytes(t: TableTraffic) -> Dict[str, float]:
 
 
 def stock_bytes(sharding_type: str, t: TableTraffic, num_column_shards: int = 1,
-                id_bytes: int = INT64, length_bytes: int = INT32) -> float:
-    """Total bytes per rank per step of a stock sharding type (see the functions above)."""
+                id_bytes: int = INT64, length_bytes: int = INT32, gloo: bool = False) -> float:
+    """Total bytes per rank per step of a stock sharding type (see the functions above).
+
+    ``gloo``: price collectives as gloo implements them (only row-wise's reduce-scatter differs).
+    """
     if sharding_type == TABLE_WISE:
         parts = table_wise_bytes(t, id_bytes, length_bytes)
     elif sharding_type == COLUMN_WISE:
         parts = column_wise_bytes(t, num_column_shards, id_bytes, length_bytes)
     elif sharding_type == ROW_WISE:
-        parts = row_wise_bytes(t, id_bytes, length_bytes)
+        parts = row_wise_bytes(t, id_bytes, length_bytes, gloo=gloo)
     elif sharding_type == DATA_PARALLEL:
         parts = data_parallel_bytes(t)
     else:
