@@ -13,8 +13,6 @@ from typing import Dict, List
 from benchmarks.config import Workload
 from torchrec_hybrid.spawn import spawn_ranks
 
-logger = logging.getLogger(__name__)
-
 
 def _worker(rank: int, world: int, emit, workloads: List[Workload], progress: bool) -> None:
     logging.basicConfig(level=logging.WARNING)

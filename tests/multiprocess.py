@@ -4,7 +4,7 @@ A thin layer over :func:`torchrec_hybrid.spawn.spawn_ranks` (free port per call,
 timeout, every rank's traceback on failure) for tests whose ranks return one result.
 """
 
-from torchrec_hybrid.spawn import free_port, spawn_ranks  # noqa: F401 - re-exported for tests
+from torchrec_hybrid.spawn import spawn_ranks
 
 
 def _returning(rank, world, emit, target, kwargs):

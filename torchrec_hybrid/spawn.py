@@ -15,6 +15,7 @@ import traceback
 import warnings
 from typing import Any, Callable, List
 
+import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
@@ -38,8 +39,6 @@ def _entry(rank: int, fn: Callable, world: int, port: int, backend: str, pg_time
                       WORLD_SIZE=str(world), LOCAL_WORLD_SIZE=str(world))
     try:
         if backend == "nccl":
-            import torch
-
             torch.cuda.set_device(rank)
         dist.init_process_group(backend, rank=rank, world_size=world,
                                 timeout=datetime.timedelta(seconds=pg_timeout_s))
@@ -91,8 +90,8 @@ def spawn_ranks(fn: Callable, world: int, *, expected: int = 1, timeout: float =
                 errors[rank] = payload
                 pending -= expected - len(results[rank])
     finally:
-        for p in procs:
-            p.join(timeout=max(0.0, deadline - time.time()) + 5 if not errors else 5)
+        for p in procs:  # a failed run waits 5 s per rank; a good one until its deadline
+            p.join(timeout=5 if errors else max(0.0, deadline - time.time()) + 5)
             if p.is_alive():
                 p.kill()
     if errors:

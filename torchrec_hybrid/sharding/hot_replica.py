@@ -208,7 +208,7 @@ class HotReplica:
         )
         if leaf.requires_grad and self.num_slots > 0:
             leaf.register_post_accumulate_grad_hook(lambda p: self._sync(p, counts))
-        return out if out.shape == (batch, self.total_dim) else out.view(batch, self.total_dim)
+        return out.view(batch, self.total_dim)
 
     # -- backward: reduce, replay, shadow --------------------------------------------------
     @torch.no_grad()
@@ -233,7 +233,7 @@ class HotReplica:
             indices, grad_out = slots, grad.view(-1, D).index_select(0, slots)
             offsets = torch.arange(slots.numel() + 1, device=slots.device)
         else:
-            indices, offsets, grad_out = self._padded_bags(grad, slots)
+            indices, offsets, grad_out = self._bags_per_bucket(grad, slots)
         if get_gradient_division():
             grad_out.div_(self._world)
         with torch.enable_grad():
@@ -241,7 +241,7 @@ class HotReplica:
             torch.autograd.backward(out, grad_out)
         self.to_shadow()
 
-    def _padded_bags(self, grad: torch.Tensor, slots: torch.Tensor):
+    def _bags_per_bucket(self, grad: torch.Tensor, slots: torch.Tensor):
         """Replay input for several buckets: one bag per touched row, buckets padded to one batch."""
         bucket = self._slot_bucket[slots]
         per_bucket = torch.bincount(bucket, minlength=len(self._widths))
