@@ -208,7 +208,10 @@ class HotReplica:
         )
         if leaf.requires_grad and self.num_slots > 0:
             leaf.register_post_accumulate_grad_hook(lambda p: self._sync(p, counts))
-        return out.view(batch, self.total_dim)
+        # FBGEMM already returns [batch, total_dim]; never hand out a view: the output dist
+        # adds the cold partials into this tensor in place, and an in-place op on a view makes
+        # autograd clone the whole gradient (CopySlices), ~15% of a step on the headline run.
+        return out if out.shape == (batch, self.total_dim) else out.reshape(batch, self.total_dim).clone()
 
     # -- backward: reduce, replay, shadow --------------------------------------------------
     @torch.no_grad()
