@@ -5,6 +5,7 @@ from typing import Dict, List, Optional
 import torch
 import torchrec
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
@@ -17,6 +18,9 @@ OPTIMIZERS = {
     "sgd": {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1},
     "adagrad": {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8},
     "rowwise_adagrad": {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8},
+    # weight decay changes a row even on a zero gradient: only looked-up hot rows may update
+    "rowwise_adagrad_wd": {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8,
+                           "weight_decay": 0.05, "weight_decay_mode": WeightDecayMode.L2},
 }
 
 

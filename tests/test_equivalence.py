@@ -56,13 +56,20 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
     assert sorted(oh_state) == sorted(ot_state)
     for k in oh_state:
         torch.testing.assert_close(oh_state[k], ot_state[k], atol=1e-5, rtol=1e-5)
-    # hot replicas: bit-identical across ranks
-    replicas = [rep for lk in mh.module.hybrid_lookups() for rep in lk.hot_replicas()]
-    assert replicas
-    for rep in replicas:
-        for t_w in rep.tbe.split_embedding_weights():
-            gathered = [torch.empty_like(t_w) for _ in range(world)]
-            dist.all_gather(gathered, t_w.contiguous())
+    # hot replicas: what one more forward pools from is the owners' rows, bit for bit, on every rank
+    mh(skewed_batch(configs, keys, batch=6, seed=999 + rank, hot=hot_t, weighted=weighted, mode=mode)).wait()
+    sh = mh.state_dict()
+    lookups = mh.module.hybrid_lookups()
+    assert lookups
+    for lk in lookups:
+        for table, (k, rows) in lk.last_hot_rows().items():
+            ids = torch.sort(hot_t[table]).values[k]  # replicas keep hot ids ascending
+            owners = full_weight(sh[f"embedding_bags.{table}.weight"])[ids]
+            assert torch.equal(rows, owners), f"{table}: replica differs from the owners' rows"
+            if opt != "rowwise_adagrad_wd":  # a zero gradient changes nothing: owners send every hot row
+                assert k.numel() == ids.numel() == hot_t[table].numel()
+            gathered = [torch.empty_like(rows) for _ in range(world)]
+            dist.all_gather(gathered, rows.contiguous())
             assert all(torch.equal(gathered[0], g) for g in gathered), "hot replicas diverged"
 
 
@@ -92,6 +99,12 @@ def test_hybrid_trains_like_table_wise(world, opt):
 )
 def test_inputs_match_table_wise(case):
     run_ranks(train_pair, 2, **case)
+
+
+def test_weight_decay_updates_only_looked_up_hot_rows():
+    """Weight decay moves a row even on a zero gradient, so owners may update (and send) only
+    hot rows some rank looked up; here rank 1 looks up no hot row at all."""
+    run_ranks(train_pair, 2, opt="rowwise_adagrad_wd", mode="cold_only", rank0_mode="mixed")
 
 
 def test_odd_world_size():
@@ -146,11 +159,7 @@ def nan_padding_pair(rank, world, **case):
     """train_pair with the owners' padding-bag gradients set to NaN instead of left unset."""
     from torchrec_hybrid.sharding import output_dist
 
-    def backward(ctx, grad):
-        (positions,) = ctx.saved_tensors
-        return grad.new_full(ctx.shape, float("nan")).index_copy_(0, positions, grad), None
-
-    output_dist._GatherBags.backward = staticmethod(backward)
+    output_dist._Pack.new_grad = staticmethod(lambda grad, shape: grad.new_full(shape, float("nan")))
     train_pair(rank, world, **case)
 
 

@@ -1,8 +1,8 @@
 """``ShardedEmbeddingBagCollection`` that knows the frequency-hybrid sharding type.
 
 Adds to the stock module: building the hybrid sharding, MEAN-pooling wiring (hybrid
-features are divided in their own output dist, never by SEBC's callback), refreshing the
-hot replicas after a load, and a per-step id check that fails on every rank at once.
+features are divided in their own output dist, never by SEBC's callback), and a per-step
+id check that fails on every rank at once.
 """
 
 import logging
@@ -61,7 +61,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._table_by_feature = {f: c.name for c in self._embedding_bag_configs for f in c.feature_names}
         self._limit_cache: Dict[tuple, torch.Tensor] = {}
         self._no_report = torch.zeros(3, dtype=torch.int64)
-        self.register_load_state_dict_post_hook(lambda module, _keys: module.refresh_hot_replicas())
         for c in hybrid:
             logger.info("table %s: frequency_hybrid with %d hot rows of %d", c.name,
                         checked[c.name].numel(), c.num_embeddings)
@@ -79,9 +78,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return [lk for lk in _compat.sebc_lookups(self) if isinstance(lk, HybridLookup)]
 
     def refresh_hot_replicas(self) -> None:
-        """Copy owners' rows (and optimizer state) into all hot replicas; collective."""
-        for lk in self.hybrid_lookups():
-            lk.refresh_hot()
+        """Nothing to do: the replicas are re-sent by the rows' owners in every forward."""
 
     def input_dist(self, ctx: EmbeddingBagCollectionContext, features: KeyedJaggedTensor):
         if self._validate_ids and isinstance(features, KeyedJaggedTensor):
@@ -149,11 +146,11 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
 
 def refresh_hot_replicas(model: torch.nn.Module) -> None:
-    """Re-copy hot replicas from the owners' rows in every hybrid module of ``model``.
+    """Kept for callers of earlier versions; a no-op now.
 
-    ``load_state_dict`` does this by itself; call it after writing weights or optimizer
-    state in place some other way (e.g. ``torch.distributed.checkpoint.load`` without a
-    following ``load_state_dict``). Collective: call on every rank.
+    The hot replicas are copies the rows' owners send in every forward (their only home is
+    the cold shard, which ``load_state_dict`` and ``torch.distributed.checkpoint.load``
+    write), so a load can never leave them stale.
     """
     for m in model.modules():
         if isinstance(m, HybridShardedEmbeddingBagCollection):

@@ -7,8 +7,8 @@ to read). Because the hybrid tables appear in ``state_dict`` as full logical tab
 checkpoint loads into any plan (hybrid, stock, another hot set).
 
 Loading: DCP writes into the current state_dict in place; then ``load_state_dict`` is called
-on the optimizer and on the model, and ``refresh_hot_replicas`` copies the loaded rows and
-optimizer state into every rank's hot replicas (collective).
+on the optimizer and on the model. The hybrid tables' hot replicas need nothing: their
+owners re-send them from the loaded rows in every forward.
 
 The frequency statistics that chose the hot set are stored beside the checkpoints
 (``<dir>/stats.pt``) so a resumed run selects the same hot rows without recounting.
@@ -24,8 +24,6 @@ from typing import Dict, Optional
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-
-from torchrec_hybrid import refresh_hot_replicas
 
 logger = logging.getLogger(__name__)
 
@@ -82,7 +80,6 @@ def load(path: str, model: torch.nn.Module, optimizer, group: Optional[dist.Proc
     if with_optimizer:
         optimizer.load_state_dict(state["optim"])
     model.load_state_dict(state["model"])
-    refresh_hot_replicas(model)  # after both weights and optimizer state are in place
     progress = {k: int(v) for k, v in state["progress"].items()}
     logger.info("resumed from %s (step %d, data position %d)", path, progress["step"],
                 progress["data_position"])

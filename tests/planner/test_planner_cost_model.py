@@ -32,9 +32,9 @@ def test_hybrid_terms_one_hot():
     assert math.isclose(float(p["lengths"]), (W - 1) * (F * B * c / W * 4 + F * 8))
     assert math.isclose(float(p["cold_ids"]), c * (W - 1) / W * F * B * 4)
     assert math.isclose(float(p["partials"]), 2 * D * 4 * F * B * c * (W - 1) / W)
-    assert math.isclose(float(p["hot_sync"]), 2 * (W - 1) / W * (10 * D + 10) * 4)
-    # no hot rows: the replica still holds one row
-    assert math.isclose(float(cm.hybrid_bytes(t, 0.0, 0)["hot_sync"]), 2 * 3 / 4 * D * 4)
+    # each owner's hot rows out to the other ranks, their gradients back
+    assert math.isclose(float(p["hot_sync"]), 2 * (W - 1) / W * 10 * D * 4)
+    assert float(cm.hybrid_bytes(t, 0.0, 0)["hot_sync"]) == 0.0
 
 
 def test_multi_hot_partials_count_bags_not_ids():
@@ -70,4 +70,4 @@ def test_memory_and_optimizer_state():
     assert cm.optimizer_state_bytes_per_row("EXACT_ADAGRAD", 8) == 32
     assert cm.optimizer_state_bytes_per_row("exact_rowwise_adagrad", 8) == 4
     assert cm.optimizer_state_bytes_per_row("EmbOptimType.EXACT_SGD", 8) == 0
-    assert cm.hybrid_memory_bytes(t, 5, 4) == (5 + 250) * (32 + 4)
+    assert cm.hybrid_memory_bytes(t, 5, 4) == 5 * 32 + 250 * (32 + 4)  # replicas hold no optimizer state

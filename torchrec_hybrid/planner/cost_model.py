@@ -19,8 +19,11 @@ Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
 - output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of
   a remote owner, forward and again backward: ``2*D*4*F*B*(W-1)*(1-(1-c/W)**L)``
   (exactly ``c*(W-1)/W`` bags per bag for one-hot; independent ids per bag otherwise);
-- hot sync: one dense all-reduce of ``[rows*D + H]`` fp32 (row gradients + lookup counts;
-  a table with no hot row still keeps one replica row): ``2*(W-1)/W*(max(H,1)*D + H)*4``.
+- hot sync, in the same all-to-alls: forward, each owner sends its hot rows to every other
+  rank; backward, each rank sends the gradients of the other owners' hot rows:
+  ``2*(W-1)/W*H*D*4``. (With an optimizer that changes rows on a zero gradient - weight
+  decay, Adam - only rows some rank looked up travel, plus an all-gather of H-byte masks;
+  this prices the upper bound.)
 Per sharded module (not per table): the id-validation all-gather of 3 int64 per rank and
 the small splits exchange of each KJTAllToAll (:func:`module_overhead_bytes`).
 """
@@ -175,7 +178,7 @@ def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torc
     """Frequency-hybrid bytes per rank per step, split by collective (module docstring).
 
     ``coverage`` and ``hot_rows`` may be tensors of the same shape (a whole curve at once).
-    Returns {"lengths", "cold_ids", "partials"} (all-to-all) and {"hot_sync"} (all-reduce).
+    Returns {"lengths", "cold_ids", "partials"} and {"hot_sync"} (all in all-to-alls).
     """
     w = t.world
     cov = torch.as_tensor(coverage, dtype=torch.float64)
@@ -188,7 +191,7 @@ def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torc
         "lengths": (w - 1) * (t.bags * bag_hit * INT32 + t.features * INT64),
         "cold_ids": cold * remote * t.lookups * INT32,
         "partials": 2 * t.dim * FP32 * t.bags * (w - 1) * bag_hit,
-        "hot_sync": 2 * remote * (torch.clamp(h, min=1.0) * t.dim + h) * FP32,
+        "hot_sync": 2 * remote * h * t.dim * FP32,
     }
 
 
@@ -197,27 +200,27 @@ def hybrid_total_bytes(t: TableTraffic, coverage, hot_rows) -> torch.Tensor:
 
 
 def hybrid_cost_curve(t: TableTraffic, coverage: torch.Tensor, a2a_bw: float = 1.0,
-                      allreduce_bw: float = 1.0) -> torch.Tensor:
+                      hot_bw: float = 1.0) -> torch.Tensor:
     """Step cost (bytes / bandwidth) for H = 0 .. len(coverage)-1 hot rows."""
     h = torch.arange(coverage.numel(), dtype=torch.float64)
     parts = hybrid_bytes(t, coverage, h)
     a2a = parts["lengths"] + parts["cold_ids"] + parts["partials"]
-    return a2a / a2a_bw + parts["hot_sync"] / allreduce_bw
+    return a2a / a2a_bw + parts["hot_sync"] / hot_bw
 
 
 def best_hot_rows(t: TableTraffic, coverage: torch.Tensor, max_rows: Optional[int] = None,
-                  a2a_bw: float = 1.0, allreduce_bw: float = 1.0) -> int:
+                  a2a_bw: float = 1.0, hot_bw: float = 1.0) -> int:
     """Brute-force argmin of :func:`hybrid_cost_curve` over H <= max_rows (ties: smaller H)."""
-    curve = hybrid_cost_curve(t, coverage, a2a_bw, allreduce_bw)
+    curve = hybrid_cost_curve(t, coverage, a2a_bw, hot_bw)
     if max_rows is not None:
         curve = curve[: max(0, int(max_rows)) + 1]
     return int(torch.argmin(curve))
 
 
 def hybrid_memory_bytes(t: TableTraffic, hot_rows: int, optimizer_bytes_per_row: int = 0) -> int:
-    """Per-rank memory: hot replica (>= 1 row) + cold row-wise block, each with optimizer state."""
-    per_row = t.dim * FP32 + optimizer_bytes_per_row
-    return (max(hot_rows, 1) + math.ceil(t.rows / t.world)) * per_row
+    """Per-rank memory: the hot replica (>= 1 row, no optimizer state: the owners update)
+    + the cold row-wise block with its optimizer state."""
+    return max(hot_rows, 1) * t.dim * FP32 + math.ceil(t.rows / t.world) * (t.dim * FP32 + optimizer_bytes_per_row)
 
 
 def module_overhead_bytes(world: int, num_input_dists: int, validate_ids: bool = True,

@@ -159,7 +159,7 @@ class HybridEnumerator(EmbeddingEnumerator):
 
         bw = bandwidths(self._topology)
         hot_rows = hot_set.choose_hot_rows({n: p for n, (_, p) in candidates.items()}, self._hot_budget,
-                                           bw["a2a"], bw["allreduce"], fixed)
+                                           bw["a2a"], bw["a2a"], fixed)
         out = [so for so in stock if self._allowed(so.name, so.sharding_type)]
         hybrid: List[ShardingOption] = []
         self.choices = {}
@@ -202,7 +202,7 @@ class HybridEnumerator(EmbeddingEnumerator):
         cov = hot_set.coverage_at(p, h)
         parts = {k: float(v) for k, v in cm.hybrid_bytes(p.traffic, cov, h).items()}
         cost = (parts["lengths"] + parts["cold_ids"] + parts["partials"]) / bw["a2a"] + \
-            parts["hot_sync"] / bw["allreduce"]
+            parts["hot_sync"] / bw["a2a"]
         best = None  # (cost, type, bytes) of the cheapest allowed stock option
         for so in stock:
             if not self._allowed(name, so.sharding_type):

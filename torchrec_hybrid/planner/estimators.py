@@ -86,10 +86,11 @@ class _HybridEstimator(ShardEstimator):
 class HybridPerfEstimator(_HybridEstimator):
     """Sets ``shard.perf`` of frequency_hybrid options (per rank; every rank holds one shard).
 
-    fwd_comms: cold ids + lengths (input dist) and forward partials; bwd_comms: backward
-    partials + the hot all-reduce. Compute: reading ids, TBE lookups of hot ids locally and
-    of cold ids on their owner, writing hot sums and partial sums; backward is
-    ``bwd_compute_multiplier`` times that plus the hot gradient reduce/replay/shadow copy.
+    fwd_comms: cold ids + lengths (input dist), forward partials and the owners' hot rows;
+    bwd_comms: backward partials and hot-row gradients (all in the output all-to-alls).
+    Compute: reading ids, TBE lookups of hot ids locally and of cold ids (and owned hot
+    rows) on their owner, writing hot sums and partial sums; backward is
+    ``bwd_compute_multiplier`` times that plus assembling and summing the hot rows.
     """
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
@@ -113,7 +114,8 @@ class HybridPerfEstimator(_HybridEstimator):
             bwd_compute = t.bwd_compute_multiplier * fwd_compute + 3 * hot_bytes / dev_bw
             input_dist = scale * (parts["lengths"] + parts["cold_ids"]) / bw["a2a"]
             fwd_comms = scale * parts["partials"] / 2 / bw["a2a"]
-            bwd_comms = scale * (parts["partials"] / 2 / bw["a2a"] + parts["hot_sync"] / bw["allreduce"])
+            fwd_comms += scale * parts["hot_sync"] / 2 / bw["a2a"]  # hot rows out to the replicas
+            bwd_comms = scale * (parts["partials"] + parts["hot_sync"]) / 2 / bw["a2a"]
             for shard in so.shards:
                 shard.perf = Perf(fwd_compute=fwd_compute, fwd_comms=fwd_comms, bwd_compute=bwd_compute,
                                   bwd_comms=bwd_comms, input_dist_comms=input_dist)
@@ -122,9 +124,9 @@ class HybridPerfEstimator(_HybridEstimator):
 class HybridStorageEstimator(_HybridEstimator):
     """Sets ``shard.storage`` of frequency_hybrid options.
 
-    Per rank: the cold row-wise block and the hot replica (>= 1 row), each with the fused
-    optimizer's state (taken from the sharder's fused_params: the stock estimator counts 0
-    for an optimizer given that way), plus the step's buffers: input ids, the owner's
+    Per rank: the cold row-wise block with the fused optimizer's state (taken from the
+    sharder's fused_params: the stock estimator counts 0 for an optimizer given that way),
+    the hot replica (>= 1 row, no optimizer state: owners apply the updates), plus the step's buffers: input ids, the owner's
     ``[W*B, D]`` partial sums and the ``[B, D]`` hot sums per feature.
     """
 
@@ -141,5 +143,5 @@ class HybridStorageEstimator(_HybridEstimator):
             per_row = tr.dim * elem + cm.optimizer_state_bytes_per_row(optimizer_name(sharder_data_map, so), tr.dim)
             io = math.ceil(tr.lookups * BIGINT_DTYPE + (w + 1) * tr.bags * tr.dim * elem)
             for shard in so.shards:
-                mem = (shard.size[0] + max(ch.hot_rows, 1)) * per_row + io
+                mem = shard.size[0] * per_row + max(ch.hot_rows, 1) * tr.dim * elem + io
                 shard.storage = Storage(hbm=mem if on_device else 0, ddr=0 if on_device else mem, ssd=0)

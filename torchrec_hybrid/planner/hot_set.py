@@ -52,19 +52,19 @@ def profile_uniform(traffic: cm.TableTraffic, bytes_per_hot_row: int, max_rows: 
     return TableProfile(traffic, cm.uniform_coverage(traffic.rows, k), ranked_ids, bytes_per_hot_row, source)
 
 
-def cost_curve(p: TableProfile, a2a_bw: float, allreduce_bw: float) -> torch.Tensor:
-    return cm.hybrid_cost_curve(p.traffic, p.coverage, a2a_bw, allreduce_bw)
+def cost_curve(p: TableProfile, a2a_bw: float, hot_bw: float) -> torch.Tensor:
+    return cm.hybrid_cost_curve(p.traffic, p.coverage, a2a_bw, hot_bw)
 
 
 def choose_hot_rows(profiles: Dict[str, TableProfile], budget_bytes: Optional[float],
-                    a2a_bw: float = 1.0, allreduce_bw: float = 1.0,
+                    a2a_bw: float = 1.0, hot_bw: float = 1.0,
                     fixed: Optional[Dict[str, int]] = None) -> Dict[str, int]:
     """H per table minimising the summed step cost within ``budget_bytes`` (per rank).
 
     ``fixed`` tables keep the given H (e.g. the sharder's explicit hot ids) and use budget.
     """
     fixed = dict(fixed or {})
-    curves = {n: cost_curve(p, a2a_bw, allreduce_bw) for n, p in profiles.items() if n not in fixed}
+    curves = {n: cost_curve(p, a2a_bw, hot_bw) for n, p in profiles.items() if n not in fixed}
     sizes = {n: float(p.bytes_per_hot_row) for n, p in profiles.items()}
     used_fixed = sum(fixed[n] * sizes[n] for n in fixed)
 
@@ -107,10 +107,10 @@ def coverage_at(p: TableProfile, hot_rows: int) -> float:
     return float(p.coverage[min(hot_rows, p.coverage.numel() - 1)])
 
 
-def curve_argmin(p: TableProfile, a2a_bw: float, allreduce_bw: float, max_rows: Optional[int] = None
+def curve_argmin(p: TableProfile, a2a_bw: float, hot_bw: float, max_rows: Optional[int] = None
                  ) -> Tuple[int, float]:
     """(H, cost) brute-force optimum of one table (for validation and tests)."""
-    c = cost_curve(p, a2a_bw, allreduce_bw)
+    c = cost_curve(p, a2a_bw, hot_bw)
     if max_rows is not None:
         c = c[: max_rows + 1]
     h = int(torch.argmin(c))

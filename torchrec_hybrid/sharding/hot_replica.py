@@ -1,41 +1,46 @@
-"""The replicated hot rows of one table group: a fused FBGEMM TBE kept identical on all ranks.
+"""The hot rows: replicated on every rank for local lookups, kept in sync by their owners.
 
-Forward pools the local hot lookups through FBGEMM's dense TBE kernel on a leaf that shares
-storage with the fused TBE's weights, so autograd yields the local row gradients instead of
-updating. In backward a hook starts an async all-reduce of ``[row gradients | lookup
-counts]`` (dense, one collective) that overlaps the rest of the backward pass; at the end of
-the pass a queued callback divides by W like TorchRec's all-to-all backward and *replays*
-the reduced gradient through the fused TBE (one bag per touched row): FBGEMM then applies
-exactly the update it would have applied to the global batch, with its own optimizer state.
-Every rank replays the same bytes, so replicas stay bit-identical.
+Every hot row stays in its row-wise owner's cold shard like any other row, so state_dict,
+checkpoints and the fused optimizer state are exactly stock row-wise. Each step:
 
-The hot rows of all tables of one width share one TBE table (a "bucket"): the optimizers
-are per row or per element, so this changes no update, and with one width (the usual case)
-the replay is a single bag-per-row lookup with no padding.
+- forward: each owner looks its owned hot rows up as extra one-id bags of its cold fused
+  TBE and sends them to every rank in the all-to-all that carries the cold partial sums;
+  every rank assembles its replica from them and pools its hot lookups locally with
+  FBGEMM's dense TBE kernel (:meth:`HotReplica.pool`);
+- backward: the replica's row gradients go back to the owners in the reverse all-to-all,
+  autograd sums the W contributions into the extra bags' gradient, and the owner's fused
+  TBE applies the update: the update FBGEMM applies for the global batch, with the owner's
+  optimizer state.
 
-After each update the rows this rank owns in the row-wise layout are copied, with their
-optimizer state, into the cold TBE's "shadow rows", so the cold shard is always the complete
-logical table (state_dict, checkpoints and ``fused_optimizer`` read it). ``refresh()`` copies
-the other way (after a load), collectively.
+The replicas are copies of the owners' rows, so they are bit-identical by construction,
+and the sync needs no collective (and no optimizer state) of its own. Which owned rows
+travel: all of them when a zero gradient changes neither a row nor its optimizer state
+(:func:`zero_grad_is_noop`); else only the rows some rank looked up this step, which the
+input dist learns with an all-gather of per-rank "touched" masks.
 """
 
-from typing import List, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
-import torch.distributed as dist
-from torch.autograd.profiler import record_function
-from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode, EmbeddingLocation, PoolingMode
-from fbgemm_gpu.split_table_batched_embeddings_ops_training import (
-    ComputeDevice,
-    DenseTableBatchedEmbeddingBagsCodegen,
-    SplitTableBatchedEmbeddingBagsCodegen,
-)
-from torchrec.distributed.comm_ops import get_gradient_division
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
-from torchrec.distributed.utils import data_type_to_sparse_type
 
-from torchrec_hybrid import _compat
-from torchrec_hybrid.sharding.segments import segment_arange
+# Optimizers whose update with a zero gradient leaves the row and its state unchanged
+# (w -= lr * 0; Adagrad states += 0), provided there is no weight decay and eps > 0.
+_NOOP_ON_ZERO_GRAD = {EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+
+
+def zero_grad_is_noop(fused_params: Optional[Dict[str, Any]]) -> bool:
+    """Whether updating a row with a zero gradient is exactly a no-op for these fused params."""
+    p = fused_params or {}
+    opt = p.get("optimizer", EmbOptimType.EXACT_SGD)
+    if opt not in _NOOP_ON_ZERO_GRAD:
+        return False
+    if float(p.get("weight_decay", 0.0) or 0.0) != 0.0:
+        return False
+    return opt == EmbOptimType.EXACT_SGD or float(p.get("eps", 1e-8)) > 0.0
 
 
 def hot_slot_layout(dims: List[int], sizes: List[int]) -> Tuple[List[int], List[int], List[int]]:
@@ -57,137 +62,56 @@ def hot_slot_layout(dims: List[int], sizes: List[int]) -> Tuple[List[int], List[
     return bucket, table_start, bucket_start
 
 
-class _RowCopy:
-    """Copies between matching rows of two flat TBE buffers (weights or one optimizer state).
-
-    Holds flat element positions, or row positions when both sides are rows of one width
-    laid out contiguously (then the copies move whole rows: several times cheaper).
-    """
-
-    def __init__(self, hot_base: torch.Tensor, hot_pos: torch.Tensor,
-                 cold_base: torch.Tensor, cold_pos: torch.Tensor, width: int) -> None:
-        self.hot_base, self.cold_base, self.width = hot_base, cold_base, 1
-        if width > 1 and self._as_rows(hot_base, hot_pos, width) and self._as_rows(cold_base, cold_pos, width):
-            self.width = width
-            hot_pos, cold_pos = hot_pos[::width] // width, cold_pos[::width] // width
-        self.hot_pos, self.cold_pos = hot_pos.to(hot_base.device), cold_pos.to(cold_base.device)
-
-    @staticmethod
-    def _as_rows(base: torch.Tensor, pos: torch.Tensor, width: int) -> bool:
-        if base.numel() % width or pos.numel() % width:
-            return False
-        rows = pos.view(-1, width)
-        return bool(((rows[:, :1] % width) == 0).all()) and bool(
-            (rows - rows[:, :1] == torch.arange(width)).all())
-
-    def _view(self, base: torch.Tensor) -> torch.Tensor:
-        return base.view(-1, self.width) if self.width > 1 else base.view(-1)
-
-    def hot_to_cold(self) -> None:
-        # `.data`: don't bump the version counter the cold TBE's pending backward checks; the
-        # shadow rows are never touched by cold lookups (a hot id never goes cold).
-        src = self._view(self.hot_base).index_select(0, self.hot_pos)
-        self._view(self.cold_base.data).index_copy_(0, self.cold_pos, src)
-
-    def cold_into(self, buf: torch.Tensor) -> None:
-        """Scatters the cold rows into ``buf`` (shaped like the hot buffer) at their hot rows."""
-        self._view(buf).index_copy_(0, self.hot_pos, self._view(self.cold_base).index_select(0, self.cold_pos))
-
-
 class HotReplica:
-    """Hot rows of the tables of one ``GroupedEmbeddingConfig``.
+    """The replica of one ``GroupedEmbeddingConfig``'s hot rows: layout and local pooling.
 
-    Deliberately not an ``nn.Module``: its TBE must stay invisible to SEBC's fused-optimizer
-    discovery and to state_dict (the cold shard is the logical table).
+    The replica is a flat buffer laid out like a dense TBE over one table per width
+    ("bucket"); it is assembled every step from the owners' rows (see the module docstring).
 
     Args:
-        config: the cold group's config (tables in group order, fused_params as used cold).
+        config: the cold group's config (tables in group order).
         hot_ids: sorted hot row ids per table of the group.
-        cold_tbe: the group's cold fused TBE (shadow rows live there).
-        pg: process group; device: compute device.
+        device: compute device.
         slot_base: the group's first slot among the hot slots of the whole sharding.
     """
 
-    def __init__(self, config: GroupedEmbeddingConfig, hot_ids: List[torch.Tensor],
-                 cold_tbe: torch.nn.Module, pg: dist.ProcessGroup, device: torch.device,
+    def __init__(self, config: GroupedEmbeddingConfig, hot_ids: List[torch.Tensor], device: torch.device,
                  slot_base: int = 0) -> None:
-        self._pg, self._world = pg, pg.size()
         tables = config.embedding_tables
         dims = [t.local_cols for t in tables]
         self.total_dim = sum(t.embedding_dim * t.num_features() for t in tables)
         sizes = [h.numel() for h in hot_ids]
+        self.table_sizes, self.table_dims = sizes, dims
         self.num_slots, self.slot_base = sum(sizes), slot_base
-        bucket, table_start, bucket_start = hot_slot_layout(dims, sizes)
-        self._widths = widths = list(dict.fromkeys(dims))  # per bucket, in the layout's order
+        bucket, self.table_slot_start, bucket_start = hot_slot_layout(dims, sizes)
+        widths = list(dict.fromkeys(dims))  # per bucket, in the layout's order
         bucket_rows = [end - start for start, end in zip(bucket_start, bucket_start[1:] + [self.num_slots])]
         rows_eff = [max(1, r) for r in bucket_rows]  # a TBE table needs >= 1 row
-        on_cuda = device.type == "cuda"
-        loc = EmbeddingLocation.DEVICE if on_cuda else EmbeddingLocation.HOST
-        cdev = ComputeDevice.CUDA if on_cuda else ComputeDevice.CPU
-        fused_params = {k: v for k, v in (config.fused_params or {}).items()
-                        if k not in ("enable_raw_embedding_streaming",)}
-        # the replay's indices are built here, never user input
-        fused_params["bounds_check_mode"] = BoundsCheckMode.NONE
-        self.tbe = SplitTableBatchedEmbeddingBagsCodegen(
-            embedding_specs=[(r, d, loc, cdev) for r, d in zip(rows_eff, widths)],
-            feature_table_map=list(range(len(widths))),
-            pooling_mode=PoolingMode.SUM,
-            weights_precision=data_type_to_sparse_type(config.data_type),
-            device=device,
-            **fused_params,
-        )
         feature_bucket = [bucket[t] for t, tb in enumerate(tables) for _ in range(tb.num_features())]
         self._dense = DenseTableBatchedEmbeddingBagsCodegen(
             [(r, d) for r, d in zip(rows_eff, widths)],
             feature_table_map=feature_bucket,
             pooling_mode=PoolingMode.SUM,
-            use_cpu=not on_cuda,
+            use_cpu=device.type != "cuda",
         ).to(device)
-        self._dense.weights = torch.nn.Parameter(torch.empty(0, device=device))  # storage is the fused TBE's
-        self._weights = _compat.tbe_weight_base(self.tbe)
-
-        # Per slot: bucket and row in the bucket; per feature: first slot of its bucket.
-        bstart = torch.tensor(bucket_start, dtype=torch.int64)
-        self._slot_bucket = torch.repeat_interleave(torch.arange(len(widths)), torch.tensor(bucket_rows))
-        self._slot_row = torch.arange(self.num_slots) - bstart[self._slot_bucket]
-        self._feature_shift = (bstart[feature_bucket] + slot_base) if len(widths) > 1 else None
-        offsets = [v.storage_offset() - self._weights.storage_offset() for v in self.tbe.split_embedding_weights()]
+        self._dense.weights = torch.nn.Parameter(torch.empty(0, device=device))  # the replica is the weights
+        self.flat_size = sum(r * d for r, d in zip(rows_eff, widths))
+        # per slot: its width and where its row starts in the flat replica
+        sizes_flat = torch.tensor([r * d for r, d in zip(rows_eff, widths)], dtype=torch.int64)
+        starts = torch.cumsum(sizes_flat, 0) - sizes_flat  # the dense TBE's tables, back to back
+        slot_bucket = torch.repeat_interleave(torch.arange(len(widths)), torch.tensor(bucket_rows))
+        slot_row = torch.arange(self.num_slots) - torch.tensor(bucket_start, dtype=torch.int64)[slot_bucket]
         w = torch.tensor(widths, dtype=torch.int64)
-        self._bucket_widths = w
-        self._slot_weight_base = torch.tensor(offsets, dtype=torch.int64)[self._slot_bucket] + self._slot_row * w[self._slot_bucket]
-        self._build_shadow_map(config, hot_ids, cold_tbe, bucket, table_start, bucket_start)
-        for name in ("_slot_bucket", "_slot_row", "_feature_shift", "_bucket_widths", "_slot_weight_base"):
-            t = getattr(self, name)
-            setattr(self, name, None if t is None else t.to(device))
+        self.slot_width = w[slot_bucket]
+        self.slot_flat = starts[slot_bucket] + slot_row * self.slot_width
+        bstart = torch.tensor(bucket_start, dtype=torch.int64)
+        self._feature_shift = (bstart[feature_bucket] + slot_base).to(device) if len(widths) > 1 else None
 
-    def _build_shadow_map(self, config, hot_ids, cold_tbe, bucket, table_start, bucket_start) -> None:
-        """Row copies hot -> cold for the owned hot rows: weights and each optimizer state."""
-        hot_states, cold_states = _compat.tbe_state_views(self.tbe), _compat.tbe_state_views(cold_tbe)
-        pairs = [(self.tbe.split_embedding_weights(), cold_tbe.split_embedding_weights(),
-                  self._weights, _compat.tbe_weight_base(cold_tbe))]
-        for hv, cv in zip(hot_states, cold_states):
-            pairs.append((hv, cv, _compat.tbe_state_base(self.tbe, hv[0]), _compat.tbe_state_base(cold_tbe, cv[0])))
-        self._shadow: List[_RowCopy] = []
-        for hot_views, cold_views, hot_base, cold_base in pairs:
-            hot_pos, cold_pos, widths = [], [], set()
-            for t, ids in enumerate(hot_ids):  # set-up time loop over tables
-                table = config.embedding_tables[t]
-                start = table.local_metadata.shard_offsets[0]
-                own = (ids >= start) & (ids < start + table.local_rows)
-                rows = own.nonzero().view(-1) + (table_start[t] - bucket_start[bucket[t]])
-                hot_view, cold_view = hot_views[bucket[t]], cold_views[t]
-                hot_pos.append(_compat.flat_positions(hot_base, hot_view, rows))
-                cold_pos.append(_compat.flat_positions(cold_base, cold_view, ids[own] - start))
-                widths.update({hot_view.size(1) if hot_view.dim() == 2 else 1,
-                               cold_view.size(1) if cold_view.dim() == 2 else 1})
-            width = widths.pop() if len(widths) == 1 else 1
-            self._shadow.append(_RowCopy(hot_base, torch.cat(hot_pos), cold_base, torch.cat(cold_pos), width))
-
-    # -- forward ---------------------------------------------------------------------------
-    def pool(self, slots, offsets, weights, counts: torch.Tensor, batch: int) -> torch.Tensor:
+    def pool(self, replica: torch.Tensor, slots, offsets, weights, batch: int) -> torch.Tensor:
         """Pooled hot embeddings ``[batch, total_dim]`` of the local hot lookups (SUM).
 
-        ``slots`` are hot slots of the whole sharding, jagged by (feature, sample) per ``offsets``.
+        ``replica`` is this group's flat replica; ``slots`` are hot slots of the whole
+        sharding, jagged by (feature, sample) per ``offsets``. The gradient flows to ``replica``.
         """
         d = self._dense
         if self._feature_shift is not None:  # several widths: slot -> row of the feature's bucket
@@ -195,85 +119,86 @@ class HotReplica:
             indices = slots - torch.repeat_interleave(self._feature_shift, per_feature, output_size=slots.numel())
         else:
             indices = slots - self.slot_base if self.slot_base else slots
-        # `.data`: same storage, own version counter (the replay updates the storage in place
-        # after this graph has used it; the weight gradient never reads the weights).
-        leaf = self._weights.data.requires_grad_(torch.is_grad_enabled())
         out = torch.ops.fbgemm.dense_embedding_codegen_lookup_function(
-            dev_weights=leaf, weights_offsets=d.weights_offsets, D_offsets=d.D_offsets,
+            dev_weights=replica, weights_offsets=d.weights_offsets, D_offsets=d.D_offsets,
             total_D=d.total_D, max_D=d.max_D, hash_size_cumsum=d.hash_size_cumsum,
             total_hash_size_bits=d.total_hash_size_bits, indices=indices.to(torch.int64),
             offsets=offsets.to(torch.int64), pooling_mode=d.pooling_mode,
             indice_weights=None if weights is None else weights.float(),
             feature_requires_grad=None, output_dtype=d.output_dtype,
         )
-        if leaf.requires_grad and self.num_slots > 0:
-            leaf.register_post_accumulate_grad_hook(lambda p: self._sync(p, counts))
         # FBGEMM already returns [batch, total_dim]; never hand out a view: the output dist
         # adds the cold partials into this tensor in place, and an in-place op on a view makes
         # autograd clone the whole gradient (CopySlices), ~15% of a step on the headline run.
         return out if out.shape == (batch, self.total_dim) else out.reshape(batch, self.total_dim).clone()
 
-    # -- backward: reduce, replay, shadow --------------------------------------------------
-    @torch.no_grad()
-    def _sync(self, leaf: torch.Tensor, counts: torch.Tensor) -> None:
-        """Starts the all-reduce; the replay runs once the whole backward pass is done."""
-        grad = leaf.grad
-        leaf.grad = None
-        buf = torch.cat([grad.reshape(-1), counts.to(grad.dtype)])
-        work = dist.all_reduce(buf, group=self._pg, async_op=True)
-        _compat.queue_end_of_backward(lambda: self._apply(work, buf, grad.numel()))
 
-    @torch.no_grad()
-    @record_function("## hybrid:hot_replay ##")
-    def _apply(self, work, buf: torch.Tensor, n: int) -> None:
-        work.wait()
-        grad = buf[:n]
-        slots = (buf[n:] > 0).nonzero().view(-1)  # rows the global batch touched
-        if slots.numel() == 0:
-            return
-        if len(self._widths) == 1:  # one bucket: one bag per touched row, no padding
-            D = self._widths[0]
-            indices, grad_out = slots, grad.view(-1, D).index_select(0, slots)
-            offsets = torch.arange(slots.numel() + 1, device=slots.device)
-        else:
-            indices, offsets, grad_out = self._bags_per_bucket(grad, slots)
-        if get_gradient_division():
-            grad_out.div_(self._world)
-        with torch.enable_grad():
-            out = self.tbe(indices, offsets)
-            torch.autograd.backward(out, grad_out)
-        self.to_shadow()
+def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
-    def _bags_per_bucket(self, grad: torch.Tensor, slots: torch.Tensor):
-        """Replay input for several buckets: one bag per touched row, buckets padded to one batch."""
-        bucket = self._slot_bucket[slots]
-        per_bucket = torch.bincount(bucket, minlength=len(self._widths))
-        bags = int(per_bucket.max())
-        first = torch.cumsum(per_bucket, 0) - per_bucket
-        pos = torch.arange(slots.numel(), device=slots.device) - first[bucket]
-        lengths = (torch.arange(bags, device=slots.device)[None, :] < per_bucket[:, None]).reshape(-1)
-        offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.to(torch.int64))
-        total = int(self._bucket_widths.sum())
-        grad_out = torch.zeros(bags * total, dtype=grad.dtype, device=grad.device)
-        width = self._bucket_widths[bucket]
-        within = segment_arange(width)
-        col = torch.cumsum(self._bucket_widths, 0) - self._bucket_widths
-        dst = torch.repeat_interleave(pos * total + col[bucket], width) + within
-        src = torch.repeat_interleave(self._slot_weight_base[slots], width) + within
-        grad_out[dst] = grad[src]
-        return self._slot_row[slots], offsets, grad_out.view(bags, total)
 
-    @torch.no_grad()
-    def to_shadow(self) -> None:
-        """Owned hot rows (weights + optimizer state) -> the cold shard's shadow rows."""
-        for copy in self._shadow:
-            copy.hot_to_cold()
+class HotRowLayout:
+    """Where every hot slot of a sharding lives: owner, cold row, replica position, feature.
 
-    @torch.no_grad()
-    def refresh(self) -> None:
-        """Cold shadow rows -> every replica (collective; after a load or at start-up)."""
-        for copy in self._shadow:
-            buf = torch.zeros_like(copy.hot_base)
-            copy.cold_into(buf)
-            dist.all_reduce(buf, group=self._pg)
-            copy.hot_base.data.copy_(buf)
+    Built once per sharding (set-up time loops over groups and tables). ``sync_order`` lists
+    the slots in the order owners send them - by owner, then feature, then slot - so each
+    owner's rows are one contiguous run, and each feature's extra bags are contiguous too.
+
+    Args:
+        replicas: the groups' replicas (slots numbered group after group).
+        configs: the groups' configs (local shard offsets give the row-wise owner blocks).
+        hot_ids: sorted hot ids per table, per group.
+        feature_bases: first feature (in sharding order) of each group.
+        world / rank: the process group's size and this rank.
+    """
+
+    def __init__(self, replicas: List[HotReplica], configs: List[GroupedEmbeddingConfig],
+                 hot_ids: List[List[torch.Tensor]], feature_bases: List[int], world: int, rank: int) -> None:
+        owner, row, feature, flat, width = [], [], [], [], []
+        self.flat_bases, base = [], 0
+        for rep, cfg, ids, f0 in zip(replicas, configs, hot_ids, feature_bases):
+            self.flat_bases.append(base)
+            slot_owner = torch.empty(rep.num_slots, dtype=torch.int64)
+            slot_row, slot_feature = torch.empty_like(slot_owner), torch.empty_like(slot_owner)
+            f = f0
+            for t, table in enumerate(cfg.embedding_tables):
+                block = (table.num_embeddings + world - 1) // world  # the stock row-wise blocks
+                s = slice(rep.table_slot_start[t], rep.table_slot_start[t] + ids[t].numel())
+                slot_owner[s] = torch.div(ids[t], block, rounding_mode="floor")
+                slot_row[s] = ids[t] - slot_owner[s] * block
+                slot_feature[s] = f  # the extra bags ride on the table's first feature
+                f += table.num_features()
+            owner.append(slot_owner)
+            row.append(slot_row)
+            feature.append(slot_feature)
+            flat.append(rep.slot_flat + base)
+            width.append(rep.slot_width)
+            base += rep.flat_size
+        self.owner, self.row, self.feature, self.flat, self.width = map(_cat, (owner, row, feature, flat, width))
+        self.flat_size, self.world, self.rank = base, world, rank
+        self.num_slots = int(self.owner.numel())
+        num_features = int(self.feature.max()) + 1 if self.num_slots else 1
+        self.sync_order = torch.argsort(self.owner * num_features + self.feature, stable=True)
+        self._all = self._select(self.sync_order)
+
+    def to(self, device: torch.device) -> "HotRowLayout":
+        for name in ("owner", "row", "feature", "flat", "width", "sync_order"):
+            setattr(self, name, getattr(self, name).to(device))
+        self._all = tuple(t.to(device) for t in self._all)
+        return self
+
+    def _select(self, order: torch.Tensor):
+        mine = order[self.owner[order] == self.rank]
+        return mine, order, torch.bincount(self.owner[order], minlength=self.world)
+
+    def select(self, touched: Optional[torch.Tensor]):
+        """The hot slots that travel this step: ``(mine, all, per_owner)``.
+
+        ``mine``: the slots this rank owns and sends, in sync order; ``all``: every sent
+        slot in sync order (what each rank receives, owner after owner); ``per_owner``: how
+        many per owner ``[W]``. ``touched`` (bool ``[num_slots]``, the global union of this
+        step's hot lookups) restricts them to looked-up rows; None sends every hot row.
+        """
+        if touched is None:
+            return self._all
+        return self._select(self.sync_order[touched[self.sync_order]])

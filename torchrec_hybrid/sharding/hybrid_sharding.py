@@ -2,9 +2,9 @@
 
 The row layout is stock row-wise (``RwPooledEmbeddingSharding`` computes it): every table
 is split in contiguous blocks of ``ceil(rows / W)`` rows, one per rank, and the cold lookups
-go to the owner of their block. The hot rows additionally live on every rank. Because the
-cold shard keeps all rows of its block ("shadow rows" for the hot ones), state_dict,
-checkpoints and the fused optimizer state look exactly like stock row-wise.
+go to the owner of their block. The hot rows are also replicated on every rank, as copies
+the owners refresh every step (hot_replica.py). Because the cold shard is the only home of
+every row, state_dict, checkpoints and the fused optimizer state are exactly stock row-wise.
 """
 
 from typing import Any, Dict, List, Mapping, Optional
@@ -16,7 +16,7 @@ from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
 from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.sharding.hot_replica import hot_slot_layout
+from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout, hot_slot_layout, zero_grad_is_noop
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
@@ -56,6 +56,22 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             start = t.local_metadata.shard_offsets[0]
             if start != min(self._rank * block, t.num_embeddings):
                 raise RuntimeError(f"table '{t.name}': unexpected row-wise layout (offset {start}, block {block})")
+        # Owners send every hot row each step unless a zero-gradient update could change a
+        # row (weight decay, Adam, ...): then only rows some rank looked up, and the input
+        # dist gathers which those are.
+        self._exchange_touched = not all(zero_grad_is_noop(g.fused_params) for g in groups)
+        self._hot_parts = None
+
+    def _hot(self, device: torch.device):
+        """The groups' replicas and the hot-row layout (built once, shared by lookup and output dist)."""
+        if self._hot_parts is None:
+            groups = _compat.sharding_grouped_configs(self)
+            replicas = [HotReplica(g, ids, device, slot_base=s)
+                        for g, ids, s in zip(groups, self._hot_ids_per_group, self._group_slot_bases)]
+            bases = [sum(g.num_features() for g in groups[:i]) for i in range(len(groups))]
+            layout = HotRowLayout(replicas, groups, self._hot_ids_per_group, bases, self._world_size, self._rank)
+            self._hot_parts = (replicas, layout.to(device))
+        return self._hot_parts
 
     def _feature_tables(self) -> List[int]:
         return [i for i, t in enumerate(self._tables) for _ in range(t.num_features())]
@@ -72,21 +88,17 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             hot_slot_starts=self._hot_slot_starts,
             block_sizes=[(rows[i] + world - 1) // world for i in feature_tables],
             device=device if device is not None else self._device,
+            exchange_touched=self._exchange_touched,
         )
 
     def create_lookup(self, device: Optional[torch.device] = None, fused_params: Optional[Dict[str, Any]] = None,
                       feature_processor: Any = None) -> HybridLookup:
-        return HybridLookup(
-            _compat.sharding_grouped_configs(self),
-            self._hot_ids_per_group,
-            self._group_slot_bases,
-            pg=self._pg,
-            device=device if device is not None else self._device,
-            env=self._env,
-        )
+        device = device if device is not None else self._device
+        replicas, layout = self._hot(device)
+        return HybridLookup(_compat.sharding_grouped_configs(self), replicas, layout, pg=self._pg, device=device,
+                            env=self._env)
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]
-        return HybridPooledEmbeddingDist(
-            self._pg, self.embedding_dims(), mean, device if device is not None else self._device
-        )
+        device = device if device is not None else self._device
+        return HybridPooledEmbeddingDist(self._pg, self.embedding_dims(), mean, device, self._hot(device)[1])

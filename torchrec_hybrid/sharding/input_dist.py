@@ -8,11 +8,14 @@ Per step and per rank (local batch B, F features of hybrid tables):
 3. cold ids are bucketized by owner (row-wise blocks, the stock RW layout) and sent with
    TorchRec's ``KJTAllToAll``.
 The result handed to the lookup is a :class:`HybridLookupInput`: the received cold KJT plus
-the local hot part and the lengths the output dist needs to route partial sums back.
+the local hot part and the lengths the output dist needs to route partial sums back. When
+the optimizer could change a row on a zero gradient, the hot rows this rank looked up are
+also all-gathered (a bit mask), overlapping the all-to-alls: only rows some rank looked up
+may then be updated (hot_replica.py).
 """
 
 from dataclasses import dataclass
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -33,7 +36,8 @@ class HybridLookupInput:
     hot_indices / hot_offsets / hot_weights: the local batch's hot lookups, jagged by
         (feature, sample); indices are hot slots (rows of the replicas, all groups numbered
         together).
-    hot_counts: lookups per hot slot in this local batch ([total hot rows], for the sync).
+    touched: None, or () -> bool ``[total hot rows]``: the hot slots any rank looked up
+        this step (when only those may be updated).
     sent_cells: the bags this rank sent (each with >= 1 cold id), in (owner, feature,
         sample) order - the order their partial sums come back in - as cells
         ``sample * F + feature`` of the pooled output.
@@ -45,7 +49,7 @@ class HybridLookupInput:
     hot_indices: torch.Tensor
     hot_offsets: torch.Tensor
     hot_weights: Optional[torch.Tensor]
-    hot_counts: torch.Tensor
+    touched: Optional[Callable[[], torch.Tensor]]
     sent_cells: torch.Tensor
     sent_counts: torch.Tensor
     lengths: torch.Tensor
@@ -56,7 +60,7 @@ class HybridLookupInput:
 
     def record_stream(self, stream: torch.Stream) -> None:
         self.cold.record_stream(stream)
-        for t in (self.hot_indices, self.hot_offsets, self.hot_weights, self.hot_counts,
+        for t in (self.hot_indices, self.hot_offsets, self.hot_weights,
                   self.sent_cells, self.sent_counts, self.lengths):
             if t is not None:
                 t.record_stream(stream)
@@ -86,6 +90,7 @@ class HybridSparseFeaturesDist(nn.Module):
             the replicas' layout, :func:`hot_replica.hot_slot_layout`).
         block_sizes: rows per owner block, per feature (the row-wise layout of the cold shard).
         device: where the ids live.
+        exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
     """
 
     def __init__(
@@ -97,6 +102,7 @@ class HybridSparseFeaturesDist(nn.Module):
         hot_slot_starts: List[int],
         block_sizes: List[int],
         device: torch.device,
+        exchange_touched: bool = False,
     ) -> None:
         super().__init__()
         self._pg = pg
@@ -110,6 +116,7 @@ class HybridSparseFeaturesDist(nn.Module):
         slots = [torch.arange(s, s + h.numel()) for h, s in zip(hot_ids, hot_slot_starts)]
         key_slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
         self._total_hot = int(hot_keys.numel())
+        self._exchange_touched = exchange_touched and self._total_hot > 0
         self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
         self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
         # Tables small enough in total get a dense key -> slot map (one gather per id);
@@ -157,7 +164,7 @@ class HybridSparseFeaturesDist(nn.Module):
         is_cold = ~is_hot
         hot_slots, hot_lengths = torch.ops.fbgemm.masked_select_jagged_1d(slot, flat_lengths, is_hot)
         cold_values, cold_lengths = torch.ops.fbgemm.masked_select_jagged_1d(values, flat_lengths, is_cold)
-        hot_counts = torch.bincount(hot_slots, minlength=self._total_hot)
+        touched = self._start_touched_exchange(hot_slots) if self._exchange_touched else None
         # the stock row-wise bucketization (what bucketize_kjt_before_all2all calls), called
         # directly: the cold ids never need to be a KJT of their own
         block_sizes = self._block_sizes if values.dtype == torch.int64 else self._block_sizes.to(values.dtype)
@@ -183,7 +190,7 @@ class HybridSparseFeaturesDist(nn.Module):
             hot_indices=hot_slots,
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
             hot_weights=None if weights is None else weights[is_hot],
-            hot_counts=hot_counts,
+            touched=touched,
             sent_cells=(bag - group * B) * F + group % F,
             sent_counts=per_group.view(W, F),
             lengths=lengths,
@@ -195,3 +202,18 @@ class HybridSparseFeaturesDist(nn.Module):
             return _Ready(lambda: HybridLookupInput(cold=tensors_awaitable.wait(), **local))
 
         return _Ready(tensors_ready)
+
+    def _start_touched_exchange(self, hot_slots: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Starts an async all-gather of this rank's looked-up hot slots (one byte each)."""
+        mine = torch.zeros(self._total_hot, dtype=torch.uint8, device=hot_slots.device)
+        mine[hot_slots] = 1
+        if self._world == 1:
+            return lambda: mine.bool()
+        every = torch.empty(self._world * self._total_hot, dtype=torch.uint8, device=hot_slots.device)
+        work = dist.all_gather_into_tensor(every, mine, group=self._pg, async_op=True)
+
+        def union() -> torch.Tensor:
+            work.wait()
+            return every.view(self._world, -1).amax(0).bool()
+
+        return union

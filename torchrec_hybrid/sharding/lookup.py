@@ -1,13 +1,15 @@
 """Lookup of the frequency-hybrid sharding: cold rows on their owner, hot rows locally.
 
 The cold part is TorchRec's own ``GroupedPooledEmbeddingsLookup`` over the row-wise shard
-(fused TBEs, fused optimizer, state_dict all stock). The hot part is one
-:class:`HotReplica` per table group. The output keeps both unreduced; the output dist
-routes the cold partial sums home and adds them to the hot sums.
+(fused TBEs, fused optimizer, state_dict all stock); besides the received bags it looks up
+the hot rows this rank owns, as one-id bags, so they can be sent to every replica and be
+updated by the fused optimizer in backward. The hot part is one :class:`HotReplica` per
+table group, pooled once the replica has arrived. The output keeps both unreduced; the
+output dist routes the cold partial sums and the hot rows, and adds the sums up.
 """
 
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -18,8 +20,7 @@ from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid import _compat
-from torchrec_hybrid.sharding.hot_replica import HotReplica
+from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 
 
@@ -27,57 +28,113 @@ from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 class HybridLookupOutput:
     """Unreduced pooled embeddings of one step, handed to the output dist."""
 
-    cold: torch.Tensor  # [B', D]: partial sums of the received bags, owner side
+    cold: torch.Tensor  # [B', D]: owner side: received bags' partial sums + owned hot rows
     # the received bags in (source rank, feature, sample) order - the order they travel
     # home in - as cells ``row * F + feature`` of ``cold``; and how many per [rank, feature]
     cold_bag_cells: torch.Tensor
     cold_bag_counts: torch.Tensor
-    # () -> [B, D] sums over the local hot lookups. Called by the output dist *after* its
-    # all-to-all, so in backward the hot gradient (and its all-reduce) comes first and
-    # overlaps the reverse all-to-all.
-    hot: Callable[[], torch.Tensor]
+    # the owned hot rows this rank sends to every rank (one-id bags of ``cold``), as cells,
+    # in sync order (hot_replica.HotRowLayout)
+    hot_row_cells: torch.Tensor
+    # (replica) -> [B, D] sums over the local hot lookups. Called by the output dist once the
+    # replica has arrived; its gradient flows back to the owners through the same route.
+    hot: Callable[[torch.Tensor], torch.Tensor]
+    hot_slots: torch.Tensor  # slots every rank receives, owner after owner (sync order)
+    hot_counts: torch.Tensor  # how many per owner [W]
     sent_cells: torch.Tensor  # sample side: the bags sent, (owner, feature, sample) order,
     sent_counts: torch.Tensor  # as cells ``sample * F + feature``; how many per [W, F]
     lengths: torch.Tensor  # [F, B] full bag lengths
 
 
-def _padded_bags(kjt: KeyedJaggedTensor):
+def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(x, 0) - x
+
+
+def _with_extra_bags(kjt: KeyedJaggedTensor, per_feature: torch.Tensor, extra: "_ExtraBags"):
+    """The received bags with one-id bags appended to each feature (feature-major, as a TBE needs).
+
+    Received and extra bags are 2F segments; FBGEMM's segment permutation interleaves them
+    (received f, extra f, ...). Returns lengths, values, weights (ones for the extra bags)
+    and the new values per feature.
+    """
+    lengths, values, weights = kjt.lengths(), kjt.values(), kjt.weights_or_none()
+    values_per_feature = torch.tensor(kjt.length_per_key(), device=values.device)
+    permute = torch.ops.fbgemm.permute_1D_sparse_data
+    i32 = torch.int32
+    _, new_lengths, _ = permute(extra.interleave, torch.cat([per_feature, extra.per_feature]).to(i32),
+                                torch.cat([lengths, extra.ones.to(lengths.dtype)]))
+    _, new_values, new_weights = permute(
+        extra.interleave, torch.cat([values_per_feature, extra.per_feature]).to(i32),
+        torch.cat([values, extra.rows.to(values.dtype)]),
+        None if weights is None else torch.cat([weights, extra.ones.to(weights.dtype)]))
+    return new_lengths, new_values, new_weights, values_per_feature + extra.per_feature
+
+
+class _ExtraBags:
+    """The owned hot rows as one-id bags: rows and features (sorted), and derived constants."""
+
+    def __init__(self, features: torch.Tensor, rows: torch.Tensor, num_features: int) -> None:
+        F = num_features
+        self.features, self.rows = features, rows
+        self.per_feature = torch.bincount(features, minlength=F)
+        # rank of each extra bag within its feature, folded with the feature into a cell offset
+        rank = torch.arange(rows.numel(), device=rows.device) - _excl_cumsum(self.per_feature)[features]
+        self.cell_offset = rank * F + features
+        self.ones = torch.ones(rows.numel(), dtype=torch.float32, device=rows.device)
+        self.interleave = torch.arange(2 * F, dtype=torch.int32, device=rows.device).view(2, F).t().reshape(-1)
+
+
+def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags]):
     """The received bags (variable batch per feature and source rank) as a fixed-batch KJT.
 
     The TBE needs one batch size for all features (FBGEMM's CPU variable-batch kernel is
-    far slower than padding), so feature f's bags take rows ``0..n_f-1`` in received order
-    and the batch is ``max n_f``; values keep their order. Returns the padded KJT, and the
-    bags in (source rank, feature, sample) order - the order they travel home in - as cells
-    ``row * F + feature`` of the lookup output, with their counts ``[W, F]``.
+    far slower than padding), so feature f's bags take rows ``0..n_f-1`` in received order,
+    then its extra one-id bags (owned hot rows), and the batch is the largest count. Returns the padded KJT; the received bags in (source
+    rank, feature, sample) order - the order they travel home in - as cells ``row * F +
+    feature`` of the lookup output, with their counts ``[W, F]``; and the extra bags' cells.
     """
     counts = torch.tensor(kjt.stride_per_key_per_rank(), device=kjt.device())  # [F, W]
     F, W = counts.shape
-    lengths = kjt.lengths()
-    n = lengths.numel()
     per_feature = counts.sum(1)
-    batch = max(1, int(per_feature.max()))
-    feature_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(per_feature)
+    if extra is not None and extra.rows.numel():
+        lengths, values, weights, values_per_feature = _with_extra_bags(kjt, per_feature, extra)
+        extra_cells = per_feature[extra.features] * F + extra.cell_offset
+        bags_per_feature = per_feature + extra.per_feature
+        length_per_key = values_per_feature.tolist()
+    else:
+        lengths, values, weights = kjt.lengths(), kjt.values(), kjt.weights_or_none()
+        extra_cells = torch.empty(0, dtype=torch.int64, device=counts.device)
+        bags_per_feature, length_per_key = per_feature, kjt.length_per_key()
+    batch = max(1, int(bags_per_feature.max()))
+    feature_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(bags_per_feature)
     padded = torch.ops.fbgemm.jagged_1d_to_dense(lengths, feature_offsets, batch, 0).view(-1)
-    out = KeyedJaggedTensor(keys=kjt.keys(), values=kjt.values(), weights=kjt.weights_or_none(),
-                            lengths=padded, stride=batch, length_per_key=kjt.length_per_key())
+    out = KeyedJaggedTensor(keys=kjt.keys(), values=values, weights=weights, lengths=padded, stride=batch,
+                            length_per_key=length_per_key)
     # Block (w, f) of the send order holds rows first[f, w] ...  of feature f, so the p-th
     # bag sent is cell (p - block_start + first) * F + f of its block.
+    n = kjt.lengths().numel()
     first = (torch.cumsum(counts, 1) - counts).t().reshape(-1)
     size = counts.t().reshape(-1)
     block_start = torch.cumsum(size, 0) - size
     shift = (first - block_start) * F + torch.arange(W * F, device=counts.device) % F
     cells = torch.arange(n, device=counts.device) * F + torch.repeat_interleave(shift, size, output_size=n)
-    return out, cells, size.view(W, F)
+    return out, cells, size.view(W, F), extra_cells
 
 
 class HybridLookup(nn.Module):
-    """Cold row-wise fused lookup + replicated hot lookup for the hybrid tables of one EBC."""
+    """Cold row-wise fused lookup (plus the owned hot rows) and local hot pooling for one EBC.
+
+    Args:
+        grouped_configs: the cold groups (stock row-wise shard of every hybrid table).
+        replicas / layout: the hot replicas of the groups and the sharding's hot-row layout.
+        pg / device / env: as for stock lookups.
+    """
 
     def __init__(
         self,
         grouped_configs: List[GroupedEmbeddingConfig],
-        hot_ids: List[List[torch.Tensor]],
-        slot_bases: List[int],
+        replicas: List[HotReplica],
+        layout: HotRowLayout,
         pg: dist.ProcessGroup,
         device: torch.device,
         env: Optional[ShardingEnv] = None,
@@ -86,53 +143,54 @@ class HybridLookup(nn.Module):
         self.cold = GroupedPooledEmbeddingsLookup(
             grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
-        cold_tbes = [m.emb_module for m in _compat.grouped_lookup_modules(self.cold)]
-        self._hot = [HotReplica(c, h, tbe, pg, device, slot_base=s)
-                     for c, h, tbe, s in zip(grouped_configs, hot_ids, cold_tbes, slot_bases)]
+        self._hot = replicas
+        self._layout = layout
         self._feature_splits = [c.num_features() for c in grouped_configs]
-        self._slot_splits = [r.num_slots for r in self._hot]
-        self.refresh_hot()
+        self._tables = [t.name for c in grouped_configs for t in c.embedding_tables]
+        self._last_replica: Optional[tuple] = None
+        self._extra: Optional[tuple] = None
 
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
         B = inp.lengths.size(1)
+        layout = self._layout
+        mine, hot_slots, hot_counts = layout.select(None if inp.touched is None else inp.touched())
+        if self._extra is None or self._extra[0] is not mine:  # the same every step when all rows travel
+            self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], sum(self._feature_splits)))
         with record_function("## hybrid:cold_lookup ##"):
-            padded, cells, counts = _padded_bags(inp.cold)
+            padded, cells, counts, hot_row_cells = _padded_bags(inp.cold, self._extra[1])
             cold = self.cold(padded)
 
         @record_function("## hybrid:hot_lookup ##")
-        def hot() -> torch.Tensor:
+        def hot(replica: torch.Tensor) -> torch.Tensor:
+            self._last_replica = (replica.detach(), hot_slots)
             if len(self._hot) == 1:
-                return self._hot[0].pool(inp.hot_indices, inp.hot_offsets, inp.hot_weights, inp.hot_counts, B)
+                return self._hot[0].pool(replica, inp.hot_indices, inp.hot_offsets, inp.hot_weights, B)
             out = []
             offsets = inp.hot_offsets
-            f0 = s0 = 0
-            for replica, nf, ns in zip(self._hot, self._feature_splits, self._slot_splits):  # per group
+            f0 = 0
+            for rep, nf, base in zip(self._hot, self._feature_splits, layout.flat_bases):  # per group
                 off = offsets[f0 * B: (f0 + nf) * B + 1]
                 lo, hi = off[0], off[-1]
                 w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
-                out.append(replica.pool(inp.hot_indices[lo:hi], off - lo, w, inp.hot_counts[s0:s0 + ns], B))
-                f0, s0 = f0 + nf, s0 + ns
+                out.append(rep.pool(replica[base:base + rep.flat_size], inp.hot_indices[lo:hi], off - lo, w, B))
+                f0 += nf
             return torch.cat(out, dim=1)
 
         return HybridLookupOutput(
             cold=cold,
             cold_bag_cells=cells,
             cold_bag_counts=counts,
+            hot_row_cells=hot_row_cells,
             hot=hot,
+            hot_slots=hot_slots,
+            hot_counts=hot_counts,
             sent_cells=inp.sent_cells,
             sent_counts=inp.sent_counts,
             lengths=inp.lengths,
         )
 
-    def refresh_hot(self) -> None:
-        """Copy the owners' shadow rows into every hot replica (collective)."""
-        for r in self._hot:
-            r.refresh()
-
     def flush(self) -> None:
         self.cold.flush()
-        for r in self._hot:
-            r.to_shadow()
 
     def purge(self) -> None:
         self.cold.purge()
@@ -152,3 +210,20 @@ class HybridLookup(nn.Module):
 
     def hot_replicas(self) -> List[HotReplica]:
         return list(self._hot)
+
+    def last_hot_rows(self) -> Dict[str, tuple]:
+        """What the last forward pooled hot lookups from, per table: ``(k, rows)``, the rows
+        the owners sent (``rows[i]`` is the table's ``k[i]``-th hot id in ascending order).
+        For checks; empty before the first forward."""
+        if self._last_replica is None:
+            return {}
+        replica, sent = self._last_replica
+        layout, out, slot = self._layout, {}, 0
+        for rep in self._hot:
+            for start, n, width in zip(rep.table_slot_start, rep.table_sizes, rep.table_dims):
+                first = slot + start
+                s = sent[(sent >= first) & (sent < first + n)].sort().values
+                pos = (layout.flat[s][:, None] + torch.arange(width, device=s.device)[None, :]).reshape(-1)
+                out[self._tables[len(out)]] = (s - first, replica[pos].view(-1, width))
+            slot += rep.num_slots
+        return out

@@ -1,11 +1,13 @@
 """Output dist of the frequency-hybrid sharding: a sparse all-to-all of cold partial sums.
 
 Only the partial pooled vectors of (feature, sample) bags that had cold ids on an owner go
-back to the sample's rank, so the bytes scale with cold lookups, not with ``B * dim``. Both
-sides know the split sizes from lengths they already hold (the owner from what it received,
-the sample's rank from what it sent): no extra metadata round-trip. The backward runs the
-same all-to-all in reverse and, like TorchRec's pooled all-to-all, divides by W.
-MEAN features are pooled as SUM on both paths and divided by the full bag length here.
+back to the sample's rank, so the bytes scale with cold lookups, not with ``B * dim``. The
+same all-to-all carries each owner's hot rows to every replica (hot_replica.py), so the hot
+sync costs no collective of its own. Both sides know the split sizes from what they already
+hold (the owner from what it received, the sample's rank from what it sent, and both the
+hot-row layout): no metadata round-trip. The backward runs the same all-to-all in reverse
+and, like TorchRec's pooled all-to-all, divides by W. MEAN features are pooled as SUM on
+both paths and divided by the full bag length here.
 """
 
 from typing import List
@@ -17,6 +19,7 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.types import Awaitable
 
+from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 from torchrec_hybrid.sharding.segments import segment_positions
 
@@ -41,24 +44,75 @@ class _VariableAllToAll(torch.autograd.Function):
         return out, None, None, None
 
 
-class _GatherBags(torch.autograd.Function):
-    """``cold[positions]`` (rows or elements of the owner's padded lookup output).
+def _interleave(a: torch.Tensor, b: torch.Tensor, total_a: int, total_b: int):
+    """Positions of two runs per rank laid out ``a_0, b_0, a_1, b_1, ...`` (counts ``a``, ``b`` [W]).
 
-    Backward scatters into an *uninitialised* buffer: the positions cover every non-empty
-    bag, and the rest of the buffer holds padding bags without ids, whose gradient rows the
-    TBE backward never reads. Spares zero-filling the whole padded output every step.
+    Returns where the items of the ``a`` runs (rank after rank) and of the ``b`` runs go.
+    """
+    seg = torch.cumsum(a + b, 0) - (a + b)
+    a_pos = torch.arange(total_a, device=a.device) + torch.repeat_interleave(
+        seg - (torch.cumsum(a, 0) - a), a, output_size=total_a)
+    b_pos = torch.arange(total_b, device=b.device) + torch.repeat_interleave(
+        seg + a - (torch.cumsum(b, 0) - b), b, output_size=total_b)
+    return a_pos, b_pos
+
+
+class _Pack(torch.autograd.Function):
+    """Owner side send buffer: per destination its bags' partial sums, then our hot rows.
+
+    ``cold`` is the padded lookup output (rows or elements, the output dist's units) and
+    ``index`` the unit each send position copies. The hot rows go to every destination, so
+    their gradient sums the W copies (in rank order: deterministic). Backward writes into an
+    *uninitialised* buffer: the positions cover every bag with ids; the rest are padding
+    bags, whose gradient the TBE never reads.
     """
 
     @staticmethod
-    def forward(ctx, cold, positions):
-        ctx.save_for_backward(positions)
-        ctx.shape = cold.shape
-        return cold.index_select(0, positions)
+    def new_grad(grad: torch.Tensor, shape) -> torch.Tensor:
+        return grad.new_empty(shape)
+
+    @staticmethod
+    def forward(ctx, cold, index, row_pos, row_dst, copies):
+        ctx.save_for_backward(index, row_pos, row_dst)
+        ctx.shape, ctx.copies = cold.shape, copies
+        return cold.index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad):
-        (positions,) = ctx.saved_tensors
-        return grad.new_empty(ctx.shape).index_copy_(0, positions, grad), None
+        index, row_pos, row_dst = ctx.saved_tensors
+        # every bag is sent once; each hot row W times: copy all, then put the sums in place
+        out = _Pack.new_grad(grad, ctx.shape).index_copy_(0, index, grad)
+        if row_pos.numel():
+            rows = grad.index_select(0, row_dst)
+            out.index_copy_(0, row_pos, rows.view((ctx.copies, -1) + tuple(rows.shape[1:])).sum(0))
+        return out, None, None, None, None
+
+
+class _Unpack(torch.autograd.Function):
+    """Sample side receive buffer -> (partial sums in send order, the assembled hot replica).
+
+    ``replica_src`` names, for every replica position, the received unit it copies (any
+    unit where no owner sent one: padding rows or rows nobody looked up, never read; None
+    when no row was sent at all). The
+    backward needs no zero fill: partial and hot-row positions cover the whole buffer.
+    """
+
+    @staticmethod
+    def forward(ctx, recv, part_src, row_src, row_dst, replica_src, replica_size):
+        ctx.save_for_backward(part_src, row_src, row_dst)
+        ctx.shape = recv.shape
+        if replica_src is None:
+            replica = recv.new_empty((replica_size,) + tuple(recv.shape[1:]))
+        else:
+            replica = recv.index_select(0, replica_src)
+        return recv.index_select(0, part_src), replica
+
+    @staticmethod
+    def backward(ctx, grad_partials, grad_replica):
+        part_src, row_src, row_dst = ctx.saved_tensors
+        out = grad_partials.new_empty(ctx.shape).index_copy_(0, part_src, grad_partials)
+        out.index_copy_(0, row_src, grad_replica.index_select(0, row_dst))
+        return out, None, None, None, None, None
 
 
 class _AddPartials(torch.autograd.Function):
@@ -92,16 +146,21 @@ class _Done(Awaitable):
 
 
 class HybridPooledEmbeddingDist(nn.Module):
-    """Sends cold partial sums home and adds them to the hot sums -> ``[B, sum(dims)]``.
+    """Sends cold partial sums home and hot rows to every replica; adds up ``[B, sum(dims)]``.
+
+    One all-to-all each way per step: rank r gets from each owner the partial sums of r's
+    bags that had cold ids there, then the owner's hot rows; backward returns their
+    gradients the same way (the hot rows' gradients summed over ranks at the owner).
 
     Args:
         pg: process group.
         feature_dims: output width of each feature (sharding order).
         mean_features: which features use MEAN pooling.
+        layout: the sharding's hot-row layout (replica positions of the hot slots).
     """
 
     def __init__(self, pg: dist.ProcessGroup, feature_dims: List[int], mean_features: List[bool],
-                 device: torch.device) -> None:
+                 device: torch.device, layout: HotRowLayout) -> None:
         super().__init__()
         self._pg, self._world = pg, pg.size()
         dims = torch.tensor(feature_dims, dtype=torch.int64)
@@ -113,32 +172,79 @@ class HybridPooledEmbeddingDist(nn.Module):
         self._uniform_dim = feature_dims[0] if len(set(feature_dims)) == 1 else None
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
+        self._layout = layout
+        self._replica_units = layout.flat_size // (self._uniform_dim or 1)
+        self._replica_cache = (None, None)
 
-    def _positions(self, cells: torch.Tensor, counts: torch.Tensor):
-        """Positions of bags (cells ``row * F + feature``) in an output, and per-rank counts.
+    def _cell_positions(self, cells: torch.Tensor) -> torch.Tensor:
+        """Positions of bags (cells ``row * F + feature``) in a ``[rows, sum(dims)]`` output.
 
-        Positions are rows of the output viewed as ``[-1, D]`` when every feature has width
-        D (then they are the cells), else flat element positions. ``counts`` [W, F] are the
-        bags per (rank, feature); the returned counts are elements per rank.
+        Rows of the output viewed as ``[-1, D]`` when every feature has width D (then they
+        are the cells), else flat element positions.
         """
         if self._uniform_dim is not None:
-            return cells, (counts.sum(1) * self._uniform_dim).tolist()
+            return cells
         F = self._dims.numel()
         feat, row = cells % F, torch.div(cells, F, rounding_mode="floor")
-        per_rank = (counts.to(torch.int64) * self._dims[None, :]).sum(1).tolist()
-        pos = segment_positions(row * self._total_dim + self._dim_offsets[feat], self._dims[feat])
-        return pos, per_rank
+        return segment_positions(row * self._total_dim + self._dim_offsets[feat], self._dims[feat])
+
+    def _units(self, counts: torch.Tensor) -> torch.Tensor:
+        """Units (rows or elements) per rank of ``counts`` bags per [rank, feature]."""
+        if self._uniform_dim is not None:
+            return counts.sum(1).to(torch.int64)
+        return (counts.to(torch.int64) * self._dims[None, :]).sum(1)
+
+    def _replica_positions(self, slots: torch.Tensor, per_owner: torch.Tensor):
+        """Positions in the flat replica (units) of received hot slots, and units per owner."""
+        layout = self._layout
+        if self._uniform_dim is not None:
+            return torch.div(layout.flat[slots], self._uniform_dim, rounding_mode="floor"), per_owner
+        width = layout.width[slots]
+        units = torch.zeros(self._world, dtype=torch.int64, device=slots.device).index_add_(0, layout.owner[slots], width)
+        return segment_positions(layout.flat[slots], width), units
+
+    def _receive_plan(self, slots: torch.Tensor, per_owner: torch.Tensor):
+        """``(replica_dst, units per owner, order)``: where the received hot units go in the
+        replica, and for every replica unit which received hot unit (back to back) it copies
+        (0 where none: never read). Computed once when every hot row travels."""
+        cached_slots, plan = self._replica_cache
+        if cached_slots is slots:
+            return plan
+        dst, units = self._replica_positions(slots, per_owner)
+        order = torch.zeros(self._replica_units, dtype=torch.int64, device=dst.device)
+        order[dst] = torch.arange(dst.numel(), device=dst.device)
+        plan = (dst, units, order)
+        self._replica_cache = (slots, plan)
+        return plan
 
     @record_function("## hybrid:output_dist ##")
     def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        # owner side: the bags received, in (source rank, feature, sample) order
-        send_pos, send_splits = self._positions(out.cold_bag_cells, out.cold_bag_counts)
-        # sample side: the bags we sent, in the same order (their rows are their samples)
-        recv_pos, recv_splits = self._positions(out.sent_cells, out.sent_counts)
-        D = self._uniform_dim
-        partials = _GatherBags.apply(out.cold.reshape(-1, D) if D else out.cold.reshape(-1), send_pos).reshape(-1)
-        received = _VariableAllToAll.apply(partials, send_splits, recv_splits, self._pg)
-        pooled = _AddPartials.apply(out.hot(), received, recv_pos, D or 1)
+        W, D = self._world, self._uniform_dim
+        unit = D or 1
+        # owner side: per destination the bags it sent us (received order), then our hot rows
+        bag_pos = self._cell_positions(out.cold_bag_cells)
+        bag_units = self._units(out.cold_bag_counts)
+        row_pos = self._cell_positions(out.hot_row_cells)
+        rows = torch.full_like(bag_units, row_pos.numel())
+        send_units = bag_units + rows
+        bag_dst, row_dst = _interleave(bag_units, rows, bag_pos.numel(), row_pos.numel() * W)
+        index = torch.empty(int(send_units.sum()), dtype=torch.int64, device=bag_pos.device)
+        index.index_copy_(0, bag_dst, bag_pos).index_copy_(0, row_dst, row_pos.repeat(W))
+        # sample side: from each owner the bags we sent it (same order), then its hot rows
+        part_pos = self._cell_positions(out.sent_cells)
+        part_units = self._units(out.sent_counts)
+        replica_dst, replica_units, order = self._receive_plan(out.hot_slots, out.hot_counts)
+        part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
+        recv_units = part_units + replica_units
+        replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
+
+        cold = out.cold.reshape(-1, D) if D else out.cold.reshape(-1)
+        send = _Pack.apply(cold, index, row_pos, row_dst, W)
+        recv = _VariableAllToAll.apply(send.reshape(-1), (send_units * unit).tolist(), (recv_units * unit).tolist(),
+                                       self._pg)
+        partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
+                                          replica_src, self._replica_units)
+        pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
         if self._any_mean:
             per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
             divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
