@@ -93,9 +93,11 @@ def test_hybrid_trains_like_table_wise(world, opt):
         dict(kinds={"t0": "hybrid", "t1": "tw", "t2": "hybrid", "t3": "tw"}, opt="rowwise_adagrad"),
         # same with an optimizer FBGEMM has no variable-batch lookup for (padded cold batch)
         dict(kinds={"t0": "hybrid", "t1": "tw", "t2": "hybrid", "t3": "tw"}, opt="adagrad"),
+        # no hot row anywhere: nothing to replicate, every lookup goes to its owner
+        dict(hot={"t0": [], "t1": [], "t2": [], "t3": []}, mode="cold_only", opt="adagrad"),
     ],
     ids=["mean", "weighted", "hot-only", "cold-only", "rank-without-cold", "mixed-cw-rw-dp",
-         "mixed-tw", "one-width", "one-width-padded"],
+         "mixed-tw", "one-width", "one-width-padded", "no-hot-rows"],
 )
 def test_inputs_match_table_wise(case):
     run_ranks(train_pair, 2, **case)
