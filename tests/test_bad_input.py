@@ -16,10 +16,10 @@ def _step(model, kjt, keys):
     torch.cat([d[k] for k in keys], dim=1).sum().backward()
 
 
-def bad_ids(rank, world, feature, value):
+def bad_ids(rank, world, feature, value, kinds=KINDS):
     configs = tables()
     hot_t = hot_ids()
-    model = build(configs, world, KINDS, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"]))
+    model = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"]))
     keys = [f for c in configs for f in c.feature_names]
     _step(model, skewed_batch(configs, keys, batch=4, seed=rank, hot=hot_t), keys)
     before = {k: full_weight(v) for k, v in model.state_dict().items()}
@@ -42,11 +42,19 @@ def bad_ids(rank, world, feature, value):
     return msg
 
 
-@pytest.mark.parametrize("feature,value", [("f1", 30), ("f0b", -3), ("f2", 10**9)],
+@pytest.mark.parametrize("feature,value", [("f1", 30), ("f0b", -3), ("f2", 2**40 + 5)],
                          ids=["too-large-hybrid", "negative-shared-table", "too-large-table-wise"])
 def test_bad_id_fails_on_every_rank(feature, value):
+    """The verdicts ride the hybrid cold all-to-all."""
     messages = run_ranks(bad_ids, 2, timeout=120, feature=feature, value=value)
     assert messages[0] == messages[1]
+
+
+def test_bad_id_fails_on_every_rank_without_hybrid_tables():
+    """With no frequency_hybrid table in the module the verdicts take their own all-gather."""
+    kinds = {c: "tw" for c in KINDS}
+    messages = run_ranks(bad_ids, 3, timeout=120, feature="f1", value=-(2**40), kinds=kinds)
+    assert messages[0] == messages[1] == messages[2]
 
 
 def bad_hot_set(rank, world, case):

@@ -18,6 +18,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.hybrid_sharding import HybridPooledEmbeddingSharding
+from torchrec_hybrid.sharding.input_dist import HybridLookupInput, IdCheckCarrier
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, collective_device, normalize_hot_ids
 
@@ -52,6 +53,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 hot_ids[c.name] = planned
         checked = normalize_hot_ids(hot_ids, hybrid, env.process_group) if hybrid else {}
         object.__setattr__(self, "_hybrid_hot_ids", checked)
+        # the id-check verdicts ride the hybrid cold all-to-all when there is one
+        object.__setattr__(self, "_id_check_carrier", IdCheckCarrier() if validate_ids and hybrid else None)
         super().__init__(module, table_name_to_parameter_sharding, env, fused_params=fused_params,
                          device=device, qcomm_codecs_registry=qcomm_codecs_registry, module_fqn=module_fqn)
         stock_mean = set(self._pooling_type_to_rs_features.get("MEAN", []))
@@ -61,6 +64,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._table_by_feature = {f: c.name for c in self._embedding_bag_configs for f in c.feature_names}
         self._limit_cache: Dict[tuple, torch.Tensor] = {}
         self._no_report = torch.zeros(3, dtype=torch.int64)
+        self._no_report_words = torch.zeros(IdCheckCarrier.WIDTH, dtype=torch.int32)
         for c in hybrid:
             logger.info("table %s: frequency_hybrid with %d hot rows of %d", c.name,
                         checked[c.name].numel(), c.num_embeddings)
@@ -70,7 +74,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                       qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None):
         if sharding_infos[0].param_sharding.sharding_type == FREQUENCY_HYBRID:
             return HybridPooledEmbeddingSharding(sharding_infos, env, device, self._hybrid_hot_ids,
-                                                 qcomm_codecs_registry=qcomm_codecs_registry)
+                                                 qcomm_codecs_registry=qcomm_codecs_registry,
+                                                 id_check=self._id_check_carrier)
         return super().create_embedding_bag_sharding(sharding_infos, env, device, permute_embeddings,
                                                      qcomm_codecs_registry)
 
@@ -86,15 +91,17 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return super().input_dist(ctx, features)
 
     def compute_and_output_dist(self, ctx: EmbeddingBagCollectionContext, input):
-        self._finish_id_check(ctx)  # before any lookup: a rejected batch changes nothing
+        self._finish_id_check(ctx, input)  # before any lookup: a rejected batch changes nothing
         return super().compute_and_output_dist(ctx, input)
 
     @record_function("## hybrid:id_check ##")
     def _start_id_check(self, ctx, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
-        """Checks ids locally and starts an async all-gather of the verdicts.
+        """Checks ids locally and sends the verdict to every rank.
 
-        The gather overlaps the input all-to-alls and is awaited before the lookups, so it
-        adds no round trip. Bad ids are replaced by 0 meanwhile so the dists stay in step.
+        With a frequency-hybrid sharding the verdict rides its cold all-to-all (no collective
+        of its own); else an async all-gather overlaps the input all-to-alls. Either way it
+        is read before the lookups. Bad ids are replaced by 0 meanwhile so the dists stay in
+        step.
         """
         keys = tuple(features.keys())
         values = features.values()
@@ -116,7 +123,11 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                          weights=features.weights_or_none(), lengths=features.lengths(),
                                          stride=features.stride())
         pg = self._env.process_group
-        if pg is None or dist.get_world_size(pg) == 1:
+        if self._id_check_carrier is not None:
+            self._id_check_carrier.report = (self._no_report_words if report is self._no_report else
+                                             torch.cat([report[:2].to(torch.int32), report[2:].view(torch.int32)]))
+            ctx._hybrid_id_check = ("carried", None, keys)
+        elif pg is None or dist.get_world_size(pg) == 1:
             ctx._hybrid_id_check = (None, report.view(1, 3), keys)
         else:
             dev = collective_device(pg)
@@ -125,13 +136,16 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             ctx._hybrid_id_check = (work, out, keys)
         return features
 
-    def _finish_id_check(self, ctx) -> None:
+    def _finish_id_check(self, ctx, input) -> None:
         pending = getattr(ctx, "_hybrid_id_check", None)
         if pending is None:
             return
         ctx._hybrid_id_check = None
         work, out, keys = pending
-        if work is not None:
+        if work == "carried":  # [flag, key, value low word, value high word] from every rank
+            words = next(x for x in input if isinstance(x, HybridLookupInput)).id_reports
+            out = torch.cat([words[:, :2].to(torch.int64), words[:, 2:].clone().view(torch.int64)], 1)
+        elif work is not None:
             work.wait()
         reports = out.view(-1, 3).cpu()
         if int(reports[:, 0].sum()) == 0:

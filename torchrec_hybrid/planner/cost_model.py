@@ -24,8 +24,9 @@ Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
   ``2*(W-1)/W*H*D*4``. (With an optimizer that changes rows on a zero gradient - weight
   decay, Adam - only rows some rank looked up travel, plus an all-gather of H-byte masks;
   this prices the upper bound.)
-Per sharded module (not per table): the id-validation all-gather of 3 int64 per rank and
-the small splits exchange of each KJTAllToAll (:func:`module_overhead_bytes`).
+Per sharded module (not per table): the id-check verdicts (an all-gather of 3 int64 per
+rank, or 28 bytes per peer inside the hybrid all-to-all) and the small splits exchange of
+each KJTAllToAll (:func:`module_overhead_bytes`).
 """
 
 from __future__ import annotations
@@ -224,10 +225,16 @@ def hybrid_memory_bytes(t: TableTraffic, hot_rows: int, optimizer_bytes_per_row:
 
 
 def module_overhead_bytes(world: int, num_input_dists: int, validate_ids: bool = True,
-                          splits_per_dist: int = 3) -> float:
-    """Per sharded module and step: id-check all-gather (3 int64) + KJTAllToAll splits exchanges."""
-    ag = (world - 1) * 3 * INT64 if validate_ids else 0
-    return float(ag + num_input_dists * (world - 1) * splits_per_dist * INT64)
+                          splits_per_dist: int = 3, carried: bool = False) -> float:
+    """Per sharded module and step: the id-check verdicts + KJTAllToAll splits exchanges.
+
+    The verdicts take an all-gather of 3 int64, or with a frequency-hybrid sharding in the
+    module (``carried``) ride its cold all-to-all: one extra bag per destination (4 int32
+    ids, its int32 length and its int64 batch size).
+    """
+    per_peer = (4 * INT32 + INT32 + INT64) if carried else 3 * INT64
+    check = (world - 1) * per_peer if validate_ids else 0
+    return float(check + num_input_dists * (world - 1) * splits_per_dist * INT64)
 
 
 def plan_bytes(entries: Iterable[Dict[str, float]]) -> float:

@@ -17,7 +17,7 @@ from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout, hot_slot_layout, zero_grad_is_noop
-from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
+from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist, IdCheckCarrier
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
 
@@ -28,6 +28,7 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
     Args:
         sharding_infos / env / device / qcomm_codecs_registry: as for stock shardings.
         hot_ids: validated, sorted int64 hot row ids per table name.
+        id_check: where the sharded module leaves its id-check report for the cold all-to-all.
     """
 
     def __init__(
@@ -37,8 +38,10 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         device: Optional[torch.device],
         hot_ids: Mapping[str, torch.Tensor],
         qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
+        id_check: Optional[IdCheckCarrier] = None,
     ) -> None:
         super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
+        self._id_check = id_check
         groups = _compat.sharding_grouped_configs(self)
         self._tables = [t for g in groups for t in g.embedding_tables]
         self._hot_ids_per_group = [[hot_ids[t.name] for t in g.embedding_tables] for g in groups]
@@ -89,6 +92,7 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             block_sizes=[(rows[i] + world - 1) // world for i in feature_tables],
             device=device if device is not None else self._device,
             exchange_touched=self._exchange_touched,
+            id_check=self._id_check,
         )
 
     def create_lookup(self, device: Optional[torch.device] = None, fused_params: Optional[Dict[str, Any]] = None,

@@ -43,6 +43,8 @@ class HybridLookupInput:
         ``sample * F + feature`` of the pooled output.
     sent_counts: how many of them per ``[owner, feature]``.
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
+    id_reports: None, or every rank's id-check report (:class:`IdCheckCarrier`), int32
+        ``[W, 4]``, carried to here by the cold all-to-all.
     """
 
     cold: KeyedJaggedTensor
@@ -53,6 +55,7 @@ class HybridLookupInput:
     sent_cells: torch.Tensor
     sent_counts: torch.Tensor
     lengths: torch.Tensor
+    id_reports: Optional[torch.Tensor] = None
 
     # Hooks TorchRec's KJTList / pipelines call on their elements.
     def variable_stride_per_key(self) -> bool:
@@ -64,6 +67,25 @@ class HybridLookupInput:
                   self.sent_cells, self.sent_counts, self.lengths):
             if t is not None:
                 t.record_stream(stream)
+
+
+class IdCheckCarrier:
+    """Hands the sharded module's per-step id-check report to the cold all-to-all.
+
+    The report (int32 ``[flag, key, value low word, value high word]``) travels to every
+    rank as one extra bag per destination, so the verdict needs no collective of its own.
+    The module sets :attr:`report` right before each input dist; it is taken once.
+    """
+
+    KEY = "__hybrid_id_check__"
+    WIDTH = 4
+
+    def __init__(self) -> None:
+        self.report: Optional[torch.Tensor] = None
+
+    def take(self, device: torch.device) -> torch.Tensor:
+        report, self.report = self.report, None
+        return torch.zeros(self.WIDTH, dtype=torch.int32, device=device) if report is None else report.to(device)
 
 
 DENSE_MAP_MAX_ROWS = 1 << 24  # 128 MiB of int64 per sharding, at most
@@ -91,6 +113,7 @@ class HybridSparseFeaturesDist(nn.Module):
         block_sizes: rows per owner block, per feature (the row-wise layout of the cold shard).
         device: where the ids live.
         exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
+        id_check: carries the module's id-check reports to every rank (an extra KJT key).
     """
 
     def __init__(
@@ -103,6 +126,7 @@ class HybridSparseFeaturesDist(nn.Module):
         block_sizes: List[int],
         device: torch.device,
         exchange_touched: bool = False,
+        id_check: Optional[IdCheckCarrier] = None,
     ) -> None:
         super().__init__()
         self._pg = pg
@@ -135,7 +159,12 @@ class HybridSparseFeaturesDist(nn.Module):
         )
         # not named `_dist`: TrainPipelineSparseDist swaps the forward of any input dist's `_dist`
         # for a fused splits all-to-all that returns no awaitable; ours waits on its own.
-        self._cold_dist = KJTAllToAll(pg=pg, splits=[self._num_features] * self._world)
+        self._id_check = id_check
+        keys_per_rank = self._num_features + (1 if id_check is not None else 0)
+        self._cold_dist = KJTAllToAll(pg=pg, splits=[keys_per_rank] * self._world)
+        if id_check is not None:  # segment order: each destination's bags, then its report
+            self.register_buffer("_interleave", torch.arange(2 * self._world, dtype=torch.int32, device=device)
+                                 .view(2, -1).t().reshape(-1), persistent=False)
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
         with record_function("## hybrid:input_dist ##"):
@@ -179,12 +208,20 @@ class HybridSparseFeaturesDist(nn.Module):
         bag = sent.nonzero().view(-1)  # lengths are >= 0
         group = torch.div(bag, B, rounding_mode="floor")  # owner * F + feature
         per_group = torch.bincount(group, minlength=W * F)
+        keys, bag_lengths, rows = list(features.keys()), sent.index_select(0, bag), local_rows.to(torch.int32)
+        if self._id_check is None:
+            strides = per_group.view(-1, 1).tolist()
+        else:
+            keys.append(IdCheckCarrier.KEY)
+            strides = torch.cat([per_group.view(W, F), per_group.new_ones(W, 1)], 1).view(-1, 1).tolist()
+            bag_lengths, rows, sent_weights = self._with_reports(per_group, sent.view(W, -1).sum(1), bag_lengths,
+                                                                 rows, sent_weights)
         bucketized = KeyedJaggedTensor(
-            keys=list(features.keys()) * W,
-            values=local_rows.to(torch.int32),  # local row ids: 4 bytes on the wire
-            lengths=sent.index_select(0, bag),
+            keys=keys * W,
+            values=rows,  # local row ids: 4 bytes on the wire
+            lengths=bag_lengths,
             weights=sent_weights,
-            stride_per_key_per_rank=per_group.view(-1, 1).tolist(),
+            stride_per_key_per_rank=strides,
         )
         local = dict(
             hot_indices=hot_slots,
@@ -197,11 +234,34 @@ class HybridSparseFeaturesDist(nn.Module):
         )
         splits_awaitable = self._cold_dist(bucketized)
 
-        def tensors_ready():
-            tensors_awaitable = splits_awaitable.wait()
-            return _Ready(lambda: HybridLookupInput(cold=tensors_awaitable.wait(), **local))
+        def received() -> HybridLookupInput:
+            cold = tensors_awaitable.wait()
+            reports = None
+            if self._id_check is not None:  # the last key: one 4-id bag from every rank
+                reports = cold.values()[-W * IdCheckCarrier.WIDTH:].view(W, IdCheckCarrier.WIDTH)
+            return HybridLookupInput(cold=cold, id_reports=reports, **local)
 
+        def tensors_ready():
+            nonlocal tensors_awaitable
+            tensors_awaitable = splits_awaitable.wait()
+            return _Ready(received)
+
+        tensors_awaitable = None
         return _Ready(tensors_ready)
+
+    def _with_reports(self, per_group, values_per_rank, lengths, values, weights):
+        """Appends the id-check report to every destination's run (FBGEMM segment permute)."""
+        W, n = self._world, IdCheckCarrier.WIDTH
+        report = self._id_check.take(values.device)
+        permute = torch.ops.fbgemm.permute_1D_sparse_data
+        fours = torch.full((W,), n, dtype=torch.int32, device=values.device)
+        _, lengths, _ = permute(self._interleave, torch.cat([per_group.view(W, -1).sum(1).to(torch.int32), fours.new_ones(W)]),
+                                torch.cat([lengths, fours.to(lengths.dtype)]))
+        _, values, weights = permute(
+            self._interleave, torch.cat([values_per_rank.to(torch.int32), fours]),
+            torch.cat([values, report.repeat(W)]),
+            None if weights is None else torch.cat([weights, weights.new_ones(W * n)]))
+        return lengths, values, weights
 
     def _start_touched_exchange(self, hot_slots: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Starts an async all-gather of this rank's looked-up hot slots (one byte each)."""

@@ -50,15 +50,15 @@ def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
     return torch.cumsum(x, 0) - x
 
 
-def _with_extra_bags(kjt: KeyedJaggedTensor, per_feature: torch.Tensor, extra: "_ExtraBags"):
+def _with_extra_bags(lengths, values, weights, length_per_key: List[int], per_feature: torch.Tensor,
+                     extra: "_ExtraBags"):
     """The received bags with one-id bags appended to each feature (feature-major, as a TBE needs).
 
     Received and extra bags are 2F segments; FBGEMM's segment permutation interleaves them
     (received f, extra f, ...). Returns lengths, values, weights (ones for the extra bags)
     and the new values per feature.
     """
-    lengths, values, weights = kjt.lengths(), kjt.values(), kjt.weights_or_none()
-    values_per_feature = torch.tensor(kjt.length_per_key(), device=values.device)
+    values_per_feature = torch.tensor(length_per_key, device=values.device)
     permute = torch.ops.fbgemm.permute_1D_sparse_data
     i32 = torch.int32
     _, new_lengths, _ = permute(extra.interleave, torch.cat([per_feature, extra.per_feature]).to(i32),
@@ -84,7 +84,7 @@ class _ExtraBags:
         self.interleave = torch.arange(2 * F, dtype=torch.int32, device=rows.device).view(2, F).t().reshape(-1)
 
 
-def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags]):
+def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags], num_features: int):
     """The received bags (variable batch per feature and source rank) as a fixed-batch KJT.
 
     The TBE needs one batch size for all features (FBGEMM's CPU variable-batch kernel is
@@ -92,27 +92,34 @@ def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags]):
     then its extra one-id bags (owned hot rows), and the batch is the largest count. Returns the padded KJT; the received bags in (source
     rank, feature, sample) order - the order they travel home in - as cells ``row * F +
     feature`` of the lookup output, with their counts ``[W, F]``; and the extra bags' cells.
+    Keys past the first ``num_features`` (the id-check reports) are left out.
     """
-    counts = torch.tensor(kjt.stride_per_key_per_rank(), device=kjt.device())  # [F, W]
-    F, W = counts.shape
+    F = num_features
+    strides = kjt.stride_per_key_per_rank()[:F]
+    counts = torch.tensor(strides, device=kjt.device())  # [F, W]
+    W = counts.size(1)
     per_feature = counts.sum(1)
+    n = sum(map(sum, strides))
+    length_per_key = kjt.length_per_key()[:F]
+    v = sum(length_per_key)
+    lengths, values, weights = kjt.lengths()[:n], kjt.values()[:v], kjt.weights_or_none()
+    weights = None if weights is None else weights[:v]
     if extra is not None and extra.rows.numel():
-        lengths, values, weights, values_per_feature = _with_extra_bags(kjt, per_feature, extra)
+        lengths, values, weights, values_per_feature = _with_extra_bags(lengths, values, weights, length_per_key,
+                                                                        per_feature, extra)
         extra_cells = per_feature[extra.features] * F + extra.cell_offset
         bags_per_feature = per_feature + extra.per_feature
         length_per_key = values_per_feature.tolist()
     else:
-        lengths, values, weights = kjt.lengths(), kjt.values(), kjt.weights_or_none()
         extra_cells = torch.empty(0, dtype=torch.int64, device=counts.device)
-        bags_per_feature, length_per_key = per_feature, kjt.length_per_key()
+        bags_per_feature = per_feature
     batch = max(1, int(bags_per_feature.max()))
     feature_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(bags_per_feature)
     padded = torch.ops.fbgemm.jagged_1d_to_dense(lengths, feature_offsets, batch, 0).view(-1)
-    out = KeyedJaggedTensor(keys=kjt.keys(), values=values, weights=weights, lengths=padded, stride=batch,
+    out = KeyedJaggedTensor(keys=kjt.keys()[:F], values=values, weights=weights, lengths=padded, stride=batch,
                             length_per_key=length_per_key)
     # Block (w, f) of the send order holds rows first[f, w] ...  of feature f, so the p-th
     # bag sent is cell (p - block_start + first) * F + f of its block.
-    n = kjt.lengths().numel()
     first = (torch.cumsum(counts, 1) - counts).t().reshape(-1)
     size = counts.t().reshape(-1)
     block_start = torch.cumsum(size, 0) - size
@@ -146,6 +153,7 @@ class HybridLookup(nn.Module):
         self._hot = replicas
         self._layout = layout
         self._feature_splits = [c.num_features() for c in grouped_configs]
+        self._num_features = sum(self._feature_splits)
         self._tables = [t.name for c in grouped_configs for t in c.embedding_tables]
         self._last_replica: Optional[tuple] = None
         self._extra: Optional[tuple] = None
@@ -155,9 +163,9 @@ class HybridLookup(nn.Module):
         layout = self._layout
         mine, hot_slots, hot_counts = layout.select(None if inp.touched is None else inp.touched())
         if self._extra is None or self._extra[0] is not mine:  # the same every step when all rows travel
-            self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], sum(self._feature_splits)))
+            self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
         with record_function("## hybrid:cold_lookup ##"):
-            padded, cells, counts, hot_row_cells = _padded_bags(inp.cold, self._extra[1])
+            padded, cells, counts, hot_row_cells = _padded_bags(inp.cold, self._extra[1], self._num_features)
             cold = self.cold(padded)
 
         @record_function("## hybrid:hot_lookup ##")
