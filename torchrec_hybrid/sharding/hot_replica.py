@@ -27,6 +27,8 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
+from torchrec_hybrid.sharding.segments import exclusive_cumsum
+
 # Optimizers whose update with a zero gradient leaves the row and its state unchanged
 # (w -= lr * 0; Adagrad states += 0), provided there is no weight decay and eps > 0.
 _NOOP_ON_ZERO_GRAD = {EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD}
@@ -98,7 +100,7 @@ class HotReplica:
         self.flat_size = sum(r * d for r, d in zip(rows_eff, widths))
         # per slot: its width and where its row starts in the flat replica
         sizes_flat = torch.tensor([r * d for r, d in zip(rows_eff, widths)], dtype=torch.int64)
-        starts = torch.cumsum(sizes_flat, 0) - sizes_flat  # the dense TBE's tables, back to back
+        starts = exclusive_cumsum(sizes_flat)  # the dense TBE's tables, back to back
         slot_bucket = torch.repeat_interleave(torch.arange(len(widths)), torch.tensor(bucket_rows))
         slot_row = torch.arange(self.num_slots) - torch.tensor(bucket_start, dtype=torch.int64)[slot_bucket]
         w = torch.tensor(widths, dtype=torch.int64)
@@ -148,19 +150,17 @@ class HotRowLayout:
         replicas: the groups' replicas (slots numbered group after group).
         configs: the groups' configs (local shard offsets give the row-wise owner blocks).
         hot_ids: sorted hot ids per table, per group.
-        feature_bases: first feature (in sharding order) of each group.
         world / rank: the process group's size and this rank.
     """
 
     def __init__(self, replicas: List[HotReplica], configs: List[GroupedEmbeddingConfig],
-                 hot_ids: List[List[torch.Tensor]], feature_bases: List[int], world: int, rank: int) -> None:
+                 hot_ids: List[List[torch.Tensor]], world: int, rank: int) -> None:
         owner, row, feature, flat, width = [], [], [], [], []
-        self.flat_bases, base = [], 0
-        for rep, cfg, ids, f0 in zip(replicas, configs, hot_ids, feature_bases):
+        self.flat_bases, base, f = [], 0, 0  # f: first feature of the group (sharding order)
+        for rep, cfg, ids in zip(replicas, configs, hot_ids):
             self.flat_bases.append(base)
             slot_owner = torch.empty(rep.num_slots, dtype=torch.int64)
             slot_row, slot_feature = torch.empty_like(slot_owner), torch.empty_like(slot_owner)
-            f = f0
             for t, table in enumerate(cfg.embedding_tables):
                 block = (table.num_embeddings + world - 1) // world  # the stock row-wise blocks
                 s = slice(rep.table_slot_start[t], rep.table_slot_start[t] + ids[t].numel())

@@ -16,7 +16,7 @@ from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
 from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout, hot_slot_layout, zero_grad_is_noop
+from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout, zero_grad_is_noop
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist, IdCheckCarrier
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
@@ -45,14 +45,6 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         groups = _compat.sharding_grouped_configs(self)
         self._tables = [t for g in groups for t in g.embedding_tables]
         self._hot_ids_per_group = [[hot_ids[t.name] for t in g.embedding_tables] for g in groups]
-        # hot slots: group after group, each laid out as its replica stores them
-        self._hot_slot_starts, self._group_slot_bases, base = [], [], 0
-        for g, ids in zip(groups, self._hot_ids_per_group):
-            sizes = [h.numel() for h in ids]
-            _, starts, _ = hot_slot_layout([t.local_cols for t in g.embedding_tables], sizes)
-            self._hot_slot_starts += [base + s for s in starts]
-            self._group_slot_bases.append(base)
-            base += sum(sizes)
         world = self._world_size
         for t in self._tables:  # our bucketization must agree with the stock row-wise layout
             block = (t.num_embeddings + world - 1) // world
@@ -66,13 +58,17 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         self._hot_parts = None
 
     def _hot(self, device: torch.device):
-        """The groups' replicas and the hot-row layout (built once, shared by lookup and output dist)."""
+        """The groups' replicas and the hot-row layout (built once, shared by all three parts).
+
+        Hot slots are numbered group after group, each group's as its replica stores them.
+        """
         if self._hot_parts is None:
             groups = _compat.sharding_grouped_configs(self)
-            replicas = [HotReplica(g, ids, device, slot_base=s)
-                        for g, ids, s in zip(groups, self._hot_ids_per_group, self._group_slot_bases)]
-            bases = [sum(g.num_features() for g in groups[:i]) for i in range(len(groups))]
-            layout = HotRowLayout(replicas, groups, self._hot_ids_per_group, bases, self._world_size, self._rank)
+            replicas, base = [], 0
+            for g, ids in zip(groups, self._hot_ids_per_group):  # set-up time loop over groups
+                replicas.append(HotReplica(g, ids, device, slot_base=base))
+                base += replicas[-1].num_slots
+            layout = HotRowLayout(replicas, groups, self._hot_ids_per_group, self._world_size, self._rank)
             self._hot_parts = (replicas, layout.to(device))
         return self._hot_parts
 
@@ -81,16 +77,18 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
 
     def create_input_dist(self, device: Optional[torch.device] = None) -> HybridSparseFeaturesDist:
         world = self._world_size
+        device = device if device is not None else self._device
         feature_tables = self._feature_tables()
         rows = [t.num_embeddings for t in self._tables]
+        replicas, _ = self._hot(device)
         return HybridSparseFeaturesDist(
             pg=self._pg,
             feature_tables=feature_tables,
             table_rows=rows,
             hot_ids=[h for group in self._hot_ids_per_group for h in group],
-            hot_slot_starts=self._hot_slot_starts,
+            hot_slot_starts=[r.slot_base + s for r in replicas for s in r.table_slot_start],
             block_sizes=[(rows[i] + world - 1) // world for i in feature_tables],
-            device=device if device is not None else self._device,
+            device=device,
             exchange_touched=self._exchange_touched,
             id_check=self._id_check,
         )

@@ -25,6 +25,8 @@ from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_hybrid.sharding.segments import exclusive_cumsum, interleave_order, interleave_runs
+
 
 @dataclass
 class HybridLookupInput:
@@ -133,7 +135,7 @@ class HybridSparseFeaturesDist(nn.Module):
         self._world = pg.size()
         self._num_features = len(feature_tables)
         rows = torch.tensor(table_rows, dtype=torch.int64)
-        table_offset = torch.cumsum(rows, 0) - rows
+        table_offset = exclusive_cumsum(rows)
         ft = torch.tensor(feature_tables, dtype=torch.int64)
         keys = [h + off for h, off in zip(hot_ids, table_offset.tolist())]
         hot_keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
@@ -163,8 +165,7 @@ class HybridSparseFeaturesDist(nn.Module):
         keys_per_rank = self._num_features + (1 if id_check is not None else 0)
         self._cold_dist = KJTAllToAll(pg=pg, splits=[keys_per_rank] * self._world)
         if id_check is not None:  # segment order: each destination's bags, then its report
-            self.register_buffer("_interleave", torch.arange(2 * self._world, dtype=torch.int32, device=device)
-                                 .view(2, -1).t().reshape(-1), persistent=False)
+            self.register_buffer("_interleave", interleave_order(self._world, device), persistent=False)
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
         with record_function("## hybrid:input_dist ##"):
@@ -253,14 +254,11 @@ class HybridSparseFeaturesDist(nn.Module):
         """Appends the id-check report to every destination's run (FBGEMM segment permute)."""
         W, n = self._world, IdCheckCarrier.WIDTH
         report = self._id_check.take(values.device)
-        permute = torch.ops.fbgemm.permute_1D_sparse_data
         fours = torch.full((W,), n, dtype=torch.int32, device=values.device)
-        _, lengths, _ = permute(self._interleave, torch.cat([per_group.view(W, -1).sum(1).to(torch.int32), fours.new_ones(W)]),
-                                torch.cat([lengths, fours.to(lengths.dtype)]))
-        _, values, weights = permute(
-            self._interleave, torch.cat([values_per_rank.to(torch.int32), fours]),
-            torch.cat([values, report.repeat(W)]),
-            None if weights is None else torch.cat([weights, weights.new_ones(W * n)]))
+        lengths, _ = interleave_runs(self._interleave, per_group.view(W, -1).sum(1), lengths, fours.new_ones(W),
+                                     fours.to(lengths.dtype))
+        values, weights = interleave_runs(self._interleave, values_per_rank, values, fours, report.repeat(W),
+                                          weights, None if weights is None else weights.new_ones(W * n))
         return lengths, values, weights
 
     def _start_touched_exchange(self, hot_slots: torch.Tensor) -> Callable[[], torch.Tensor]:

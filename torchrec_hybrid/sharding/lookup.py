@@ -22,6 +22,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
+from torchrec_hybrid.sharding.segments import exclusive_cumsum, interleave_order, interleave_runs
 
 
 @dataclass
@@ -46,10 +47,6 @@ class HybridLookupOutput:
     lengths: torch.Tensor  # [F, B] full bag lengths
 
 
-def _excl_cumsum(x: torch.Tensor) -> torch.Tensor:
-    return torch.cumsum(x, 0) - x
-
-
 def _with_extra_bags(lengths, values, weights, length_per_key: List[int], per_feature: torch.Tensor,
                      extra: "_ExtraBags"):
     """The received bags with one-id bags appended to each feature (feature-major, as a TBE needs).
@@ -59,14 +56,11 @@ def _with_extra_bags(lengths, values, weights, length_per_key: List[int], per_fe
     and the new values per feature.
     """
     values_per_feature = torch.tensor(length_per_key, device=values.device)
-    permute = torch.ops.fbgemm.permute_1D_sparse_data
-    i32 = torch.int32
-    _, new_lengths, _ = permute(extra.interleave, torch.cat([per_feature, extra.per_feature]).to(i32),
-                                torch.cat([lengths, extra.ones.to(lengths.dtype)]))
-    _, new_values, new_weights = permute(
-        extra.interleave, torch.cat([values_per_feature, extra.per_feature]).to(i32),
-        torch.cat([values, extra.rows.to(values.dtype)]),
-        None if weights is None else torch.cat([weights, extra.ones.to(weights.dtype)]))
+    new_lengths, _ = interleave_runs(extra.interleave, per_feature, lengths, extra.per_feature,
+                                     extra.ones.to(lengths.dtype))
+    new_values, new_weights = interleave_runs(
+        extra.interleave, values_per_feature, values, extra.per_feature, extra.rows.to(values.dtype),
+        weights, None if weights is None else extra.ones.to(weights.dtype))
     return new_lengths, new_values, new_weights, values_per_feature + extra.per_feature
 
 
@@ -78,10 +72,10 @@ class _ExtraBags:
         self.features, self.rows = features, rows
         self.per_feature = torch.bincount(features, minlength=F)
         # rank of each extra bag within its feature, folded with the feature into a cell offset
-        rank = torch.arange(rows.numel(), device=rows.device) - _excl_cumsum(self.per_feature)[features]
+        rank = torch.arange(rows.numel(), device=rows.device) - exclusive_cumsum(self.per_feature)[features]
         self.cell_offset = rank * F + features
         self.ones = torch.ones(rows.numel(), dtype=torch.float32, device=rows.device)
-        self.interleave = torch.arange(2 * F, dtype=torch.int32, device=rows.device).view(2, F).t().reshape(-1)
+        self.interleave = interleave_order(F, rows.device)
 
 
 def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags], num_features: int):
@@ -89,9 +83,10 @@ def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags], num_featur
 
     The TBE needs one batch size for all features (FBGEMM's CPU variable-batch kernel is
     far slower than padding), so feature f's bags take rows ``0..n_f-1`` in received order,
-    then its extra one-id bags (owned hot rows), and the batch is the largest count. Returns the padded KJT; the received bags in (source
-    rank, feature, sample) order - the order they travel home in - as cells ``row * F +
-    feature`` of the lookup output, with their counts ``[W, F]``; and the extra bags' cells.
+    then its extra one-id bags (owned hot rows), and the batch is the largest count. Returns
+    the padded KJT; the received bags in (source rank, feature, sample) order - the order
+    they travel home in - as cells ``row * F + feature`` of the lookup output, with their
+    counts ``[W, F]``; and the extra bags' cells.
     Keys past the first ``num_features`` (the id-check reports) are left out.
     """
     F = num_features
@@ -99,7 +94,7 @@ def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags], num_featur
     counts = torch.tensor(strides, device=kjt.device())  # [F, W]
     W = counts.size(1)
     per_feature = counts.sum(1)
-    n = sum(map(sum, strides))
+    n = int(per_feature.sum())
     length_per_key = kjt.length_per_key()[:F]
     v = sum(length_per_key)
     lengths, values, weights = kjt.lengths()[:n], kjt.values()[:v], kjt.weights_or_none()
@@ -120,9 +115,9 @@ def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags], num_featur
                             length_per_key=length_per_key)
     # Block (w, f) of the send order holds rows first[f, w] ...  of feature f, so the p-th
     # bag sent is cell (p - block_start + first) * F + f of its block.
-    first = (torch.cumsum(counts, 1) - counts).t().reshape(-1)
+    first = exclusive_cumsum(counts, 1).t().reshape(-1)
     size = counts.t().reshape(-1)
-    block_start = torch.cumsum(size, 0) - size
+    block_start = exclusive_cumsum(size)
     shift = (first - block_start) * F + torch.arange(W * F, device=counts.device) % F
     cells = torch.arange(n, device=counts.device) * F + torch.repeat_interleave(shift, size, output_size=n)
     return out, cells, size.view(W, F), extra_cells

@@ -21,7 +21,7 @@ from torchrec.distributed.types import Awaitable
 
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
-from torchrec_hybrid.sharding.segments import segment_positions
+from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
 
 
 class _VariableAllToAll(torch.autograd.Function):
@@ -40,7 +40,7 @@ class _VariableAllToAll(torch.autograd.Function):
         out = grad.new_empty(sum(send_splits))
         dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.pg)
         if get_gradient_division():
-            out = out / ctx.pg.size()
+            out.div_(ctx.pg.size())
         return out, None, None, None
 
 
@@ -49,12 +49,8 @@ def _interleave(a: torch.Tensor, b: torch.Tensor, total_a: int, total_b: int):
 
     Returns where the items of the ``a`` runs (rank after rank) and of the ``b`` runs go.
     """
-    seg = torch.cumsum(a + b, 0) - (a + b)
-    a_pos = torch.arange(total_a, device=a.device) + torch.repeat_interleave(
-        seg - (torch.cumsum(a, 0) - a), a, output_size=total_a)
-    b_pos = torch.arange(total_b, device=b.device) + torch.repeat_interleave(
-        seg + a - (torch.cumsum(b, 0) - b), b, output_size=total_b)
-    return a_pos, b_pos
+    start = exclusive_cumsum(a + b)
+    return segment_positions(start, a, total_a), segment_positions(start + a, b, total_b)
 
 
 class _Pack(torch.autograd.Function):
@@ -93,8 +89,8 @@ class _Unpack(torch.autograd.Function):
 
     ``replica_src`` names, for every replica position, the received unit it copies (any
     unit where no owner sent one: padding rows or rows nobody looked up, never read; None
-    when no row was sent at all). The
-    backward needs no zero fill: partial and hot-row positions cover the whole buffer.
+    when no row was sent at all). The backward needs no zero fill: partial and hot-row
+    positions cover the whole buffer.
     """
 
     @staticmethod
@@ -166,7 +162,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         dims = torch.tensor(feature_dims, dtype=torch.int64)
         self._total_dim = int(dims.sum())
         self.register_buffer("_dims", dims.to(device), persistent=False)
-        self.register_buffer("_dim_offsets", (torch.cumsum(dims, 0) - dims).to(device), persistent=False)
+        self.register_buffer("_dim_offsets", exclusive_cumsum(dims).to(device), persistent=False)
         self._any_mean = any(mean_features)
         # all features one width: move whole rows instead of computing element positions
         self._uniform_dim = feature_dims[0] if len(set(feature_dims)) == 1 else None
