@@ -33,7 +33,7 @@ def expected_bytes(table_types: Mapping[str, Sequence], rows: Mapping[str, int],
     if dense_numel:
         total += cm.stock_bytes(cm.DATA_PARALLEL, cm.TableTraffic(dense_numel, 1, 1, 1.0, batch, world))
     if hybrid_module:
-        total += cm.module_overhead_bytes(world, 1, validate_ids=True, carried=True)
+        total += cm.module_overhead_bytes(world, 0, validate_ids=True, carried=True)
     if stock_module:
         total += cm.module_overhead_bytes(world, 1, validate_ids=False)
     return total

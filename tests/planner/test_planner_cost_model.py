@@ -28,8 +28,8 @@ def test_hybrid_terms_one_hot():
     cov = 0.75
     p = cm.hybrid_bytes(t, cov, 10)
     W, B, F, D, c = 4, 16, 2, 8, 0.25
-    # lengths of the bags with a cold id on each remote owner, plus one batch size per feature
-    assert math.isclose(float(p["lengths"]), (W - 1) * (F * B * c / W * 4 + F * 8))
+    # lengths of the bags with a cold id on each remote owner, plus two int32 counts per feature
+    assert math.isclose(float(p["lengths"]), (W - 1) * (F * B * c / W * 4 + F * 2 * 4))
     assert math.isclose(float(p["cold_ids"]), c * (W - 1) / W * F * B * 4)
     assert math.isclose(float(p["partials"]), 2 * D * 4 * F * B * c * (W - 1) / W)
     # each owner's hot rows out to the other ranks, their gradients back

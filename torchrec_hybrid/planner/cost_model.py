@@ -12,9 +12,9 @@ coverage: ``coverage[H]`` = share of the table's lookups that fall on its H most
 rows (``coverage[0] == 0``, non-decreasing), e.g. from :func:`coverage_from_counts`.
 
 Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
-- input dist (KJTAllToAll of a variable-batch KJT): to each other rank the lengths of the
-  bags holding >= 1 cold id it owns (int32), the cold ids it owns (int32) and one int64
-  batch size per feature: ``4*F*B*(W-1)*(1-(1-c/W)**L) + c*(W-1)/W*F*B*L*4 + (W-1)*F*8``
+- input dist (cold_all_to_all.py): to each other rank the lengths of the bags holding >= 1
+  cold id it owns (int32), the cold ids it owns (int32) and, in the metadata all-to-all,
+  two int32 counts per feature: ``4*F*B*(W-1)*(1-(1-c/W)**L) + c*(W-1)/W*F*B*L*4 + (W-1)*F*8``
   (c = 1 - coverage);
 - output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of
   a remote owner, forward and again backward: ``2*D*4*F*B*(W-1)*(1-(1-c/W)**L)``
@@ -25,8 +25,8 @@ Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
   decay, Adam - only rows some rank looked up travel, plus an all-gather of H-byte masks;
   this prices the upper bound.)
 Per sharded module (not per table): the id-check verdicts (an all-gather of 3 int64 per
-rank, or 28 bytes per peer inside the hybrid all-to-all) and the small splits exchange of
-each KJTAllToAll (:func:`module_overhead_bytes`).
+rank, or 4 int32 per peer in the hybrid metadata all-to-all) and the small splits exchange
+of each stock KJTAllToAll (:func:`module_overhead_bytes`).
 """
 
 from __future__ import annotations
@@ -189,7 +189,7 @@ def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torc
     # P(a bag has >= 1 cold id on a given owner) = 1 - (1 - c/W)^L, for each of W-1 remote owners
     bag_hit = 1.0 - torch.pow(1.0 - cold / w, t.pooling) if w > 1 else torch.zeros_like(cold)
     return {
-        "lengths": (w - 1) * (t.bags * bag_hit * INT32 + t.features * INT64),
+        "lengths": (w - 1) * (t.bags * bag_hit * INT32 + t.features * 2 * INT32),
         "cold_ids": cold * remote * t.lookups * INT32,
         "partials": 2 * t.dim * FP32 * t.bags * (w - 1) * bag_hit,
         "hot_sync": 2 * remote * h * t.dim * FP32,
@@ -226,13 +226,14 @@ def hybrid_memory_bytes(t: TableTraffic, hot_rows: int, optimizer_bytes_per_row:
 
 def module_overhead_bytes(world: int, num_input_dists: int, validate_ids: bool = True,
                           splits_per_dist: int = 3, carried: bool = False) -> float:
-    """Per sharded module and step: the id-check verdicts + KJTAllToAll splits exchanges.
+    """Per sharded module and step: the id-check verdicts + the stock KJTAllToAll splits exchanges.
 
-    The verdicts take an all-gather of 3 int64, or with a frequency-hybrid sharding in the
-    module (``carried``) ride its cold all-to-all: one extra bag per destination (4 int32
-    ids, its int32 length and its int64 batch size).
+    ``num_input_dists`` counts stock input dists only (the hybrid one's sizes are its
+    per-table metadata). The verdicts take an all-gather of 3 int64, or with a
+    frequency-hybrid sharding in the module (``carried``) 4 int32 words per destination in
+    its metadata all-to-all.
     """
-    per_peer = (4 * INT32 + INT32 + INT64) if carried else 3 * INT64
+    per_peer = 4 * INT32 if carried else 3 * INT64
     check = (world - 1) * per_peer if validate_ids else 0
     return float(check + num_input_dists * (world - 1) * splits_per_dist * INT64)
 

@@ -92,7 +92,7 @@ def estimated_bytes(planner, world: int) -> Dict[str, float]:
 
     opts = planner.planned_options()
     out = {so.name: float(option_bytes(so, world) or 0.0) for so in opts}
-    dists = len({so.sharding_type for so in opts if so.sharding_type != cm.DATA_PARALLEL})
+    dists = len({so.sharding_type for so in opts} - {cm.DATA_PARALLEL, cm.FREQUENCY_HYBRID})
     carried = any(so.sharding_type == cm.FREQUENCY_HYBRID for so in opts)
     out["_module_overhead"] = cm.module_overhead_bytes(world, dists, carried=carried)
     return out

@@ -5,9 +5,9 @@ Per step and per rank (local batch B, F features of hybrid tables):
    dense key -> hot-slot map (one gather), or, when the tables are too large in total for
    such a map, by binary search in the sorted hot keys -> a hot slot or "cold";
 2. hot ids stay local, as indices into the replicated hot TBE;
-3. cold ids are bucketized by owner (row-wise blocks, the stock RW layout) and sent with
-   TorchRec's ``KJTAllToAll``.
-The result handed to the lookup is a :class:`HybridLookupInput`: the received cold KJT plus
+3. cold ids are bucketized by owner (row-wise blocks, the stock RW layout); only the
+   non-empty bags go to their owner, in two all-to-alls (cold_all_to_all.py).
+The result handed to the lookup is a :class:`HybridLookupInput`: the received cold bags plus
 the local hot part and the lengths the output dist needs to route partial sums back. When
 the optimizer could change a row on a zero gradient, the hot rows this rank looked up are
 also all-gathered (a bit mask), overlapping the all-to-alls: only rows some rank looked up
@@ -21,20 +21,19 @@ import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd.profiler import record_function
-from torchrec.distributed.dist_data import KJTAllToAll
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, interleave_order, interleave_runs
+from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll, Deferred
+from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
 
 @dataclass
 class HybridLookupInput:
     """What the hybrid lookup consumes for one step (one element of SEBC's ``KJTList``).
 
-    cold: ids received from every rank for the rows this rank owns (local row ids): a
-        variable-batch KJT holding only the non-empty bags, ``stride_per_key_per_rank()
-        [f][w]`` of them from rank w for feature f, feature-major then source rank.
+    cold: the bags received from every rank for the rows this rank owns (local row ids),
+        only the non-empty ones, ``cold.counts[w, f]`` from rank w for feature f.
     hot_indices / hot_offsets / hot_weights: the local batch's hot lookups, jagged by
         (feature, sample); indices are hot slots (rows of the replicas, all groups numbered
         together).
@@ -46,10 +45,10 @@ class HybridLookupInput:
     sent_counts: how many of them per ``[owner, feature]``.
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
     id_reports: None, or every rank's id-check report (:class:`IdCheckCarrier`), int32
-        ``[W, 4]``, carried to here by the cold all-to-all.
+        ``[W, 4]``, carried to here by the cold ids' metadata all-to-all.
     """
 
-    cold: KeyedJaggedTensor
+    cold: ColdBags
     hot_indices: torch.Tensor
     hot_offsets: torch.Tensor
     hot_weights: Optional[torch.Tensor]
@@ -75,7 +74,7 @@ class IdCheckCarrier:
     """Hands the sharded module's per-step id-check report to the cold all-to-all.
 
     The report (int32 ``[flag, key, value low word, value high word]``) travels to every
-    rank as one extra bag per destination, so the verdict needs no collective of its own.
+    rank in the cold ids' metadata, so the verdict needs no collective of its own.
     The module sets :attr:`report` right before each input dist; it is taken once.
     """
 
@@ -93,15 +92,6 @@ class IdCheckCarrier:
 DENSE_MAP_MAX_ROWS = 1 << 24  # 128 MiB of int64 per sharding, at most
 
 
-class _Ready(Awaitable):
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self._fn = fn
-
-    def _wait_impl(self):
-        return self._fn()
-
-
 class HybridSparseFeaturesDist(nn.Module):
     """Splits each feature's ids into hot (kept) and cold (sent to the owner rank).
 
@@ -115,7 +105,7 @@ class HybridSparseFeaturesDist(nn.Module):
         block_sizes: rows per owner block, per feature (the row-wise layout of the cold shard).
         device: where the ids live.
         exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
-        id_check: carries the module's id-check reports to every rank (an extra KJT key).
+        id_check: carries the module's id-check reports to every rank (in the cold metadata).
     """
 
     def __init__(
@@ -159,13 +149,9 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer(
             "_block_sizes", torch.tensor(block_sizes, dtype=torch.int64, device=device), persistent=False
         )
-        # not named `_dist`: TrainPipelineSparseDist swaps the forward of any input dist's `_dist`
-        # for a fused splits all-to-all that returns no awaitable; ours waits on its own.
         self._id_check = id_check
-        keys_per_rank = self._num_features + (1 if id_check is not None else 0)
-        self._cold_dist = KJTAllToAll(pg=pg, splits=[keys_per_rank] * self._world)
-        if id_check is not None:  # segment order: each destination's bags, then its report
-            self.register_buffer("_interleave", interleave_order(self._world, device), persistent=False)
+        self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, 0 if id_check is None else IdCheckCarrier.WIDTH,
+                                         device)
 
     def forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
         with record_function("## hybrid:input_dist ##"):
@@ -202,28 +188,15 @@ class HybridSparseFeaturesDist(nn.Module):
             cold_lengths.to(flat_lengths.dtype), cold_values, bucketize_pos=False, sequence=False,
             block_sizes=block_sizes, my_size=W, weights=None if weights is None else weights[is_cold],
         )
-        # Only the non-empty (owner, feature, sample) bags travel: a variable-batch KJT, one
-        # key per (owner, feature) with as many bags as it has, in (owner, feature, sample)
-        # order - lengths on the wire scale with the cold lookups, not with W * F * B.
+        # Only the non-empty (owner, feature, sample) bags travel, in that order: lengths on
+        # the wire scale with the cold lookups, not with W * F * B.
         sent = sent.view(-1)
         bag = sent.nonzero().view(-1)  # lengths are >= 0
         group = torch.div(bag, B, rounding_mode="floor")  # owner * F + feature
         per_group = torch.bincount(group, minlength=W * F)
-        keys, bag_lengths, rows = list(features.keys()), sent.index_select(0, bag), local_rows.to(torch.int32)
-        if self._id_check is None:
-            strides = per_group.view(-1, 1).tolist()
-        else:
-            keys.append(IdCheckCarrier.KEY)
-            strides = torch.cat([per_group.view(W, F), per_group.new_ones(W, 1)], 1).view(-1, 1).tolist()
-            bag_lengths, rows, sent_weights = self._with_reports(per_group, sent.view(W, -1).sum(1), bag_lengths,
-                                                                 rows, sent_weights)
-        bucketized = KeyedJaggedTensor(
-            keys=keys * W,
-            values=rows,  # local row ids: 4 bytes on the wire
-            lengths=bag_lengths,
-            weights=sent_weights,
-            stride_per_key_per_rank=strides,
-        )
+        report = None if self._id_check is None else self._id_check.take(values.device)
+        received = self._cold_a2a(per_group, sent.view(W * F, B).sum(1), sent.index_select(0, bag), local_rows,
+                                  sent_weights, report)
         local = dict(
             hot_indices=hot_slots,
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
@@ -233,33 +206,18 @@ class HybridSparseFeaturesDist(nn.Module):
             sent_counts=per_group.view(W, F),
             lengths=lengths,
         )
-        splits_awaitable = self._cold_dist(bucketized)
 
-        def received() -> HybridLookupInput:
-            cold = tensors_awaitable.wait()
-            reports = None
-            if self._id_check is not None:  # the last key: one 4-id bag from every rank
-                reports = cold.values()[-W * IdCheckCarrier.WIDTH:].view(W, IdCheckCarrier.WIDTH)
-            return HybridLookupInput(cold=cold, id_reports=reports, **local)
+        def arrived() -> HybridLookupInput:
+            cold = payload.wait()
+            return HybridLookupInput(cold=cold, id_reports=cold.reports, **local)
 
-        def tensors_ready():
-            nonlocal tensors_awaitable
-            tensors_awaitable = splits_awaitable.wait()
-            return _Ready(received)
+        def splits_arrived():
+            nonlocal payload
+            payload = received.wait()
+            return Deferred(arrived)
 
-        tensors_awaitable = None
-        return _Ready(tensors_ready)
-
-    def _with_reports(self, per_group, values_per_rank, lengths, values, weights):
-        """Appends the id-check report to every destination's run (FBGEMM segment permute)."""
-        W, n = self._world, IdCheckCarrier.WIDTH
-        report = self._id_check.take(values.device)
-        fours = torch.full((W,), n, dtype=torch.int32, device=values.device)
-        lengths, _ = interleave_runs(self._interleave, per_group.view(W, -1).sum(1), lengths, fours.new_ones(W),
-                                     fours.to(lengths.dtype))
-        values, weights = interleave_runs(self._interleave, values_per_rank, values, fours, report.repeat(W),
-                                          weights, None if weights is None else weights.new_ones(W * n))
-        return lengths, values, weights
+        payload = None
+        return Deferred(splits_arrived)
 
     def _start_touched_exchange(self, hot_slots: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Starts an async all-gather of this rank's looked-up hot slots (one byte each)."""

@@ -18,11 +18,10 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.types import ShardingEnv, ShardingType
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, interleave_order, interleave_runs
+from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
 
 @dataclass
@@ -47,80 +46,17 @@ class HybridLookupOutput:
     lengths: torch.Tensor  # [F, B] full bag lengths
 
 
-def _with_extra_bags(lengths, values, weights, length_per_key: List[int], per_feature: torch.Tensor,
-                     extra: "_ExtraBags"):
-    """The received bags with one-id bags appended to each feature (feature-major, as a TBE needs).
-
-    Received and extra bags are 2F segments; FBGEMM's segment permutation interleaves them
-    (received f, extra f, ...). Returns lengths, values, weights (ones for the extra bags)
-    and the new values per feature.
-    """
-    values_per_feature = torch.tensor(length_per_key, device=values.device)
-    new_lengths, _ = interleave_runs(extra.interleave, per_feature, lengths, extra.per_feature,
-                                     extra.ones.to(lengths.dtype))
-    new_values, new_weights = interleave_runs(
-        extra.interleave, values_per_feature, values, extra.per_feature, extra.rows.to(values.dtype),
-        weights, None if weights is None else extra.ones.to(weights.dtype))
-    return new_lengths, new_values, new_weights, values_per_feature + extra.per_feature
-
-
 class _ExtraBags:
     """The owned hot rows as one-id bags: rows and features (sorted), and derived constants."""
 
     def __init__(self, features: torch.Tensor, rows: torch.Tensor, num_features: int) -> None:
         F = num_features
-        self.features, self.rows = features, rows
+        self.features, self.rows = features, rows.to(torch.int32)
         self.per_feature = torch.bincount(features, minlength=F)
         # rank of each extra bag within its feature, folded with the feature into a cell offset
         rank = torch.arange(rows.numel(), device=rows.device) - exclusive_cumsum(self.per_feature)[features]
         self.cell_offset = rank * F + features
-        self.ones = torch.ones(rows.numel(), dtype=torch.float32, device=rows.device)
-        self.interleave = interleave_order(F, rows.device)
-
-
-def _padded_bags(kjt: KeyedJaggedTensor, extra: Optional[_ExtraBags], num_features: int):
-    """The received bags (variable batch per feature and source rank) as a fixed-batch KJT.
-
-    The TBE needs one batch size for all features (FBGEMM's CPU variable-batch kernel is
-    far slower than padding), so feature f's bags take rows ``0..n_f-1`` in received order,
-    then its extra one-id bags (owned hot rows), and the batch is the largest count. Returns
-    the padded KJT; the received bags in (source rank, feature, sample) order - the order
-    they travel home in - as cells ``row * F + feature`` of the lookup output, with their
-    counts ``[W, F]``; and the extra bags' cells.
-    Keys past the first ``num_features`` (the id-check reports) are left out.
-    """
-    F = num_features
-    strides = kjt.stride_per_key_per_rank()[:F]
-    counts = torch.tensor(strides, device=kjt.device())  # [F, W]
-    W = counts.size(1)
-    per_feature = counts.sum(1)
-    n = int(per_feature.sum())
-    length_per_key = kjt.length_per_key()[:F]
-    v = sum(length_per_key)
-    lengths, values, weights = kjt.lengths()[:n], kjt.values()[:v], kjt.weights_or_none()
-    weights = None if weights is None else weights[:v]
-    if extra is not None and extra.rows.numel():
-        lengths, values, weights, values_per_feature = _with_extra_bags(lengths, values, weights, length_per_key,
-                                                                        per_feature, extra)
-        extra_cells = per_feature[extra.features] * F + extra.cell_offset
-        bags_per_feature = per_feature + extra.per_feature
-        length_per_key = values_per_feature.tolist()
-    else:
-        extra_cells = torch.empty(0, dtype=torch.int64, device=counts.device)
-        bags_per_feature = per_feature
-    batch = max(1, int(bags_per_feature.max()))
-    feature_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(bags_per_feature)
-    padded = torch.ops.fbgemm.jagged_1d_to_dense(lengths, feature_offsets, batch, 0).view(-1)
-    out = KeyedJaggedTensor(keys=kjt.keys()[:F], values=values, weights=weights, lengths=padded, stride=batch,
-                            length_per_key=length_per_key)
-    # Block (w, f) of the send order holds rows first[f, w] ...  of feature f, so the p-th
-    # bag sent is cell (p - block_start + first) * F + f of its block.
-    first = exclusive_cumsum(counts, 1).t().reshape(-1)
-    size = counts.t().reshape(-1)
-    block_start = exclusive_cumsum(size)
-    shift = (first - block_start) * F + torch.arange(W * F, device=counts.device) % F
-    cells = torch.arange(n, device=counts.device) * F + torch.repeat_interleave(shift, size, output_size=n)
-    return out, cells, size.view(W, F), extra_cells
+        self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
 
 
 class HybridLookup(nn.Module):
@@ -149,6 +85,7 @@ class HybridLookup(nn.Module):
         self._layout = layout
         self._feature_splits = [c.num_features() for c in grouped_configs]
         self._num_features = sum(self._feature_splits)
+        self._feature_names = [f for c in grouped_configs for f in c.feature_names()]
         self._tables = [t.name for c in grouped_configs for t in c.embedding_tables]
         self._last_replica: Optional[tuple] = None
         self._extra: Optional[tuple] = None
@@ -159,9 +96,12 @@ class HybridLookup(nn.Module):
         mine, hot_slots, hot_counts = layout.select(None if inp.touched is None else inp.touched())
         if self._extra is None or self._extra[0] is not mine:  # the same every step when all rows travel
             self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
+        extra = self._extra[1]
         with record_function("## hybrid:cold_lookup ##"):
-            padded, cells, counts, hot_row_cells = _padded_bags(inp.cold, self._extra[1], self._num_features)
+            padded, cells, rows_per_feature = inp.cold.padded(self._feature_names, extra.per_feature, extra.rows,
+                                                              extra.ones)
             cold = self.cold(padded)
+        hot_row_cells = rows_per_feature[extra.features] * self._num_features + extra.cell_offset
 
         @record_function("## hybrid:hot_lookup ##")
         def hot(replica: torch.Tensor) -> torch.Tensor:
@@ -182,7 +122,7 @@ class HybridLookup(nn.Module):
         return HybridLookupOutput(
             cold=cold,
             cold_bag_cells=cells,
-            cold_bag_counts=counts,
+            cold_bag_counts=inp.cold.counts,
             hot_row_cells=hot_row_cells,
             hot=hot,
             hot_slots=hot_slots,

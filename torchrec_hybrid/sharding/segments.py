@@ -1,6 +1,6 @@
 """Small vectorised helpers on segmented (jagged) index ranges."""
 
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
@@ -24,20 +24,7 @@ def segment_positions(base: torch.Tensor, lengths: torch.Tensor, total: Optional
     return torch.repeat_interleave(base, lengths, output_size=arange.numel()) + arange
 
 
-def interleave_order(n: int, device: torch.device) -> torch.Tensor:
-    """Segment order ``0, n, 1, n+1, ...``: run i of one list, then run i of a second."""
-    return torch.arange(2 * n, dtype=torch.int32, device=device).view(2, n).t().reshape(-1)
-
-
-def interleave_runs(order: torch.Tensor, sizes_a: torch.Tensor, a: torch.Tensor, sizes_b: torch.Tensor,
-                    b: torch.Tensor, weights_a: Optional[torch.Tensor] = None,
-                    weights_b: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-    """``a_0, b_0, a_1, b_1, ...`` from ``a`` (runs of ``sizes_a``) and ``b`` (runs of ``sizes_b``).
-
-    One FBGEMM segment permutation (``order`` from :func:`interleave_order`); weights, when
-    given, move with their values.
-    """
-    sizes = torch.cat([sizes_a, sizes_b]).to(torch.int32)
-    weights = None if weights_a is None else torch.cat([weights_a, weights_b])
-    _, values, weights = torch.ops.fbgemm.permute_1D_sparse_data(order, sizes, torch.cat([a, b]), weights)
-    return values, weights
+def round_robin_order(lists: int, n: int, device: torch.device) -> torch.Tensor:
+    """Segment order taking run i of each of ``lists`` lists (``n`` runs each) in turn:
+    ``0, n, 2n, ..., 1, n+1, ...`` (for FBGEMM's ``permute_1D_sparse_data``)."""
+    return torch.arange(lists * n, dtype=torch.int32, device=device).view(lists, n).t().reshape(-1)
