@@ -195,8 +195,8 @@ class HybridSparseFeaturesDist(nn.Module):
         group = torch.div(bag, B, rounding_mode="floor")  # owner * F + feature
         per_group = torch.bincount(group, minlength=W * F)
         report = None if self._id_check is None else self._id_check.take(values.device)
-        received = self._cold_a2a(per_group, sent.view(W * F, B).sum(1), sent.index_select(0, bag), local_rows,
-                                  sent_weights, report)
+        cold = self._cold_a2a(per_group, sent.view(W * F, B).sum(1), sent.index_select(0, bag), local_rows,
+                              sent_weights, report)
         local = dict(
             hot_indices=hot_slots,
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
@@ -207,17 +207,16 @@ class HybridSparseFeaturesDist(nn.Module):
             lengths=lengths,
         )
 
-        def arrived() -> HybridLookupInput:
-            cold = payload.wait()
-            return HybridLookupInput(cold=cold, id_reports=cold.reports, **local)
+        def metadata_arrived() -> Awaitable[HybridLookupInput]:
+            payload = cold.wait()  # the payload all-to-all is under way
 
-        def splits_arrived():
-            nonlocal payload
-            payload = received.wait()
-            return Deferred(arrived)
+            def payload_arrived() -> HybridLookupInput:
+                bags = payload.wait()
+                return HybridLookupInput(cold=bags, id_reports=bags.reports, **local)
 
-        payload = None
-        return Deferred(splits_arrived)
+            return Deferred(payload_arrived)
+
+        return Deferred(metadata_arrived)
 
     def _start_touched_exchange(self, hot_slots: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Starts an async all-gather of this rank's looked-up hot slots (one byte each)."""
