@@ -53,7 +53,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 hot_ids[c.name] = planned
         checked = normalize_hot_ids(hot_ids, hybrid, env.process_group) if hybrid else {}
         object.__setattr__(self, "_hybrid_hot_ids", checked)
-        # the id-check verdicts ride the hybrid cold all-to-all when there is one
+        # the id-check verdicts ride the hybrid cold metadata all-to-all when there is one
         object.__setattr__(self, "_id_check_carrier", IdCheckCarrier() if validate_ids and hybrid else None)
         super().__init__(module, table_name_to_parameter_sharding, env, fused_params=fused_params,
                          device=device, qcomm_codecs_registry=qcomm_codecs_registry, module_fqn=module_fqn)
@@ -98,7 +98,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def _start_id_check(self, ctx, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """Checks ids locally and sends the verdict to every rank.
 
-        With a frequency-hybrid sharding the verdict rides its cold all-to-all (no collective
+        With a frequency-hybrid sharding the verdict rides its cold metadata (no collective
         of its own); else an async all-gather overlaps the input all-to-alls. Either way it
         is read before the lookups. Bad ids are replaced by 0 meanwhile so the dists stay in
         step.

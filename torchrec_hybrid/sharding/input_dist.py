@@ -44,8 +44,6 @@ class HybridLookupInput:
         ``sample * F + feature`` of the pooled output.
     sent_counts: how many of them per ``[owner, feature]``.
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
-    id_reports: None, or every rank's id-check report (:class:`IdCheckCarrier`), int32
-        ``[W, 4]``, carried to here by the cold ids' metadata all-to-all.
     """
 
     cold: ColdBags
@@ -56,7 +54,12 @@ class HybridLookupInput:
     sent_cells: torch.Tensor
     sent_counts: torch.Tensor
     lengths: torch.Tensor
-    id_reports: Optional[torch.Tensor] = None
+
+    @property
+    def id_reports(self) -> Optional[torch.Tensor]:
+        """None, or every rank's id-check report (:class:`IdCheckCarrier`), int32 ``[W, 4]``,
+        carried to here by the cold ids' metadata all-to-all."""
+        return self.cold.reports
 
     # Hooks TorchRec's KJTList / pipelines call on their elements.
     def variable_stride_per_key(self) -> bool:
@@ -212,7 +215,7 @@ class HybridSparseFeaturesDist(nn.Module):
 
             def payload_arrived() -> HybridLookupInput:
                 bags = payload.wait()
-                return HybridLookupInput(cold=bags, id_reports=bags.reports, **local)
+                return HybridLookupInput(cold=bags, **local)
 
             return Deferred(payload_arrived)
 

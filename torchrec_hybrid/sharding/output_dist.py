@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.types import Awaitable
+from torchrec.distributed.types import Awaitable, NoWait
 
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
@@ -132,15 +132,6 @@ class _AddPartials(torch.autograd.Function):
         return grad, grad.reshape(-1, ctx.width).index_select(0, positions).view(-1), None, None
 
 
-class _Done(Awaitable):
-    def __init__(self, value: torch.Tensor) -> None:
-        super().__init__()
-        self._value = value
-
-    def _wait_impl(self) -> torch.Tensor:
-        return self._value
-
-
 class HybridPooledEmbeddingDist(nn.Module):
     """Sends cold partial sums home and hot rows to every replica; adds up ``[B, sum(dims)]``.
 
@@ -245,4 +236,4 @@ class HybridPooledEmbeddingDist(nn.Module):
             per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
             divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
             pooled = pooled / divisor.to(pooled.dtype)
-        return _Done(pooled)
+        return NoWait(pooled)
