@@ -43,7 +43,9 @@ def hot_ids(spec: Optional[Dict[str, List[int]]] = None) -> Dict[str, torch.Tens
 
 
 def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = False):
-    """DMP over an EBC with the given per-table plan kinds ('hybrid', 'tw', 'rw', 'cw', 'dp')."""
+    """DMP over an EBC with the given per-table plan kinds: 'tw', 'rw', 'cw', 'dp' (stock), 'hybrid'
+    (even row-wise cold blocks), 'hybrid_tw' (every cold row on one rank), 'hybrid_uneven' (uneven
+    row blocks)."""
     from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise
 
     ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"), is_weighted=weighted)
@@ -52,6 +54,8 @@ def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = 
         kind = kinds.get(c.name, "tw")
         gens[c.name] = {
             "hybrid": lambda: frequency_hybrid(),
+            "hybrid_tw": lambda: frequency_hybrid(cold="table_wise", rank=(i + 1) % world),
+            "hybrid_uneven": lambda: frequency_hybrid(row_bounds=uneven_bounds(c.num_embeddings, world)),
             "tw": lambda: table_wise(rank=i % world, compute_kernel="fused"),
             "rw": lambda: row_wise(compute_kernel="fused"),
             "cw": lambda: column_wise(ranks=[i % world, (i + 1) % world], compute_kernel="fused"),
@@ -62,6 +66,15 @@ def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = 
     model = DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}),
                                      sharders=[sharder])
     return model
+
+
+def uneven_bounds(rows: int, world: int) -> List[int]:
+    """Row blocks of growing size 1 : 2 : 3 ... (a layout no stock helper makes)."""
+    if world == 1:
+        return [0, rows]
+    weights = torch.arange(1, world + 1, dtype=torch.float64)
+    cum = (torch.cumsum(weights, 0) / weights.sum() * rows).round().to(torch.int64).tolist()
+    return [0] + cum[:-1] + [rows]
 
 
 def full_weight(value, size=None) -> torch.Tensor:

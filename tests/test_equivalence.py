@@ -25,7 +25,7 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
     hot_t = hot_ids(hot)
     kinds = kinds or {c.name: "hybrid" for c in configs}
     if ref_kinds is None:  # the same plan with table_wise in place of frequency_hybrid
-        ref_kinds = {t: ("tw" if k == "hybrid" else k) for t, k in kinds.items()}
+        ref_kinds = {t: ("tw" if k.startswith("hybrid") else k) for t, k in kinds.items()}
     fused = OPTIMIZERS[opt]
     mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(fused)),
                weighted=weighted)
@@ -101,6 +101,29 @@ def test_hybrid_trains_like_table_wise(world, opt):
 )
 def test_inputs_match_table_wise(case):
     run_ranks(train_pair, 2, **case)
+
+
+@pytest.mark.parametrize("world", [1, 2, 4])
+@pytest.mark.parametrize("layout", ["hybrid_tw", "hybrid_uneven"])
+def test_cold_layouts_train_like_table_wise(world, layout):
+    """Table-wise cold (every cold row on one owner) and uneven row blocks, multi-hot bags."""
+    run_ranks(train_pair, world, opt="rowwise_adagrad", kinds={t: layout for t in ("t0", "t1", "t2", "t3")})
+
+
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(opt="sgd", weighted=True),
+        dict(opt="rowwise_adagrad", mean=True),
+        dict(opt="adagrad", mode="cold_only"),
+        dict(opt="rowwise_adagrad_wd", mode="cold_only", rank0_mode="mixed"),
+    ],
+    ids=["weighted-sgd", "mean", "cold-only", "weight-decay"],
+)
+def test_mixed_cold_layouts_match_table_wise(case):
+    """One EBC holding every cold layout next to a stock table, on 3 ranks."""
+    kinds = {"t0": "hybrid_tw", "t1": "hybrid_uneven", "t2": "hybrid", "t3": "tw"}
+    run_ranks(train_pair, 3, kinds=kinds, **case)
 
 
 def test_weight_decay_updates_only_looked_up_hot_rows():

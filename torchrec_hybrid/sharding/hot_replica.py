@@ -27,6 +27,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
+from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
 # Optimizers whose update with a zero gradient leaves the row and its state unchanged
@@ -84,6 +85,7 @@ class HotReplica:
         self.total_dim = sum(t.embedding_dim * t.num_features() for t in tables)
         sizes = [h.numel() for h in hot_ids]
         self.table_sizes, self.table_dims = sizes, dims
+        self.table_features = [t.num_features() for t in tables]
         self.num_slots, self.slot_base = sum(sizes), slot_base
         bucket, self.table_slot_start, bucket_start = hot_slot_layout(dims, sizes)
         widths = list(dict.fromkeys(dims))  # per bucket, in the layout's order
@@ -148,26 +150,26 @@ class HotRowLayout:
 
     Args:
         replicas: the groups' replicas (slots numbered group after group).
-        configs: the groups' configs (local shard offsets give the row-wise owner blocks).
+        bounds: per group, per table, its row bounds (row_blocks.py: the owner blocks).
         hot_ids: sorted hot ids per table, per group.
         world / rank: the process group's size and this rank.
     """
 
-    def __init__(self, replicas: List[HotReplica], configs: List[GroupedEmbeddingConfig],
+    def __init__(self, replicas: List[HotReplica], bounds: List[List[List[int]]],
                  hot_ids: List[List[torch.Tensor]], world: int, rank: int) -> None:
         owner, row, feature, flat, width = [], [], [], [], []
         self.flat_bases, base, f = [], 0, 0  # f: first feature of the group (sharding order)
-        for rep, cfg, ids in zip(replicas, configs, hot_ids):
+        for rep, group_bounds, ids in zip(replicas, bounds, hot_ids):
             self.flat_bases.append(base)
             slot_owner = torch.empty(rep.num_slots, dtype=torch.int64)
             slot_row, slot_feature = torch.empty_like(slot_owner), torch.empty_like(slot_owner)
-            for t, table in enumerate(cfg.embedding_tables):
-                block = (table.num_embeddings + world - 1) // world  # the stock row-wise blocks
+            for t, (table_bounds, nf) in enumerate(zip(group_bounds, rep.table_features)):
+                b = torch.tensor(table_bounds, dtype=torch.int64)
                 s = slice(rep.table_slot_start[t], rep.table_slot_start[t] + ids[t].numel())
-                slot_owner[s] = torch.div(ids[t], block, rounding_mode="floor")
-                slot_row[s] = ids[t] - slot_owner[s] * block
+                slot_owner[s] = row_blocks.owners(ids[t], b)
+                slot_row[s] = ids[t] - b[slot_owner[s]]
                 slot_feature[s] = f  # the extra bags ride on the table's first feature
-                f += table.num_features()
+                f += nf
             owner.append(slot_owner)
             row.append(slot_row)
             feature.append(slot_feature)

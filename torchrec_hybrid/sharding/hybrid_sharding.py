@@ -1,10 +1,12 @@
 """The frequency-hybrid embedding sharding: composition of input dist, lookup, output dist.
 
-The row layout is stock row-wise (``RwPooledEmbeddingSharding`` computes it): every table
-is split in contiguous blocks of ``ceil(rows / W)`` rows, one per rank, and the cold lookups
-go to the owner of their block. The hot rows are also replicated on every rank, as copies
-the owners refresh every step (hot_replica.py). Because the cold shard is the only home of
-every row, state_dict, checkpoints and the fused optimizer state are exactly stock row-wise.
+The row layout is a stock row-wise one (``RwPooledEmbeddingSharding`` computes it from the
+plan): every table is split in contiguous row blocks, one per rank, even or not, possibly
+empty (row_blocks.py: even blocks, blocks of equal lookup cost, or every row on one rank -
+the table-wise cold layout), and the cold lookups go to the owner of their block. The hot
+rows are also replicated on every rank, as copies their owners refresh every step
+(hot_replica.py). Because the cold shard is the only home of every row, state_dict,
+checkpoints and the fused optimizer state are exactly stock row-wise.
 """
 
 from typing import Any, Dict, List, Mapping, Optional
@@ -20,6 +22,7 @@ from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout, zero_
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist, IdCheckCarrier
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
+from torchrec_hybrid.sharding.row_blocks import bounds_of, even_bounds
 
 
 class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
@@ -46,11 +49,14 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         self._tables = [t for g in groups for t in g.embedding_tables]
         self._hot_ids_per_group = [[hot_ids[t.name] for t in g.embedding_tables] for g in groups]
         world = self._world_size
-        for t in self._tables:  # our bucketization must agree with the stock row-wise layout
-            block = (t.num_embeddings + world - 1) // world
-            start = t.local_metadata.shard_offsets[0]
-            if start != min(self._rank * block, t.num_embeddings):
-                raise RuntimeError(f"table '{t.name}': unexpected row-wise layout (offset {start}, block {block})")
+        specs = {i.embedding_config.name: i for i in sharding_infos}
+        self._bounds = {}  # row bounds per table: the owner blocks the input dist bucketizes by
+        for t in self._tables:
+            info = specs[t.name]
+            self._bounds[t.name] = bounds_of(t.name, info.param_sharding, t.num_embeddings, t.embedding_dim, world)
+            if t.local_metadata.shard_offsets[0] != self._bounds[t.name][self._rank]:
+                raise RuntimeError(f"table '{t.name}': local shard at row {t.local_metadata.shard_offsets[0]}, "
+                                   f"plan says {self._bounds[t.name][self._rank]}")
         # Owners send every hot row each step unless a zero-gradient update could change a
         # row (weight decay, Adam, ...): then only rows some rank looked up, and the input
         # dist gathers which those are.
@@ -68,7 +74,8 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             for g, ids in zip(groups, self._hot_ids_per_group):  # set-up time loop over groups
                 replicas.append(HotReplica(g, ids, device, slot_base=base))
                 base += replicas[-1].num_slots
-            layout = HotRowLayout(replicas, groups, self._hot_ids_per_group, self._world_size, self._rank)
+            bounds = [[self._bounds[t.name] for t in g.embedding_tables] for g in groups]
+            layout = HotRowLayout(replicas, bounds, self._hot_ids_per_group, self._world_size, self._rank)
             self._hot_parts = (replicas, layout.to(device))
         return self._hot_parts
 
@@ -87,7 +94,7 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             table_rows=rows,
             hot_ids=[h for group in self._hot_ids_per_group for h in group],
             hot_slot_starts=[r.slot_base + s for r in replicas for s in r.table_slot_start],
-            block_sizes=[(rows[i] + world - 1) // world for i in feature_tables],
+            row_bounds=[self._bounds[self._tables[i].name] for i in feature_tables],
             device=device,
             exchange_touched=self._exchange_touched,
             id_check=self._id_check,

@@ -24,6 +24,7 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll, Deferred
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
@@ -105,7 +106,8 @@ class HybridSparseFeaturesDist(nn.Module):
         hot_ids: sorted hot row ids per table (same order as ``table_rows``).
         hot_slot_starts: slot of each table's first hot id (its hot ids take consecutive slots;
             the replicas' layout, :func:`hot_replica.hot_slot_layout`).
-        block_sizes: rows per owner block, per feature (the row-wise layout of the cold shard).
+        row_bounds: per feature, its table's row bounds (row_blocks.py: rank r owns rows
+            ``b[r] .. b[r+1]-1``), the cold shard's layout.
         device: where the ids live.
         exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
         id_check: carries the module's id-check reports to every rank (in the cold metadata).
@@ -118,7 +120,7 @@ class HybridSparseFeaturesDist(nn.Module):
         table_rows: List[int],
         hot_ids: List[torch.Tensor],
         hot_slot_starts: List[int],
-        block_sizes: List[int],
+        row_bounds: List[List[int]],
         device: torch.device,
         exchange_touched: bool = False,
         id_check: Optional[IdCheckCarrier] = None,
@@ -149,9 +151,14 @@ class HybridSparseFeaturesDist(nn.Module):
             slot_map = slot_map.to(device)
         self.register_buffer("_slot_map", slot_map, persistent=False)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
+        # Even blocks (the stock row-wise layout) bucketize by division; any other layout by
+        # FBGEMM's per-feature block positions (a binary search per id).
+        block_sizes = [(b[-1] + self._world - 1) // self._world for b in row_bounds]
         self.register_buffer(
             "_block_sizes", torch.tensor(block_sizes, dtype=torch.int64, device=device), persistent=False
         )
+        even = all(list(b) == row_blocks.even_bounds(b[-1], self._world) for b in row_bounds)
+        self._block_pos = None if even else [torch.tensor(b, dtype=torch.int64, device=device) for b in row_bounds]
         self._id_check = id_check
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, 0 if id_check is None else IdCheckCarrier.WIDTH,
                                          device)
@@ -190,6 +197,8 @@ class HybridSparseFeaturesDist(nn.Module):
         sent, local_rows, sent_weights, _, _ = torch.ops.fbgemm.block_bucketize_sparse_features(
             cold_lengths.to(flat_lengths.dtype), cold_values, bucketize_pos=False, sequence=False,
             block_sizes=block_sizes, my_size=W, weights=None if weights is None else weights[is_cold],
+            block_bucketize_pos=self._block_pos if self._block_pos is None or values.dtype == torch.int64
+            else [p.to(values.dtype) for p in self._block_pos],
         )
         # Only the non-empty (owner, feature, sample) bags travel, in that order: lengths on
         # the wire scale with the cold lookups, not with W * F * B.
