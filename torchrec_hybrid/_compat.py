@@ -30,3 +30,26 @@ def sebc_fix_mean_pooling(sebc, divided_after_dist: set) -> None:
     if not divided_after_dist:
         del sebc._pooling_type_to_rs_features["MEAN"]
     sebc._has_mean_pooling_callback = bool(divided_after_dist)
+
+
+# --- TorchRec planner internals (checked against torchrec 1.8.0) --------------------------
+
+def planner_best_plan(planner) -> list:
+    """The ShardingOptions of an EmbeddingShardingPlanner's last plan (``_best_plan``)."""
+    return list(planner._best_plan or [])
+
+
+def planner_topology(planner):
+    """The Topology an EmbeddingShardingPlanner plans for (``_topology``)."""
+    return planner._topology
+
+
+def planner_batch_size(planner) -> int:
+    """The local batch size an EmbeddingShardingPlanner plans for (``_batch_size``)."""
+    return planner._batch_size
+
+
+def set_planner_enumerator(planner, enumerator) -> None:
+    """Replace an EmbeddingShardingPlanner's enumerator (``_enumerator``): its constructor
+    builds a stock one from its own constraints when given none."""
+    planner._enumerator = enumerator

@@ -241,3 +241,94 @@ def module_overhead_bytes(world: int, num_input_dists: int, validate_ids: bool =
 def plan_bytes(entries: Iterable[Dict[str, float]]) -> float:
     """Sum of per-table byte dicts (convenience for reports)."""
     return float(sum(sum(e.values()) for e in entries))
+
+
+# -- per rank: what each rank sends, for plans with an owner per table or block -----------
+#
+# All ranks see batches from the same distribution, so a table costs every non-owner the
+# same; what differs between ranks is what they own. Each function returns a ``[W]`` float64
+# tensor of bytes sent per step by each rank (no module overhead; see
+# :func:`module_overhead_rank_bytes`). Their mean over ranks equals the functions above.
+
+def _rank_vector(world: int) -> torch.Tensor:
+    return torch.zeros(world, dtype=torch.float64)
+
+
+def table_wise_rank_bytes(t: TableTraffic, owner: int, id_bytes: int = INT64, length_bytes: int = INT32,
+                          dim: Optional[int] = None) -> torch.Tensor:
+    """TW on ``owner`` (or one column shard of width ``dim``): the owner sends the pooled
+    vectors to every other rank; each other rank sends its ids and lengths and, in backward,
+    its pooled gradient."""
+    d = t.dim if dim is None else dim
+    out = _rank_vector(t.world) + t.lookups * id_bytes + t.bags * length_bytes + t.bags * d * FP32
+    out[owner] = (t.world - 1) * t.bags * d * FP32
+    return out
+
+
+def column_wise_rank_bytes(t: TableTraffic, owners: Sequence[int], dims: Sequence[int],
+                           id_bytes: int = INT64, length_bytes: int = INT32) -> torch.Tensor:
+    """CW: one table-wise exchange per column shard (ids to every shard's owner)."""
+    out = _rank_vector(t.world)
+    for owner, d in zip(owners, dims):  # plan-time loop over a table's column shards
+        out += table_wise_rank_bytes(t, owner, id_bytes, length_bytes, dim=d)
+    return out
+
+
+def symmetric_rank_bytes(per_rank: float, world: int) -> torch.Tensor:
+    """Row-wise and data-parallel: every rank sends the same (the mean)."""
+    return _rank_vector(world) + per_rank
+
+
+def hybrid_owner_hit(t: TableTraffic, coverage, shares: torch.Tensor) -> torch.Tensor:
+    """P(a bag holds >= 1 cold id owned by rank j), ``[W]``: ``1 - (1 - (1-c) m_j)^L`` with
+    ``m_j`` the owner's share of the table's cold lookups (ids of a bag independent)."""
+    cold = max(0.0, 1.0 - float(coverage))
+    return 1.0 - torch.pow(1.0 - cold * shares.to(torch.float64), t.pooling)
+
+
+def hybrid_rank_bytes(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_owner: torch.Tensor
+                      ) -> torch.Tensor:
+    """Frequency-hybrid with any cold layout: bytes each rank sends per step.
+
+    ``shares[j]``: owner j's share of the table's cold lookups (sums to 1);
+    ``hot_per_owner[j]``: hot rows owned (and sent every step) by rank j. Rank r sends
+    - to each other owner j: the lengths of its bags with cold ids there, those ids (int32),
+      in backward their partial sums' gradients, and the gradients of j's hot rows;
+    - as an owner: its partial sums to every other rank, and its hot rows to every replica.
+    """
+    w = t.world
+    cold = max(0.0, 1.0 - float(coverage))
+    hit = hybrid_owner_hit(t, coverage, shares)  # [W]
+    hot = hot_per_owner.to(torch.float64)
+    to_owner = t.bags * hit * (INT32 + t.dim * FP32) + t.lookups * cold * shares.to(torch.float64) * INT32 \
+        + hot * t.dim * FP32  # what any rank sends to owner j (0 when j is itself)
+    out = to_owner.sum() - to_owner  # to every owner but itself
+    out += (w - 1) * (t.bags * hit * t.dim * FP32 + hot * t.dim * FP32)
+    return out
+
+
+def hybrid_layout_bytes(t: TableTraffic, coverage, hot_rows, shares: torch.Tensor) -> torch.Tensor:
+    """Mean bytes per rank of a hybrid layout (for hot-set sizing: hot rows spread as the
+    cold lookups are; ``coverage`` and ``hot_rows`` may be curves of the same shape)."""
+    w = t.world
+    cov = torch.as_tensor(coverage, dtype=torch.float64)
+    h = torch.as_tensor(hot_rows, dtype=torch.float64)
+    cold = (1.0 - cov).clamp(min=0.0).unsqueeze(-1)
+    m = shares.to(torch.float64)
+    hit_sum = (1.0 - torch.pow(1.0 - cold * m, t.pooling)).sum(-1)  # sum over owners of P(hit)
+    remote = (w - 1) / w
+    per_rank_bags = remote * t.bags * hit_sum  # bags sent to remote owners, per rank
+    return (per_rank_bags * (INT32 + 2 * t.dim * FP32) + cold.squeeze(-1) * remote * t.lookups * INT32
+            + 2 * remote * h * t.dim * FP32 + (w - 1) * t.features * 2 * INT32)
+
+
+def module_overhead_rank_bytes(world: int, stock_input_dists: int, hybrid_features: int,
+                               validate_ids: bool = True, splits_per_dist: int = 3) -> torch.Tensor:
+    """Per sharded module and step, every rank alike: the hybrid metadata all-to-all (two
+    int32 counts per hybrid feature + the id-check words per peer) or, without hybrid
+    tables, the id-check all-gather; and each stock KJTAllToAll's splits exchange."""
+    if hybrid_features:
+        per_peer = hybrid_features * 2 * INT32 + (4 * INT32 if validate_ids else 0)
+    else:
+        per_peer = 3 * INT64 if validate_ids else 0
+    return _rank_vector(world) + (world - 1) * (per_peer + stock_input_dists * splits_per_dist * INT64)

@@ -1,20 +1,24 @@
-"""An ``EmbeddingEnumerator`` that also offers ``frequency_hybrid`` options.
+"""An ``EmbeddingEnumerator`` that also offers ``frequency_hybrid`` options, one per cold layout.
 
 The stock enumerator raises for an unknown sharding type (``calculate_shard_sizes_and_offsets``,
 ``get_partition_by_type``) and its estimators either raise (storage) or misprice it (perf).
 So the stock enumeration runs on sharders that hide ``frequency_hybrid`` and on constraints
-without it; then one hybrid option per table is added next to the stock ones:
+without it; then per table (with at least W rows) two hybrid options are added:
 
-- shards: the stock row-wise layout (the cold part is row-wise), partitioned "uniform";
-- the hot set: H from the table's lookup histogram, minimising the cost model's step cost
-  within the per-rank hot-row memory budget (``hot_set.choose_hot_rows``), carried on the
-  option as ``hybrid_choice`` (ids included, so the plan can carry them);
-- a gate: unless the constraints allow only ``frequency_hybrid``, the option is offered only
-  if its estimated step cost beats the cheapest stock type offered for the table by
-  ``min_saving``. Without statistics coverage is assumed uniform, which never passes.
+- **table-wise cold**: one shard the partitioner places on a rank like a table_wise table;
+  a multi-hot bag's cold ids then return one partial sum;
+- **row-wise cold**: one row block per rank ("uniform"), of equal lookup cost as the
+  statistics see it (``hot_set.balanced_row_bounds``), so frequency-sorted vocabularies do
+  not load the first owner;
+- the hot set of each: H from the table's lookup histogram, minimising that layout's byte
+  cost within the per-rank hot-row memory budget (``hot_set.choose_hot_rows``), carried
+  on the option as ``hybrid_choice`` (ids included, so the plan can carry them);
+- a gate: unless the constraints allow only ``frequency_hybrid``, an option is offered only
+  if its cost beats the table's cheapest stock option by ``min_saving``.
 
-Estimates of hybrid options come from ``estimators.HybridPerfEstimator`` /
-``HybridStorageEstimator``; stock options keep the stock (or the given) estimators.
+Every option, stock or hybrid, is priced by the same byte model (``plan_cost``); storage
+comes from TorchRec's estimator for stock options and ``HybridStorageEstimator`` for ours.
+Stock types the sharder does not offer are not enumerated.
 """
 
 from __future__ import annotations
@@ -27,19 +31,19 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ParameterConstraints, Shard, ShardingOption, Topology
-from torchrec.distributed.sharding_plan import calculate_shard_sizes_and_offsets
 from torchrec.distributed.types import ShardingType
 
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
 from torchrec_hybrid.planner.estimators import (
-    HybridPerfEstimator,
     HybridStorageEstimator,
     bandwidths,
     optimizer_name,
     traffic_of,
 )
+from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator, TrafficTable
 from torchrec_hybrid.planner.types import HotSetChoice
+from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)
@@ -77,21 +81,11 @@ def _stock_constraints(constraints: Optional[Dict[str, ParameterConstraints]]
     return out
 
 
-def _stock_step_cost(so: ShardingOption, tr: cm.TableTraffic, bw: Dict[str, float]
-                     ) -> Optional[Tuple[float, float]]:
-    """(bytes / bandwidth, bytes) of a stock option per the cost model; None if not modelled."""
-    st = so.sharding_type
-    if st == ShardingType.TABLE_WISE.value:
-        b, w = cm.stock_bytes(st, tr), bw["a2a"]
-    elif st == ShardingType.COLUMN_WISE.value:
-        b, w = cm.stock_bytes(st, tr, num_column_shards=len(so.shards)), bw["a2a"]
-    elif st in (ShardingType.ROW_WISE.value, ShardingType.TABLE_ROW_WISE.value):
-        b, w = cm.stock_bytes(ShardingType.ROW_WISE.value, tr), bw["reduce_scatter"]
-    elif st == ShardingType.DATA_PARALLEL.value:
-        b, w = cm.stock_bytes(st, tr), bw["allreduce"]
-    else:
-        return None
-    return b / w, b
+def _layout_shares(layout: str, world: int) -> torch.Tensor:
+    """Owners' shares of a table's cold lookups assumed while sizing its hot set."""
+    if layout == row_blocks.TABLE_WISE:
+        return torch.nn.functional.one_hot(torch.tensor(0), world).to(torch.float64)
+    return torch.full((world,), 1.0 / world, dtype=torch.float64)
 
 
 class HybridEnumerator(EmbeddingEnumerator):
@@ -122,9 +116,9 @@ class HybridEnumerator(EmbeddingEnumerator):
         self._hot_budget = hot_budget_bytes
         self._max_hot_rows = max_hot_rows
         self._min_saving = min_saving
-        self._hybrid_estimators = [HybridPerfEstimator(topology, constraints),
-                                   HybridStorageEstimator(topology, constraints)]
-        self.choices: Dict[str, HotSetChoice] = {}
+        self._hybrid_storage = HybridStorageEstimator(topology, constraints)
+        self._perf = BytesPerfEstimator(topology, TrafficTable({}, gloo=topology.compute_device == "cpu"))
+        self.choices: Dict[str, Dict[str, HotSetChoice]] = {}
 
     # -- constraints -------------------------------------------------------------------------
     def _allowed(self, name: str, sharding_type: str) -> bool:
@@ -143,43 +137,60 @@ class HybridEnumerator(EmbeddingEnumerator):
         for so in stock:
             by_table.setdefault((so.path, so.name), []).append(so)
 
+        dev = self._topology.compute_device
+        world = self._topology.world_size
         candidates: Dict[str, Tuple[ShardingOption, hot_set.TableProfile]] = {}
         fixed: Dict[str, int] = {}
-        dev = self._topology.compute_device
         for (_, name), opts in by_table.items():
             sharder = by_type.get(type(opts[0].module[1]))
             if sharder is None or FREQUENCY_HYBRID not in sharder.sharding_types(dev):
                 continue
-            if not self._allowed(name, FREQUENCY_HYBRID):
-                continue
+            if not self._allowed(name, FREQUENCY_HYBRID) or opts[0].tensor.shape[0] < world:
+                continue  # fewer rows than ranks: some rank would hold an empty cold block
             profile, n_fixed = self._profile(opts[0], sharder)
             candidates[name] = (opts[0], profile)
             if n_fixed is not None:
                 fixed[name] = n_fixed
 
-        bw = bandwidths(self._topology)
-        hot_rows = hot_set.choose_hot_rows({n: p for n, (_, p) in candidates.items()}, self._hot_budget,
-                                           bw["a2a"], bw["a2a"], fixed)
-        out = [so for so in stock if self._allowed(so.name, so.sharding_type)]
+        offered = {s.module_type: set(s.sharding_types(dev)) for s in sharders}
+        out = [so for so in stock if self._allowed(so.name, so.sharding_type)
+               and so.sharding_type in offered.get(type(so.module[1]), {so.sharding_type})]
         hybrid: List[ShardingOption] = []
         self.choices = {}
-        for name, (template, profile) in candidates.items():
-            choice = self._choice(name, profile, hot_rows[name], by_table[(template.path, name)], bw)
-            self.choices[name] = choice
-            if not choice.forced and choice.best_stock_cost is not None and (
-                    choice.step_cost > (1.0 - self._min_saving) * choice.best_stock_cost):
-                logger.info("table %s: frequency_hybrid not offered (H=%d, %.0f B/step vs %s %.0f B/step)",
-                            name, choice.hot_rows, choice.bytes_per_step, choice.best_stock_type,
-                            choice.best_stock_bytes)
-                continue
-            sharder = by_type[type(template.module[1])]
-            for kernel in sharder.compute_kernels(FREQUENCY_HYBRID, dev):
-                hybrid.append(self._hybrid_option(template, kernel, choice))
-        self.populate_estimates(hybrid)
+        for layout in row_blocks.COLD_LAYOUTS:
+            profiles = {n: dataclasses.replace(p, shares=_layout_shares(layout, world)) for n, (_, p) in candidates.items()}
+            bw = bandwidths(self._topology)
+            hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed)
+            for name, (template, _) in candidates.items():
+                choice = self._choice(name, profiles[name], hot_rows[name], layout)
+                self.choices.setdefault(name, {})[layout] = choice
+                sharder = by_type[type(template.module[1])]
+                for kernel in sharder.compute_kernels(FREQUENCY_HYBRID, dev):
+                    hybrid.append(self._hybrid_option(template, kernel, choice))
+        self.populate_estimates(out + hybrid)
+        hybrid = self._gate(hybrid, out)
         missing = {n for (_, n) in by_table} - {so.name for so in out + hybrid}
         if missing:
             raise RuntimeError(f"no sharding option left for tables {sorted(missing)} after constraints")
         return out + hybrid
+
+    def _gate(self, hybrid: List[ShardingOption], stock: List[ShardingOption]) -> List[ShardingOption]:
+        """Hybrid options that beat the table's cheapest stock option by ``min_saving`` (by
+        the same cost model), or that the constraints force."""
+        best: Dict[str, float] = {}
+        for so in stock:
+            best[so.name] = min(best.get(so.name, float("inf")), so.total_perf)
+        kept = []
+        for so in hybrid:
+            ch = so.hybrid_choice
+            ch.step_cost = so.total_perf
+            ch.best_stock_cost = best.get(so.name)
+            if ch.forced or ch.best_stock_cost is None or so.total_perf <= (1.0 - self._min_saving) * ch.best_stock_cost:
+                kept.append(so)
+            else:
+                logger.info("table %s: frequency_hybrid (%s cold, H=%d) not offered: %.3g vs stock %.3g", so.name,
+                            ch.cold_layout, ch.hot_rows, so.total_perf, ch.best_stock_cost)
+        return kept
 
     def _profile(self, so: ShardingOption, sharder: Any) -> Tuple[hot_set.TableProfile, Optional[int]]:
         """The table's coverage curve: statistics, else the sharder's hot ids, else uniform."""
@@ -197,41 +208,41 @@ class HybridEnumerator(EmbeddingEnumerator):
             return hot_set.profile_uniform(tr, per_row, cap, ids, source="sharder"), ids.numel()
         return hot_set.profile_uniform(tr, per_row, 0), None  # no ids known: no hot rows
 
-    def _choice(self, name: str, p: hot_set.TableProfile, h: int, stock: List[ShardingOption],
-                bw: Dict[str, float]) -> HotSetChoice:
+    def _choice(self, name: str, p: hot_set.TableProfile, h: int, layout: str) -> HotSetChoice:
         cov = hot_set.coverage_at(p, h)
         parts = {k: float(v) for k, v in cm.hybrid_bytes(p.traffic, cov, h).items()}
-        cost = (parts["lengths"] + parts["cold_ids"] + parts["partials"]) / bw["a2a"] + \
-            parts["hot_sync"] / bw["a2a"]
-        best = None  # (cost, type, bytes) of the cheapest allowed stock option
-        for so in stock:
-            if not self._allowed(name, so.sharding_type):
-                continue
-            c = _stock_step_cost(so, traffic_of(so, self._topology.world_size), bw)
-            if c is not None and (best is None or c[0] < best[0]):
-                best = (c[0], so.sharding_type, c[1])
         return HotSetChoice(
             table=name, hot_rows=h, coverage=cov, hot_ids=hot_set.hot_ids_for(p, h),
-            bytes_per_step=sum(parts.values()), comm_bytes=parts, step_cost=cost,
-            best_stock_type=best[1] if best else None, best_stock_bytes=best[2] if best else None,
-            best_stock_cost=best[0] if best else None, source=p.source, forced=self._forced(name),
+            bytes_per_step=float(cm.hybrid_layout_bytes(p.traffic, cov, h, p.shares)), comm_bytes=parts,
+            source=p.source, forced=self._forced(name), cold_layout=layout, profile=p,
         )
 
     def _hybrid_option(self, template: ShardingOption, kernel: str, choice: HotSetChoice) -> ShardingOption:
-        sizes, offsets = calculate_shard_sizes_and_offsets(
-            template.tensor, self._topology.world_size, self._topology.local_world_size,
-            ShardingType.ROW_WISE.value)
+        """A hybrid option: table-wise cold is one shard the partitioner places like a
+        table_wise table; row-wise cold is one row block per rank, of equal lookup cost."""
         so = copy.deepcopy(template)
-        so.sharding_type, so.compute_kernel, so.partition_by = FREQUENCY_HYBRID, kernel, "uniform"
-        so.shards = [Shard(size=s, offset=o) for s, o in zip(sizes, offsets)]
+        so.sharding_type, so.compute_kernel = FREQUENCY_HYBRID, kernel
+        rows, cols = template.tensor.shape[0], template.tensor.shape[1]
+        w = self._topology.world_size
+        if choice.cold_layout == row_blocks.TABLE_WISE:
+            so.partition_by = "device"
+            so.shards = [Shard(size=[rows, cols], offset=[0, 0])]
+        else:
+            so.partition_by = "uniform"
+            p = choice.profile
+            bounds = (hot_set.balanced_row_bounds(p, choice.hot_rows, w) if p.source == "stats"
+                      else row_blocks.even_bounds(rows, w))
+            so.shards = [Shard(size=[b1 - b0, cols], offset=[b0, 0]) for b0, b1 in zip(bounds, bounds[1:])]
         so.hybrid_choice = choice
         return so
 
     def populate_estimates(self, sharding_options: List[ShardingOption]) -> None:
+        """Storage: TorchRec's estimator for stock options, ours for hybrid ones. Perf: one
+        byte model for every option (plan_cost.py), so the partitioner compares like with like."""
         stock = [so for so in sharding_options if so.sharding_type != FREQUENCY_HYBRID]
         hybrid = [so for so in sharding_options if so.sharding_type == FREQUENCY_HYBRID]
         if stock:
             super().populate_estimates(stock)
-        for est in self._hybrid_estimators:
-            if hybrid:
-                est.estimate(hybrid, sharder_data_map=self._sharder_data_map)
+        if hybrid:
+            self._hybrid_storage.estimate(hybrid, sharder_data_map=self._sharder_data_map)
+        self._perf.estimate(sharding_options, sharder_data_map=self._sharder_data_map)

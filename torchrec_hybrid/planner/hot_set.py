@@ -32,6 +32,7 @@ class TableProfile:
     ranked_ids: Optional[torch.Tensor]  # [K] row ids, most frequent first (None: unknown)
     bytes_per_hot_row: int
     source: str = "stats"
+    shares: Optional[torch.Tensor] = None  # owners' shares of cold lookups (None: even row-wise)
 
 
 def profile_from_stats(stats, table: str, traffic: cm.TableTraffic, bytes_per_hot_row: int,
@@ -53,7 +54,12 @@ def profile_uniform(traffic: cm.TableTraffic, bytes_per_hot_row: int, max_rows: 
 
 
 def cost_curve(p: TableProfile, a2a_bw: float, hot_bw: float) -> torch.Tensor:
-    return cm.hybrid_cost_curve(p.traffic, p.coverage, a2a_bw, hot_bw)
+    """Bytes / bandwidth per step for H = 0..K: the layout's if the profile names owner
+    shares (``p.shares``), else the even row-wise one."""
+    if p.shares is None:
+        return cm.hybrid_cost_curve(p.traffic, p.coverage, a2a_bw, hot_bw)
+    h = torch.arange(p.coverage.numel(), dtype=torch.float64)
+    return cm.hybrid_layout_bytes(p.traffic, p.coverage, h, p.shares) / a2a_bw
 
 
 def choose_hot_rows(profiles: Dict[str, TableProfile], budget_bytes: Optional[float],
@@ -115,3 +121,54 @@ def curve_argmin(p: TableProfile, a2a_bw: float, hot_bw: float, max_rows: Option
         c = c[: max_rows + 1]
     h = int(torch.argmin(c))
     return h, float(c[h])
+
+
+def row_lookup_shares(p: TableProfile, hot_rows: int) -> torch.Tensor:
+    """Each row's share of the table's cold lookups once the ``hot_rows`` most frequent are
+    hot, ``[rows]`` float64 (rows never counted share the unseen mass evenly; unknown ids:
+    uniform). Plan-time only: O(rows) memory."""
+    rows = p.traffic.rows
+    known = 0 if p.ranked_ids is None else min(p.ranked_ids.numel(), p.coverage.numel() - 1)
+    h = min(hot_rows, known)
+    tail = max(0.0, 1.0 - float(p.coverage[known])) / max(1, rows - known)
+    share = torch.full((rows,), tail, dtype=torch.float64)
+    if known:
+        counts = p.coverage[1:known + 1] - p.coverage[:known]
+        share[p.ranked_ids[:known]] = counts.to(torch.float64)
+        share[p.ranked_ids[:h]] = 0.0
+    total = float(share.sum())
+    return share / total if total > 0 else torch.full((rows,), 1.0 / max(1, rows), dtype=torch.float64)
+
+
+def block_loads(p: TableProfile, hot_rows: int, bounds) -> Tuple[torch.Tensor, torch.Tensor]:
+    """For row blocks ``bounds`` ([W+1]): each owner's share of the cold lookups and the
+    number of hot rows it owns (and sends to every replica each step)."""
+    from torchrec_hybrid.sharding.row_blocks import owners
+
+    b = torch.as_tensor(bounds, dtype=torch.int64)
+    cum = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(row_lookup_shares(p, hot_rows), 0)])
+    shares = cum[b[1:]] - cum[b[:-1]]
+    world = b.numel() - 1
+    hot = torch.zeros(world, dtype=torch.float64)
+    ids = hot_ids_for(p, hot_rows)
+    if ids is not None and ids.numel():
+        hot = torch.bincount(owners(ids, b), minlength=world).to(torch.float64)
+    elif hot_rows:  # ids unknown: spread like the rows
+        hot = (b[1:] - b[:-1]).to(torch.float64) / max(1, p.traffic.rows) * hot_rows
+    return shares, hot
+
+
+def balanced_row_bounds(p: TableProfile, hot_rows: int, world: int):
+    """Row blocks of equal owner-side cost: cold lookups (a partial sum to a remote rank each,
+    one-hot) and hot rows (sent to every other rank each step), from the statistics."""
+    from torchrec_hybrid.sharding.row_blocks import balanced_bounds
+
+    t = p.traffic
+    per_step_lookups = t.lookups * t.world  # global lookups of the table per step
+    cold_total = max(0.0, 1.0 - coverage_at(p, hot_rows)) * per_step_lookups
+    # expected cold lookups per row, each a partial sum to a remote rank w.p. (W-1)/W
+    cost = row_lookup_shares(p, hot_rows) * cold_total * (world - 1) / world
+    ids = hot_ids_for(p, hot_rows)
+    if ids is not None and ids.numel():
+        cost[ids] = float(world - 1)  # a hot row: one row-sized send per other rank
+    return balanced_bounds(cost, world)

@@ -18,10 +18,15 @@ from typing import Any, Dict, List, Optional
 import torch
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import ParameterConstraints
-from torchrec.distributed.types import ShardingPlan
+from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
+from torchrec.distributed.planner.utils import placement
+from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
 
+from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator
+from torchrec_hybrid.planner.estimators import traffic_of
+from torchrec_hybrid.planner.plan_cost import DEFAULT_COLLECTIVE_MS, TrafficTable, plan_cost, plan_rank_bytes
+from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
 from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -53,6 +58,30 @@ def constraints_with_measured_pooling(constraints: Optional[Dict[str, ParameterC
     return out
 
 
+class _HideHybrid:
+    """A sharder as TorchRec's own planner may see it: frequency_hybrid hidden."""
+
+    def __init__(self, sharder: Any) -> None:
+        self._sharder = sharder
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sharder, name)
+
+    def sharding_types(self, compute_device_type: str) -> List[str]:
+        return [t for t in self._sharder.sharding_types(compute_device_type) if t != FREQUENCY_HYBRID]
+
+
+@dataclasses.dataclass
+class PlanCandidate:
+    """One plan the hybrid planner considered, priced by ``plan_cost``."""
+
+    name: str
+    plan: ShardingPlan
+    options: List[ShardingOption]
+    cost: Dict[str, float]
+    rank_bytes: List[float]
+
+
 class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     """``EmbeddingShardingPlanner`` that also plans ``frequency_hybrid`` tables.
 
@@ -64,17 +93,31 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             sharder's hot ids (or none).
         hot_budget_bytes: per-rank memory for all hot replicas incl. optimizer state
             (default: a quarter of a rank's memory).
-        max_hot_rows: cap on hot rows per table. min_saving: relative step-cost saving over
-            the cheapest stock type needed before hybrid is offered for a table.
+        max_hot_rows: cap on hot rows per table. min_saving: relative saving over the
+            cheapest stock option a hybrid option (and over the stock plan a plan with
+            hybrid tables) must show to be chosen.
+        collective_ms: fixed cost of one collective in the plan comparison (plan_cost.py).
+        compare_plans: also plan with TorchRec's own planner and with every eligible table
+            hybrid, price the three with the same model and return the cheapest (default).
+
+    ``plan`` returns the cheapest of: the plan of TorchRec's own ``EmbeddingShardingPlanner``
+    (stock types only, as a user would run it), the partitioner's plan over stock and hybrid
+    options, and the plan with every eligible table hybrid. So under the model it is never
+    worse than stock, and a mix of types is taken only if it beats the pure plans.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,
                  proposer=None, partitioner=None, performance_model=None, stats=None, constraints=None,
                  debug: bool = True, callbacks=None, timeout_seconds=None, plan_loader=None, *,
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
-                 max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05) -> None:
+                 max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
+                 collective_ms: float = DEFAULT_COLLECTIVE_MS, compare_plans: bool = True) -> None:
         if stats is not None and _is_frequency_stats(stats):
             frequency_stats, stats = stats, None
+        self._user_constraints = constraints
+        self._args = dict(topology=topology, batch_size=batch_size, frequency_stats=frequency_stats,
+                          hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
+                          collective_ms=collective_ms)
         constraints = constraints_with_measured_pooling(constraints, frequency_stats)
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
@@ -82,38 +125,139 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                          stats=stats if stats is not None else [HybridEmbeddingStats()],
                          constraints=constraints, debug=debug, callbacks=callbacks,
                          timeout_seconds=timeout_seconds, plan_loader=plan_loader)
-        if enumerator is None:
-            self._enumerator = HybridEnumerator(
-                self._topology, self._batch_size, constraints, frequency_stats=frequency_stats,
-                hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving)
+        self._hybrid_enumerator = enumerator or HybridEnumerator(
+            _compat.planner_topology(self), _compat.planner_batch_size(self), constraints,
+            frequency_stats=frequency_stats, hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows,
+            min_saving=min_saving)
+        _compat.set_planner_enumerator(self, self._hybrid_enumerator)
         self.frequency_stats = frequency_stats
+        self._min_saving = min_saving
+        self._collective_ms = collective_ms
+        self._compare = compare_plans
+        self.candidates: List[PlanCandidate] = []
+        self._chosen: Optional[PlanCandidate] = None
+        self._traffic_table: Optional[TrafficTable] = None
 
+    # -- planning ----------------------------------------------------------------------------
     def plan(self, module, sharders) -> ShardingPlan:
-        plan = super().plan(module, sharders)
-        return self._attach_hot_ids(plan)
+        mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
+                                _compat.planner_best_plan(self))
+        self.candidates = [mixed]
+        if self._compare:
+            self.candidates += self._pure_candidates(module, sharders, mixed)
+        stock = [c for c in self.candidates if c.name.startswith("stock")]
+        best = min(self.candidates, key=lambda c: c.cost["cost_ms"])
+        if stock and best is not stock[0] and best.cost["cost_ms"] > (1 - self._min_saving) * stock[0].cost["cost_ms"]:
+            best = stock[0]  # hybrid must pay for itself by min_saving
+        self._chosen = best
+        for line in self.comparison_table():
+            logger.info(line)
+        return best.plan
 
-    def _attach_hot_ids(self, plan: ShardingPlan) -> ShardingPlan:
-        """Replace hybrid tables' ``ParameterSharding`` by ``HybridParameterSharding`` (+ hot ids)."""
-        for so in self._best_plan or []:
-            if so.sharding_type != FREQUENCY_HYBRID:
+    def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption]) -> PlanCandidate:
+        plan = self._attach_hot_ids(plan, options)
+        traffic = self._traffic(options)
+        cost = plan_cost(options, traffic, _compat.planner_topology(self), self._collective_ms)
+        per_rank = plan_rank_bytes(options, traffic, _compat.planner_topology(self).world_size)
+        return PlanCandidate(name, plan, list(options), cost, per_rank.tolist())
+
+    def _traffic(self, options: List[ShardingOption]) -> TrafficTable:
+        topo = _compat.planner_topology(self)
+        src = self._traffic_table
+        if src is None:  # the workload as the statistics measured it (first plan: the mixed one)
+            src = TrafficTable({so.name: traffic_of(so, topo.world_size) for so in options},
+                               gloo=topo.compute_device == "cpu")
+            self._traffic_table = src
+        return src
+
+    def _pure_candidates(self, module, sharders, mixed: PlanCandidate) -> List[PlanCandidate]:
+        out = []
+        topo = _compat.planner_topology(self)
+        dev = topo.compute_device
+        if any(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
+            stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
+                                             constraints=_without_hybrid(self._user_constraints))
+            plan = stock.plan(module, [_HideHybrid(s) for s in sharders])
+            out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
+                                       _compat.planner_best_plan(stock)))
+        eligible = set(self._hybrid_enumerator.choices)
+        if eligible and any(so.sharding_type != FREQUENCY_HYBRID and so.name in eligible for so in mixed.options):
+            forced = dict(self._user_constraints or {})
+            for name in eligible:
+                c = forced.get(name)
+                forced[name] = (dataclasses.replace(c, sharding_types=[FREQUENCY_HYBRID]) if c is not None
+                                else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
+            inner = HybridEmbeddingShardingPlanner(constraints=forced, compare_plans=False, **self._args)
+            plan = inner.plan(module, sharders)
+            out.append(self._candidate("all eligible tables frequency_hybrid", plan, inner.planned_options()))
+        return out
+
+    def _attach_hot_ids(self, plan: ShardingPlan, options: List[ShardingOption]) -> ShardingPlan:
+        """Hybrid tables' entries become ``HybridParameterSharding``: hot ids, and one row
+        block per rank (a table-wise cold shard becomes its owner's block plus one row on
+        each other rank, row_blocks.py)."""
+        topo = _compat.planner_topology(self)
+        for so in options:
+            if so.sharding_type != FREQUENCY_HYBRID or not hasattr(so, "hybrid_choice"):
                 continue
             module_plan = plan.plan[so.path]
             ps = module_plan[so.name]
-            choice = getattr(so, "hybrid_choice", None)
-            ids = choice.hot_ids if choice is not None else None
-            if ids is None:
-                ids = torch.empty(0, dtype=torch.int64)
+            if isinstance(ps, HybridParameterSharding):
+                continue
+            choice = so.hybrid_choice
+            ids = choice.hot_ids if choice.hot_ids is not None else torch.empty(0, dtype=torch.int64)
+            rows, cols = so.tensor.shape[0], so.tensor.shape[1]
+            if len(so.shards) == 1:
+                bounds = row_blocks.single_owner_bounds(rows, topo.world_size, so.shards[0].rank)
+            else:
+                bounds = [0] + [int(s.offset[0] + s.size[0]) for s in so.shards]
+            spec = EnumerableShardingSpec([
+                ShardMetadata(shard_offsets=[bounds[r], 0], shard_sizes=[bounds[r + 1] - bounds[r], cols],
+                              placement=placement(topo.compute_device, r, topo.local_world_size))
+                for r in range(topo.world_size)])
             base = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
-            module_plan[so.name] = HybridParameterSharding(**base, hot_ids=ids.clone(),
-                                                           hot_rows=int(ids.numel()))
-            logger.info("table %s: frequency_hybrid, %d hot rows (coverage %.3f, %s)", so.name,
-                        ids.numel(), choice.coverage if choice else 0.0, choice.source if choice else "?")
+            base.update(sharding_spec=spec, ranks=list(range(topo.world_size)))
+            module_plan[so.name] = HybridParameterSharding(**base, hot_ids=ids.clone(), hot_rows=int(ids.numel()),
+                                                           cold_layout=choice.cold_layout)
+            logger.info("table %s: frequency_hybrid, %s cold, %d hot rows (coverage %.3f, %s)", so.name,
+                        choice.cold_layout, ids.numel(), choice.coverage, choice.source)
         return plan
 
+    # -- what the last plan looked like --------------------------------------------------------
+    def comparison_table(self) -> List[str]:
+        """Lines comparing the candidate plans (logged by ``plan``)."""
+        lines = ["plan candidates (busiest-rank / mean bytes per step, collectives, cost):"]
+        for c in self.candidates:
+            types: Dict[str, int] = {}
+            for so in c.options:
+                key = so.sharding_type
+                if key == FREQUENCY_HYBRID:
+                    key += "/" + so.hybrid_choice.cold_layout + "-cold"
+                types[key] = types.get(key, 0) + 1
+            mark = "*" if c is self._chosen else " "
+            lines.append(f"{mark} {c.name}: {c.cost['busiest_bytes'] / 1e6:.3f} / {c.cost['mean_bytes'] / 1e6:.3f} MB, "
+                         f"{int(c.cost['collectives'])} collectives, {c.cost['cost_ms']:.3f} ms; {types}")
+        return lines
+
+    def estimated_rank_bytes(self) -> List[float]:
+        """The model's bytes sent per rank per step under the last returned plan."""
+        return list(self._chosen.rank_bytes) if self._chosen else []
+
     def hybrid_choices(self) -> Dict[str, Any]:
-        """The hot-set choice of every table the last ``plan`` considered for hybrid."""
-        return dict(getattr(self._enumerator, "choices", {}))
+        """The hot-set choice of every hybrid table of the last plan (its cold layout's)."""
+        return {so.name: so.hybrid_choice for so in self.planned_options() if so.sharding_type == FREQUENCY_HYBRID}
 
     def planned_options(self) -> List[Any]:
-        """The sharding options of the last plan (with ``hybrid_choice`` on hybrid ones)."""
-        return list(self._best_plan or [])
+        """The sharding options of the last returned plan (``hybrid_choice`` on hybrid ones)."""
+        return list(self._chosen.options) if self._chosen else list(_compat.planner_best_plan(self) or [])
+
+
+def _without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]]):
+    if not constraints:
+        return constraints
+    out = {}
+    for name, c in constraints.items():
+        if c.sharding_types and FREQUENCY_HYBRID in c.sharding_types:
+            c = dataclasses.replace(c, sharding_types=[t for t in c.sharding_types if t != FREQUENCY_HYBRID] or None)
+        out[name] = c
+    return out

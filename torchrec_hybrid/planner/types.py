@@ -7,7 +7,7 @@ over the sharder's.
 """
 
 from dataclasses import dataclass, fields
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 from torchrec.distributed.types import ParameterSharding
@@ -23,6 +23,7 @@ class HybridParameterSharding(ParameterSharding):
 
     hot_ids: Optional[torch.Tensor] = None
     hot_rows: int = 0
+    cold_layout: str = "row_wise"
 
     def __eq__(self, other: object) -> bool:  # dataclass eq would call bool() on a tensor
         if not isinstance(other, HybridParameterSharding):
@@ -51,6 +52,7 @@ class HotSetChoice:
     step_cost: bytes / bandwidth of each collective (what H minimises).
     best_stock_*: the cheapest allowed stock type for the table by the same cost model.
     source: "stats", "sharder" or "uniform" (where coverage came from).
+    cold_layout: where the cold rows live (row_blocks.py); profile: what H was sized on.
     forced: frequency_hybrid was the only type the constraints allowed.
     """
 
@@ -66,3 +68,5 @@ class HotSetChoice:
     best_stock_cost: Optional[float] = None
     source: str = "stats"
     forced: bool = False
+    cold_layout: str = "row_wise"  # row_blocks.ROW_WISE or TABLE_WISE
+    profile: Any = None  # the hot_set.TableProfile the choice was made on (owner loads)

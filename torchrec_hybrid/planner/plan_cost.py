@@ -1,0 +1,174 @@
+"""One cost model for every sharding option, stock and frequency_hybrid alike.
+
+TorchRec's partitioner balances ranks by ``shard.perf`` and picks the plan whose busiest
+rank is cheapest. If hybrid options were priced by our model and stock ones by TorchRec's
+estimators, the comparison would mix units. Here every option is priced from the same
+byte model (``cost_model``), in the same unit (ms at the topology's all-to-all bandwidth):
+
+- :class:`BytesPerfEstimator` sets ``shard.perf`` for every option: the bytes that flow
+  through the shard's owner per step (what it sends and what the others send it for this
+  table), so the per-rank sums the partitioner balances add up to the plan's traffic;
+- :func:`plan_rank_bytes` gives, for a partitioned plan, the bytes each rank sends per step
+  (what ``/proc/self/io`` measures), module overheads included;
+- :func:`plan_cost` turns that into a step cost: the busiest rank's bytes / bandwidth plus
+  a fixed cost per collective (:data:`COLLECTIVES_PER_STEP`), which is what makes a plan
+  that mixes types pay for the extra collectives of each sharding it adds.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Iterable, List, Optional
+
+import torch
+from torchrec.distributed.planner.types import Perf, ShardEstimator, ShardingOption, Topology
+
+from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.planner import hot_set
+from torchrec_hybrid.types import FREQUENCY_HYBRID
+
+# Collectives one sharding group issues per training step (forward + backward), counted on
+# the code and TorchRec 1.8: table_wise / column_wise: KJTAllToAll's splits, lengths and
+# values exchanges, the pooled all-to-all and its backward; row_wise: the same with a
+# reduce-scatter and its all-gather; data_parallel: one DDP all-reduce bucket;
+# frequency_hybrid: cold metadata, cold payload, output all-to-all and its backward.
+COLLECTIVES_PER_STEP = {"table_wise": 5, "column_wise": 5, "table_column_wise": 5, "row_wise": 5,
+                        "table_row_wise": 5, "grid_shard": 5, "data_parallel": 1, FREQUENCY_HYBRID: 4}
+# Fixed cost of one collective, ms (gloo on loopback, 4 ranks on 2 cores: a 4-byte
+# all_to_all_single takes 0.1-0.3 ms; see docs). Equivalent to ~0.2 MB at 1 GiB/s.
+DEFAULT_COLLECTIVE_MS = 0.2
+
+
+@dataclass
+class TrafficTable:
+    """The workload the model prices: per table its traffic (pooling from the statistics)."""
+
+    traffic: Dict[str, cm.TableTraffic]
+    gloo: bool = True
+
+    def of(self, so: ShardingOption, world: int) -> cm.TableTraffic:
+        t = self.traffic.get(so.name)
+        if t is not None:
+            return t
+        feats = max(1, len(so.input_lengths))
+        pooling = sum(so.input_lengths) / feats if so.input_lengths else 1.0
+        return cm.TableTraffic(rows=so.tensor.shape[0], dim=so.tensor.shape[1], features=feats, pooling=pooling,
+                               batch=so.batch_size, world=world)
+
+
+def _hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) -> List[int]:
+    """Row bounds of a hybrid option (table-wise cold: on ``owner``, default its shard's rank)."""
+    from torchrec_hybrid.sharding.row_blocks import single_owner_bounds
+
+    if len(so.shards) == 1:
+        rank = owner if owner is not None else (so.shards[0].rank or 0)
+        return single_owner_bounds(so.tensor.shape[0], world, rank)
+    return [0] + [int(s.offset[0] + s.size[0]) for s in so.shards]
+
+
+def option_rank_bytes(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: bool = True,
+                      owner: Optional[int] = None) -> torch.Tensor:
+    """Bytes each rank sends per step for this option's table (``[W]``); owners are the
+    shards' ranks (or ``owner`` for a one-shard option not yet placed)."""
+    st = so.sharding_type
+    if st == FREQUENCY_HYBRID:
+        ch = so.hybrid_choice
+        shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, _hybrid_bounds(so, world, owner))
+        return cm.hybrid_rank_bytes(t, ch.coverage, shares, hot)
+    if st == cm.TABLE_WISE:
+        return cm.table_wise_rank_bytes(t, owner if owner is not None else (so.shards[0].rank or 0))
+    if st in (cm.COLUMN_WISE, "table_column_wise"):
+        owners = [owner if s.rank is None else s.rank for s in so.shards]
+        return cm.column_wise_rank_bytes(t, [o or 0 for o in owners], [s.size[1] for s in so.shards])
+    if st in (cm.ROW_WISE, "table_row_wise", "grid_shard"):
+        return cm.symmetric_rank_bytes(cm.stock_bytes(cm.ROW_WISE, t, gloo=gloo), world)
+    if st == cm.DATA_PARALLEL:
+        return cm.symmetric_rank_bytes(cm.stock_bytes(st, t), world)
+    raise ValueError(f"table {so.name!r}: no byte model for sharding type {st!r}")
+
+
+def _groups(options: Iterable[ShardingOption]) -> Dict[str, set]:
+    """Sharding types per module path (each is one sharding group with its own collectives)."""
+    out: Dict[str, set] = {}
+    for so in options:
+        out.setdefault(so.path, set()).add(so.sharding_type)
+    return out
+
+
+def plan_rank_bytes(options: List[ShardingOption], traffic: TrafficTable, world: int,
+                    validate_ids: bool = True) -> torch.Tensor:
+    """Bytes each rank sends per step under a partitioned plan, module overheads included."""
+    total = torch.zeros(world, dtype=torch.float64)
+    for so in options:
+        total += option_rank_bytes(so, traffic.of(so, world), world, traffic.gloo)
+    for path, types in _groups(options).items():
+        stock_dists = len(types - {cm.DATA_PARALLEL, FREQUENCY_HYBRID})
+        hybrid_features = sum(traffic.of(so, world).features for so in options
+                              if so.path == path and so.sharding_type == FREQUENCY_HYBRID)
+        total += cm.module_overhead_rank_bytes(world, stock_dists, hybrid_features, validate_ids)
+    return total
+
+
+def collectives_per_step(options: List[ShardingOption]) -> int:
+    """Collectives a plan issues per step (per module: each sharding group's own)."""
+    n = 0
+    for types in _groups(options).values():
+        n += sum(COLLECTIVES_PER_STEP.get(t, 5) for t in types)
+        if FREQUENCY_HYBRID not in types:
+            n += 1  # the id check's all-gather (the hybrid metadata carries it otherwise)
+    return n
+
+
+def plan_cost(options: List[ShardingOption], traffic: TrafficTable, topology: Topology,
+              collective_ms: float = DEFAULT_COLLECTIVE_MS) -> Dict[str, float]:
+    """Step cost of a partitioned plan: busiest rank's bytes / bandwidth + collectives."""
+    from torchrec_hybrid.planner.estimators import bandwidths
+
+    per_rank = plan_rank_bytes(options, traffic, topology.world_size)
+    n = collectives_per_step(options)
+    bw = bandwidths(topology)["a2a"]
+    return {"cost_ms": float(per_rank.max()) / bw + n * collective_ms, "busiest_bytes": float(per_rank.max()),
+            "mean_bytes": float(per_rank.mean()), "collectives": float(n)}
+
+
+class BytesPerfEstimator(ShardEstimator):
+    """``shard.perf`` of every option from the byte model (see the module docstring).
+
+    A shard's cost is the traffic of its table that passes through its owner: what the
+    owner sends plus what the other ranks send it. One-shard options (table_wise, hybrid
+    with table-wise cold) are priced as if on rank 0: by symmetry any owner costs the same.
+    """
+
+    def __init__(self, topology: Topology, traffic: TrafficTable) -> None:
+        self._topology = topology
+        self._traffic = traffic
+
+    def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
+        from torchrec_hybrid.planner.estimators import bandwidths
+
+        w = self._topology.world_size
+        bw = bandwidths(self._topology)["a2a"]
+        for so in sharding_options:
+            t = self._traffic.of(so, w)
+            for i, shard in enumerate(so.shards):
+                through = shard_traffic(so, t, w, i, self._traffic.gloo)
+                shard.perf = Perf(fwd_compute=0.0, fwd_comms=through / bw, bwd_compute=0.0, bwd_comms=0.0)
+
+
+def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int, gloo: bool = True) -> float:
+    """Bytes per step passing through the owner of shard ``index`` (sent by it, or to it)."""
+    st = so.sharding_type
+    if st == cm.TABLE_WISE or (st == FREQUENCY_HYBRID and len(so.shards) == 1):
+        return float(option_rank_bytes(so, t, world, gloo, owner=0).sum())
+    if st in (cm.COLUMN_WISE, "table_column_wise"):
+        d = so.shards[index].size[1]
+        return float(cm.table_wise_rank_bytes(t, 0, dim=d).sum())
+    if st == FREQUENCY_HYBRID:
+        ch = so.hybrid_choice
+        shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, _hybrid_bounds(so, world))
+        own = torch.zeros(world, dtype=torch.float64)
+        own[index] = 1.0
+        # what rank `index` sends as owner + what each other rank sends to it
+        alone = cm.hybrid_rank_bytes(t, ch.coverage, shares * own, hot * own)
+        return float(alone.sum())
+    return float(option_rank_bytes(so, t, world, gloo).sum()) / max(1, len(so.shards))
