@@ -56,13 +56,18 @@ def criteo_tables(
 
 
 class ZipfSampler:
-    """Ids of one table: rank r (0-based) has probability ~ (r + 1) ** -alpha."""
+    """Ids of one table: rank r (0-based) has probability ~ (r + 1) ** -alpha.
 
-    def __init__(self, num_rows: int, alpha: float, generator: torch.Generator) -> None:
+    ``sorted_ids``: id = popularity rank (id 0 the hottest), as NVIDIA's Criteo preprocessing
+    numbers categories; else a fixed random permutation of the ranks.
+    """
+
+    def __init__(self, num_rows: int, alpha: float, generator: torch.Generator, sorted_ids: bool = False) -> None:
         weights = torch.arange(1, num_rows + 1, dtype=torch.float64).pow_(-alpha)
         self.cdf = torch.cumsum(weights, 0)
         self.cdf /= self.cdf[-1].clone()
-        self.perm = torch.randperm(num_rows, generator=generator)
+        perm = torch.randperm(num_rows, generator=generator)  # drawn either way: same stream after
+        self.perm = torch.arange(num_rows) if sorted_ids else perm
 
     def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
         u = torch.rand(n, dtype=torch.float64, generator=generator)
@@ -76,6 +81,7 @@ class SyntheticCriteo:
     Args:
         table_sizes: rows per feature (see criteo_table_sizes).
         multi_hot: False for one id per feature, True for the DLRMv2 sizes, or a list.
+        sorted_ids: ids numbered by popularity (see :class:`ZipfSampler`).
     """
 
     def __init__(
@@ -87,7 +93,9 @@ class SyntheticCriteo:
         multi_hot: Union[bool, Sequence[int]] = False,
         seed: int = 0,
         feature_names: Sequence[str] = CAT_NAMES,
+        sorted_ids: bool = False,
     ) -> None:
+        self.sorted_ids = sorted_ids
         self.table_sizes = list(table_sizes)
         self.feature_names = list(feature_names)[: len(self.table_sizes)]
         if multi_hot is True:
@@ -103,7 +111,7 @@ class SyntheticCriteo:
     def __iter__(self) -> Iterator[KeyedJaggedTensor]:
         g = torch.Generator().manual_seed(self.seed)
         if self._samplers is None:  # permutations depend on the seed only
-            self._samplers = [ZipfSampler(n, self.alpha, g) for n in self.table_sizes]
+            self._samplers = [ZipfSampler(n, self.alpha, g, self.sorted_ids) for n in self.table_sizes]
         g = torch.Generator().manual_seed(self.seed + 1)
         b = self.batch_size
         lengths = torch.cat([torch.full((b,), h, dtype=torch.int32) for h in self.hotness])

@@ -1,0 +1,205 @@
+"""The product as a user meets it: the hybrid planner's plan against TorchRec's planner's plan.
+
+Per workload and world size, in one gloo process group: frequency statistics are counted on
+``--stats-batches`` batches of their own; ``HybridEmbeddingShardingPlanner`` and TorchRec's
+``EmbeddingShardingPlanner`` each plan the same EBC (26 Criteo-Kaggle tables capped at
+``--rows-cap``, dim 64, EXACT_ROWWISE_ADAGRAD) for the same topology
+(``Topology(world_size=W, compute_device="cpu")``); both plans train on the same, other,
+batches, step by step, the order of the two alternating every step, each step behind a
+barrier. Per model: bytes each rank sends (``wchar`` of ``/proc/self/io``) - the mean over
+ranks and the busiest rank - and the median over steps of the slowest rank's step time;
+next to them the hybrid planner's own per-rank estimate of both plans.
+
+Workloads: ``onehot`` (one id per feature, B=1024), ``multihot`` (MLPerf DLRMv2 bag sizes,
+B=512), their ``sorted-`` variants (ids numbered by popularity) and ``uniform`` (one-hot,
+uniform ids). Run: ``python -m benchmarks.product [--world 2 4 8] [--out DIR]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import time
+from typing import Any, Dict, List
+
+import torch
+
+from torchrec_hybrid.spawn import spawn_ranks
+
+logger = logging.getLogger(__name__)
+
+WORKLOADS = {
+    "onehot": dict(multi_hot=False, alpha=1.1, sorted_ids=False, batch=1024),
+    "multihot": dict(multi_hot=True, alpha=1.1, sorted_ids=False, batch=512),
+    "sorted-onehot": dict(multi_hot=False, alpha=1.1, sorted_ids=True, batch=1024),
+    "sorted-multihot": dict(multi_hot=True, alpha=1.1, sorted_ids=True, batch=512),
+    "uniform": dict(multi_hot=False, alpha=0.0, sorted_ids=False, batch=1024),
+}
+MODELS = ("hybrid_planner", "stock_planner")
+
+
+def _data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batches: int, steps: int):
+    from torchrec_hybrid.stats import FrequencyStats, criteo_table_sizes, criteo_tables
+    from torchrec_hybrid.stats.synthetic import SyntheticCriteo
+
+    sizes = criteo_table_sizes(max_rows=rows_cap)
+    tables = criteo_tables(sizes, embedding_dim=64)
+    b = spec["batch"]
+    gen = SyntheticCriteo(sizes, batch_size=b * world, num_batches=stats_batches + steps, alpha=spec["alpha"],
+                          multi_hot=spec["multi_hot"], seed=0, sorted_ids=spec["sorted_ids"])
+    stats, batches = FrequencyStats(tables), []
+    for i, kjt in enumerate(gen):  # statistics from other batches than the measured ones
+        if i < stats_batches:
+            stats.update(kjt)
+        else:
+            batches.append(_rank_slice(kjt, gen.hotness, rank, b))
+    return tables, stats, batches
+
+
+def _rank_slice(kjt, hotness: List[int], rank: int, local: int):
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    values, parts, off, glob = kjt.values(), [], 0, kjt.stride()
+    for h in hotness:  # data set-up: a loop over features
+        parts.append(values[off + rank * local * h: off + (rank + 1) * local * h])
+        off += glob * h
+    lengths = torch.cat([torch.full((local,), h, dtype=torch.int32) for h in hotness])
+    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(parts), lengths=lengths, stride=local)
+
+
+def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
+               warmup: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    import torchrec
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
+    from torchrec_hybrid.comm_bytes import sent_bytes
+
+    tables, stats, batches = _data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    pg = dist.GroupMember.WORLD
+    topo = Topology(world_size=world, compute_device="cpu")
+
+    def ebc():
+        return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+    hyb_sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
+    hybrid_planner = HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats)
+    plans = {"hybrid_planner": hybrid_planner.collective_plan(ebc(), [hyb_sharder], pg)}
+    stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))
+    plans["stock_planner"] = EmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"]).collective_plan(
+        ebc(), [stock_sharder], pg)
+    models = {name: DistributedModelParallel(ebc(), device=torch.device("cpu"), plan=plans[name],
+                                             sharders=[hyb_sharder if name == "hybrid_planner" else stock_sharder])
+              for name in MODELS}
+    logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
+    sent = {m: [] for m in MODELS}
+    times = {m: [] for m in MODELS}
+    for i, kjt in enumerate(batches):
+        order = MODELS if i % 2 == 0 else MODELS[::-1]
+        for name in order:
+            dist.barrier()
+            b0, t0 = sent_bytes(), time.perf_counter()
+            models[name](kjt).wait().values().sum().backward()
+            t1, b1 = time.perf_counter(), sent_bytes()
+            if i >= warmup:
+                sent[name].append(b1 - b0)
+                times[name].append(t1 - t0)
+    dist.barrier()
+    out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times}
+    if rank == 0:
+        est = {c.name.split(":")[0]: c.rank_bytes for c in hybrid_planner.candidates}
+        chosen = [c.name for c in hybrid_planner.candidates if c.plan is plans["hybrid_planner"]]
+        out["estimate"] = {"hybrid_planner": hybrid_planner.estimated_rank_bytes(),
+                           "stock_planner": est.get("stock")}
+        out["chosen"] = chosen[0] if chosen else "?"
+        out["comparison"] = hybrid_planner.comparison_table()
+        out["types"] = {m: _types(p) for m, p in plans.items()}
+    emit(out)
+
+
+def _types(plan) -> Dict[str, int]:
+    counts: Dict[str, int] = {}
+    for module_plan in plan.plan.values():
+        for ps in module_plan.values():
+            key = ps.sharding_type + ("/" + ps.cold_layout + "-cold" if hasattr(ps, "cold_layout") else "")
+            counts[key] = counts.get(key, 0) + 1
+    return counts
+
+
+def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int) -> Dict[str, Any]:
+    per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
+                           stats_batches=stats_batches, warmup=warmup, steps=steps)
+    outs = [items[0] for items in per_rank]
+    r0 = outs[0]
+    res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"],
+                           "chosen": r0["chosen"], "types": r0["types"], "comparison": r0["comparison"]}
+    for m in MODELS:
+        sent = [o["sent"][m] for o in outs]
+        step = [max(o["times"][m][i] for o in outs) for i in range(len(r0["times"][m]))]
+        est = r0["estimate"][m]
+        res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent),
+                  "median_step_s": statistics.median(step),
+                  "estimate_per_rank": est,
+                  "estimate_error_per_rank": None if not est else [e / s - 1 for e, s in zip(est, sent)]}
+    h, s = res["hybrid_planner"], res["stock_planner"]
+    res["busiest_ratio"] = h["busiest_bytes"] / s["busiest_bytes"]
+    res["mean_ratio"] = h["mean_bytes"] / s["mean_bytes"]
+    res["step_ratio"] = h["median_step_s"] / s["median_step_s"]
+    res["hybrid_busiest_over_mean"] = h["busiest_bytes"] / h["mean_bytes"]
+    return res
+
+
+def markdown(results: List[Dict[str, Any]]) -> List[str]:
+    lines = ["| workload | W | hybrid planner's plan | busiest-rank MB: hybrid / stock | ratio | mean ratio "
+             "| busiest/mean (hybrid) | median step ratio | estimate error per rank (hybrid; stock) |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        h, s = r["hybrid_planner"], r["stock_planner"]
+        err = lambda e: "-" if not e else f"{min(e) * 100:+.0f}..{max(e) * 100:+.0f}%"  # noqa: E731
+        types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"]["hybrid_planner"].items()))
+        lines.append(f"| {r['workload']} | {r['world']} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
+                     f"{s['busiest_bytes'] / 1e6:.2f} | **{r['busiest_ratio']:.2f}x** | {r['mean_ratio']:.2f}x | "
+                     f"{r['hybrid_busiest_over_mean']:.2f} | {r['step_ratio']:.2f}x | "
+                     f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
+    return lines
+
+
+def main(argv=None) -> List[Dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, nargs="+", default=[4])
+    ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
+    ap.add_argument("--rows-cap", type=int, default=100_000)
+    ap.add_argument("--stats-batches", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--out", default="out/product")
+    a = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    os.makedirs(a.out, exist_ok=True)
+    results = []
+    for w in a.world:
+        for name in a.workloads:
+            t = time.time()
+            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps))
+            r = results[-1]
+            logger.info("%s W=%d: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, r["busiest_ratio"],
+                        r["mean_ratio"], r["step_ratio"], time.time() - t)
+            with open(os.path.join(a.out, "product.json"), "w") as f:
+                json.dump({"args": vars(a), "results": results}, f, indent=1)
+    with open(os.path.join(a.out, "product.md"), "w") as f:
+        f.write("\n".join(markdown(results)) + "\n")
+    print("\n".join(markdown(results)))
+    return results
+
+
+if __name__ == "__main__":
+    main()
