@@ -29,8 +29,9 @@ def mixture_probs(rows: int, skew: float, pool: int = 2000, alpha: float = 1.0) 
 
 
 def exact_stats(configs: Sequence[torchrec.EmbeddingBagConfig], probs: Dict[str, torch.Tensor],
-                samples: int = 1 << 16, seed: int = 0) -> FrequencyStats:
-    """FrequencyStats whose counts are round(p * samples) (one-hot, ids scattered by a permutation)."""
+                samples: int = 1 << 16, seed: int = 0, sorted_ids: bool = False) -> FrequencyStats:
+    """FrequencyStats whose counts are round(p * samples) (one-hot, ids scattered by a permutation,
+    or ``sorted_ids``: id = popularity rank)."""
     g = torch.Generator().manual_seed(seed)
     st = FrequencyStats(configs)
     values = []
@@ -38,7 +39,7 @@ def exact_stats(configs: Sequence[torchrec.EmbeddingBagConfig], probs: Dict[str,
         p = probs.get(c.name, torch.full((c.num_embeddings,), 1.0 / c.num_embeddings, dtype=torch.float64))
         counts = torch.floor(p * samples).to(torch.int64)
         counts[: samples - int(counts.sum())] += 1  # top up the most likely rows
-        perm = torch.randperm(c.num_embeddings, generator=g)
+        perm = torch.arange(c.num_embeddings) if sorted_ids else torch.randperm(c.num_embeddings, generator=g)
         values.append(perm[torch.repeat_interleave(torch.arange(c.num_embeddings), counts)])
     keys = [f for c in configs for f in c.feature_names]
     kjt = torchrec.KeyedJaggedTensor(keys=keys, values=torch.cat(values),

@@ -11,11 +11,10 @@ from torchrec_hybrid.planner import cost_model as cm
 from tests.planner.planner_testutils import exact_stats, mixture_probs, plan_for, tables, zipf_probs
 
 
-def test_tiny_tables_go_data_parallel_and_big_skewed_go_hybrid():
+def test_big_skewed_tables_go_hybrid():
     cfg = tables({"tiny": 20, "big": 100_000})
     st = exact_stats(cfg, {"big": zipf_probs(100_000, 1.1)})
     planner, plan = plan_for(cfg, st)
-    assert plan["tiny"].sharding_type == "data_parallel"
     assert plan["big"].sharding_type == FREQUENCY_HYBRID
     assert isinstance(plan["big"], HybridParameterSharding)
     assert plan["big"].hot_rows == plan["big"].hot_ids.numel() > 0
@@ -26,8 +25,8 @@ def test_uniform_ids_never_go_hybrid():
     st = exact_stats(cfg, {})  # uniform
     planner, plan = plan_for(cfg, st)
     assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in plan.values())
-    # the replica keeps one row even with H = 0, so the first hot row is nearly free
-    assert all(ch.hot_rows <= 1 for ch in planner.hybrid_choices().values())
+    # the returned plan is TorchRec's own
+    assert planner.candidates[1].name.startswith("stock") and planner.planned_options() == planner.candidates[1].options
     # and without statistics at all
     _, plan = plan_for(cfg, None)
     assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in plan.values())
@@ -90,3 +89,41 @@ def test_plan_pickles_to_the_same_sharding():
     assert again["t"] == plan["t"] and again["s"] == plan["s"]
     assert torch.equal(again["t"].hot_ids, plan["t"].hot_ids)
     assert again["t"].sharding_spec == plan["t"].sharding_spec
+
+
+def test_multi_hot_bags_pick_table_wise_cold():
+    """Long bags: row-wise cold would return a partial sum per owner a bag touches."""
+    cfg = tables({f"m{i}": 100_000 for i in range(4)})
+    st = exact_stats(cfg, {c.name: zipf_probs(100_000, 1.1) for c in cfg})
+    cons = {c.name: ParameterConstraints(pooling_factors=[30.0]) for c in cfg}
+    planner, plan = plan_for(cfg, st, constraints=cons, batch=512)
+    assert all(ps.sharding_type == FREQUENCY_HYBRID and ps.cold_layout == "table_wise" for ps in plan.values())
+    owners = {max(range(4), key=lambda r: ps.sharding_spec.shards[r].shard_sizes[0]) for ps in plan.values()}
+    assert owners == {0, 1, 2, 3}  # identical tables spread over the ranks
+    # one-hot, the same tables: both layouts cost the same bytes, and every table gets the same choice
+    _, plan1 = plan_for(cfg, st)
+    assert len({(ps.sharding_type, ps.hot_rows) for ps in plan1.values()}) == 1
+
+
+def test_frequency_sorted_ids_stay_balanced():
+    cfg = tables({f"s{i}": 100_000 for i in range(3)})
+    st = exact_stats(cfg, {c.name: zipf_probs(100_000, 1.1) for c in cfg}, sorted_ids=True)
+    planner, plan = plan_for(cfg, st)
+    est = torch.tensor(planner.estimated_rank_bytes())
+    assert float(est.max() / est.mean()) <= 1.15
+    for ps in plan.values():
+        if ps.cold_layout == "row_wise":  # the hottest cold rows are the first: the first block is short
+            sizes = [s.shard_sizes[0] for s in ps.sharding_spec.shards]
+            assert sizes[0] < sizes[-1], sizes
+
+
+def test_sharder_offering_only_frequency_hybrid_gets_only_that():
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+
+    class OnlyHybrid(HybridEmbeddingBagCollectionSharder):
+        def sharding_types(self, compute_device_type):
+            return [FREQUENCY_HYBRID]
+
+    cfg = tables({"a": 100_000, "b": 1000})
+    _, plan = plan_for(cfg, exact_stats(cfg, {}), sharder=OnlyHybrid())  # uniform ids: stock would win
+    assert {ps.sharding_type for ps in plan.values()} == {FREQUENCY_HYBRID}

@@ -1,47 +1,62 @@
-"""Hybrid perf/storage estimates against the formulas recomputed here."""
+"""Every option, stock or hybrid, priced by the one byte model; hybrid storage terms."""
 
 import math
 
 import torch
+import torchrec
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
-from torchrec.distributed.planner.constants import DDR_MEM_BW
 
 from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
 from torchrec_hybrid.planner import HybridEnumerator, gloo_topology
+from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.planner.plan_cost import option_rank_bytes
 from tests.planner.planner_testutils import exact_stats, tables, zipf_probs
-import torchrec
+
+W, B, D, N = 4, 256, 16, 20_000
 
 
-def test_hybrid_perf_and_storage_terms():
-    W, B, D, N = 4, 256, 16, 20_000
+def _options():
     cfg = tables({"t": N}, dim=D)
     st = exact_stats(cfg, {"t": zipf_probs(N, 1.2)})
-    topo = gloo_topology(W, bandwidth_gbps=2.0)
-    enum = HybridEnumerator(topo, B, frequency_stats=st)
+    enum = HybridEnumerator(gloo_topology(W, bandwidth_gbps=2.0), B, frequency_stats=st)
     sharder = HybridEmbeddingBagCollectionSharder(
         fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1})
-    opts = enum.enumerate(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")), [sharder])
-    hyb = [o for o in opts if o.sharding_type == FREQUENCY_HYBRID]
-    assert len(hyb) == 1 and len(hyb[0].shards) == W
-    so, ch = hyb[0], hyb[0].hybrid_choice
-    H, c = ch.hot_rows, 1.0 - ch.coverage
+    return enum.enumerate(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")), [sharder])
+
+
+def test_every_option_is_priced_by_the_byte_model():
+    opts = _options()
     bw = 2.0 * 1024 ** 3 / 1000
-    scale = W / (W - 1)
-    lengths = (W - 1) * (B * c / W * 4 + 8)  # non-empty bags only, + one batch size
-    cold_ids = c * (W - 1) / W * B * 4
-    partials = 2 * D * 4 * B * c * (W - 1) / W
-    sync = 2 * (W - 1) / W * H * D * 4  # hot rows out, their gradients back: half each way
-    perf = so.shards[0].perf
-    assert math.isclose(perf.input_dist_comms, scale * (lengths + cold_ids) / bw, rel_tol=1e-9)
-    assert math.isclose(perf.fwd_comms, scale * (partials + sync) / 2 / bw, rel_tol=1e-9)
-    assert math.isclose(perf.bwd_comms, scale * (partials + sync) / 2 / bw, rel_tol=1e-9)
-    fwd = (B * 8 + B * D * 4 + B * D * 4 * (1 + c)) / DDR_MEM_BW
-    assert math.isclose(perf.fwd_compute, fwd, rel_tol=1e-9)
-    assert math.isclose(perf.bwd_compute, 2 * fwd + 3 * max(H, 1) * (D + 1) * 4 / DDR_MEM_BW, rel_tol=1e-9)
+    t = cm.TableTraffic(rows=N, dim=D, features=1, pooling=1.0, batch=B, world=W)
+    tw = [o for o in opts if o.sharding_type == "table_wise"][0]
+    # a table_wise table: what its owner sends plus what every other rank sends it
+    assert math.isclose(tw.total_perf * bw, W * cm.stock_bytes("table_wise", t), rel_tol=1e-9)
+    hyb = {o.hybrid_choice.cold_layout: o for o in opts if o.sharding_type == FREQUENCY_HYBRID}
+    assert set(hyb) == {"row_wise", "table_wise"}
+    assert len(hyb["row_wise"].shards) == W and len(hyb["table_wise"].shards) == 1
+    for so in hyb.values():  # the shards' costs add up to the bytes every rank sends for the table
+        assert math.isclose(so.total_perf * bw, float(option_rank_bytes(so, t, W, owner=0).sum()), rel_tol=1e-6)
+        assert so.total_perf < tw.total_perf  # skewed ids: hybrid is cheaper under the same model
+
+
+def test_per_rank_model_averages_to_the_mean_model():
+    t = cm.TableTraffic(rows=N, dim=D, features=2, pooling=3.0, batch=B, world=W)
+    cov, h = 0.7, 100
+    even = torch.full((W,), 1.0 / W, dtype=torch.float64)
+    per_rank = cm.hybrid_rank_bytes(t, cov, even, even * h)
+    mean = sum(float(v) for v in cm.hybrid_bytes(t, cov, h).values()) - (W - 1) * t.features * 2 * 4
+    assert math.isclose(float(per_rank.mean()), mean, rel_tol=1e-9)
+    assert torch.allclose(per_rank, per_rank[0].expand(W))  # even layout: every rank alike
+    tw = cm.table_wise_rank_bytes(t, owner=2)
+    assert math.isclose(float(tw.mean()), cm.stock_bytes("table_wise", t), rel_tol=1e-9)
+    assert int(tw.argmax()) == 2  # the owner sends the pooled vectors to everyone
+
+
+def test_hybrid_storage_terms():
+    so = [o for o in _options() if o.sharding_type == FREQUENCY_HYBRID][0]
+    H = so.hybrid_choice.hot_rows
     per_row = D * 4 + 4  # rowwise adagrad: one fp32 per row
     io = B * 8 + (W + 1) * B * D * 4
     for shard in so.shards:
         assert shard.storage.hbm == 0
         assert shard.storage.ddr == shard.size[0] * per_row + max(H, 1) * D * 4 + io  # replica: no state
-    # stock options kept their stock estimates
-    assert all(o.shards[0].perf is not None for o in opts)

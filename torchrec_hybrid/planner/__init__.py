@@ -2,8 +2,9 @@
 
 - ``cost_model``: bytes per rank per step of every sharding type (pure functions);
 - ``hot_set``: hot-set sizing per table under a per-rank memory budget;
-- ``estimators``: perf / storage ShardEstimators for ``frequency_hybrid`` options;
-- ``enumerator``: an EmbeddingEnumerator that offers ``frequency_hybrid`` with a chosen hot set;
+- ``plan_cost``: one byte model pricing every option (stock and hybrid) and whole plans;
+- ``estimators``: the storage ShardEstimator for ``frequency_hybrid`` options;
+- ``enumerator``: an EmbeddingEnumerator that offers ``frequency_hybrid`` per cold layout;
 - ``stats``: the planner's stats table, hybrid tables included;
 - ``planner``: ``HybridEmbeddingShardingPlanner``; ``config``: ``load_planner_config``;
 - ``topology``: a uniform-bandwidth (gloo) topology; ``validate``: estimate vs measurement.
@@ -11,7 +12,8 @@
 
 from torchrec_hybrid.planner.config import PlannerConfigError, load_planner_config, planner_from_config
 from torchrec_hybrid.planner.enumerator import HybridEnumerator
-from torchrec_hybrid.planner.estimators import HybridPerfEstimator, HybridStorageEstimator
+from torchrec_hybrid.planner.estimators import HybridStorageEstimator
+from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator
 from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
 from torchrec_hybrid.planner.topology import UniformCommsBandwidth, gloo_topology
@@ -23,7 +25,7 @@ __all__ = [
     "HybridEmbeddingStats",
     "HybridEnumerator",
     "HybridParameterSharding",
-    "HybridPerfEstimator",
+    "BytesPerfEstimator",
     "HybridStorageEstimator",
     "PlannerConfigError",
     "UniformCommsBandwidth",

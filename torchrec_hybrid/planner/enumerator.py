@@ -119,6 +119,7 @@ class HybridEnumerator(EmbeddingEnumerator):
         self._hybrid_storage = HybridStorageEstimator(topology, constraints)
         self._perf = BytesPerfEstimator(topology, TrafficTable({}, gloo=topology.compute_device == "cpu"))
         self.choices: Dict[str, Dict[str, HotSetChoice]] = {}
+        self.offered: set = set()  # tables with a hybrid option left after the gate
 
     # -- constraints -------------------------------------------------------------------------
     def _allowed(self, name: str, sharding_type: str) -> bool:
@@ -169,6 +170,7 @@ class HybridEnumerator(EmbeddingEnumerator):
                     hybrid.append(self._hybrid_option(template, kernel, choice))
         self.populate_estimates(out + hybrid)
         hybrid = self._gate(hybrid, out)
+        self.offered = {so.name for so in hybrid}
         missing = {n for (_, n) in by_table} - {so.name for so in out + hybrid}
         if missing:
             raise RuntimeError(f"no sharding option left for tables {sorted(missing)} after constraints")

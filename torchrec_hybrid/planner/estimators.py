@@ -1,16 +1,9 @@
-"""Perf and storage estimators for ``frequency_hybrid`` sharding options.
+"""Storage estimator for ``frequency_hybrid`` options, and the helpers every estimator shares.
 
-TorchRec's perf estimator silently prices an unknown sharding type as table-wise and its
-storage estimator raises for it, so hybrid options get these instead (the enumerator routes
-stock options to the stock estimators and hybrid ones here). Both read the table's
-:class:`HotSetChoice` from ``sharding_option.hybrid_choice``.
-
-Units follow TorchRec's estimators (bandwidths in bytes/ms, so perf in ms). Comms are the
-cost model's true bytes per rank divided by the topology's bandwidth of each collective,
-times ``W/(W-1)``: TorchRec prices an all-to-all by a rank's whole output including the part
-it keeps, so a table-wise table costs ``W*B*D*4`` on its owner, ``B*D*4`` per rank on
-average; the factor puts the hybrid on that same scale (and leaves the choice of H, which
-only depends on the ratio of the terms, unchanged).
+TorchRec's storage estimator raises for an unknown sharding type, so hybrid options get
+:class:`HybridStorageEstimator` (it reads ``sharding_option.hybrid_choice``). Perf of every
+option, stock or hybrid, comes from one byte model: ``plan_cost.BytesPerfEstimator``.
+Units follow TorchRec's estimators (bandwidths in bytes/ms, so perf in ms).
 """
 
 from __future__ import annotations
@@ -19,7 +12,7 @@ import logging
 import math
 from typing import Dict, Optional
 
-from torchrec.distributed.planner.constants import BIGINT_DTYPE, kernel_bw_lookup
+from torchrec.distributed.planner.constants import BIGINT_DTYPE
 from torchrec.distributed.planner.types import (
     CollectiveType,
     ParameterConstraints,
@@ -35,9 +28,6 @@ from torchrec_hybrid.planner.types import HotSetChoice
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)
-
-A2A_PARTS = ("lengths", "cold_ids", "partials")
-
 
 def traffic_of(so: ShardingOption, world_size: int) -> cm.TableTraffic:
     """The cost model's view of a sharding option (pooling = mean ids per bag per feature)."""
@@ -81,44 +71,6 @@ class _HybridEstimator(ShardEstimator):
     def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
         self._topology = topology
         self._constraints = constraints
-
-
-class HybridPerfEstimator(_HybridEstimator):
-    """Sets ``shard.perf`` of frequency_hybrid options (per rank; every rank holds one shard).
-
-    fwd_comms: cold ids + lengths (input dist), forward partials and the owners' hot rows;
-    bwd_comms: backward partials and hot-row gradients (all in the output all-to-alls).
-    Compute: reading ids, TBE lookups of hot ids locally and of cold ids (and owned hot
-    rows) on their owner, writing hot sums and partial sums; backward is
-    ``bwd_compute_multiplier`` times that plus assembling and summing the hot rows.
-    """
-
-    def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
-        t = self._topology
-        w = t.world_size
-        bw = bandwidths(t)
-        scale = w / (w - 1) if w > 1 else 1.0
-        for so in sharding_options:
-            if so.sharding_type != FREQUENCY_HYBRID:
-                continue
-            ch = _choice(so)
-            tr = traffic_of(so, w)
-            parts = {k: float(v) for k, v in cm.hybrid_bytes(tr, ch.coverage, ch.hot_rows).items()}
-            dev_bw = kernel_bw_lookup(t.compute_device, so.compute_kernel, t.hbm_mem_bw, t.ddr_mem_bw,
-                                      t.hbm_to_ddr_mem_bw)
-            cold = 1.0 - ch.coverage
-            elem = so.tensor.element_size()
-            fwd_compute = (tr.lookups * BIGINT_DTYPE + tr.lookups * tr.dim * elem
-                           + tr.bags * tr.dim * elem * (1.0 + cold)) / dev_bw
-            hot_bytes = max(ch.hot_rows, 1) * (tr.dim + 1) * elem
-            bwd_compute = t.bwd_compute_multiplier * fwd_compute + 3 * hot_bytes / dev_bw
-            input_dist = scale * (parts["lengths"] + parts["cold_ids"]) / bw["a2a"]
-            fwd_comms = scale * parts["partials"] / 2 / bw["a2a"]
-            fwd_comms += scale * parts["hot_sync"] / 2 / bw["a2a"]  # hot rows out to the replicas
-            bwd_comms = scale * (parts["partials"] + parts["hot_sync"]) / 2 / bw["a2a"]
-            for shard in so.shards:
-                shard.perf = Perf(fwd_compute=fwd_compute, fwd_comms=fwd_comms, bwd_compute=bwd_compute,
-                                  bwd_comms=bwd_comms, input_dist_comms=input_dist)
 
 
 class HybridStorageEstimator(_HybridEstimator):

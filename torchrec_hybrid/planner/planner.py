@@ -174,13 +174,15 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         out = []
         topo = _compat.planner_topology(self)
         dev = topo.compute_device
-        if any(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
+        forced = any(c.sharding_types and set(c.sharding_types) == {FREQUENCY_HYBRID}
+                     for c in (self._user_constraints or {}).values())
+        if not forced and any(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
                                              constraints=_without_hybrid(self._user_constraints))
             plan = stock.plan(module, [_HideHybrid(s) for s in sharders])
             out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
                                        _compat.planner_best_plan(stock)))
-        eligible = set(self._hybrid_enumerator.choices)
+        eligible = set(self._hybrid_enumerator.offered)  # where hybrid pays, table by table
         if eligible and any(so.sharding_type != FREQUENCY_HYBRID and so.name in eligible for so in mixed.options):
             forced = dict(self._user_constraints or {})
             for name in eligible:
@@ -189,7 +191,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                                 else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
             inner = HybridEmbeddingShardingPlanner(constraints=forced, compare_plans=False, **self._args)
             plan = inner.plan(module, sharders)
-            out.append(self._candidate("all eligible tables frequency_hybrid", plan, inner.planned_options()))
+            out.append(self._candidate("frequency_hybrid wherever it pays", plan, inner.planned_options()))
         return out
 
     def _attach_hot_ids(self, plan: ShardingPlan, options: List[ShardingOption]) -> ShardingPlan:
