@@ -1,5 +1,6 @@
 """state_dict and torch.distributed.checkpoint round trips between hybrid and stock plans."""
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
@@ -14,12 +15,13 @@ from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
 HYBRID = {"t0": "hybrid", "t1": "hybrid", "t2": "tw", "t3": "hybrid"}
 
 
-def _models(world, opt="rowwise_adagrad"):
+def _models(world, opt="rowwise_adagrad", layout="hybrid"):
     configs = tables()
     torch.manual_seed(0)
     ref = torchrec.EmbeddingBagCollection(tables=configs)
     hot_t = hot_ids()
-    mh = build(configs, world, HYBRID, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(OPTIMIZERS[opt])))
+    kinds = {t: (layout if k == "hybrid" else k) for t, k in HYBRID.items()}
+    mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(OPTIMIZERS[opt])))
     mt = build(configs, world, {}, EmbeddingBagCollectionSharder(fused_params=dict(OPTIMIZERS[opt])))
     return configs, ref, hot_t, mh, mt
 
@@ -63,9 +65,9 @@ def state_dict_shape(rank, world):
         torch.testing.assert_close(got[k], want[k])
 
 
-def dcp_round_trip(rank, world, path):
+def dcp_round_trip(rank, world, path, layout="hybrid"):
     """hybrid -> DCP -> table_wise and table_wise -> DCP -> hybrid, weights and optimizer state."""
-    configs, ref, hot_t, mh, mt = _models(world)
+    configs, ref, hot_t, mh, mt = _models(world, layout=layout)
     mh.load_state_dict(ref.state_dict())
     mt.load_state_dict(ref.state_dict())
     _train(mh, configs, hot_t, rank, seed=1)
@@ -80,7 +82,7 @@ def dcp_round_trip(rank, world, path):
     torch.testing.assert_close(_outputs(mh, configs, hot_t, rank), _outputs(mt, configs, hot_t, rank))
 
     # back: a table_wise checkpoint into a fresh hybrid model (trained differently first)
-    _, _, _, mh2, _ = _models(world)
+    _, _, _, mh2, _ = _models(world, layout=layout)
     _train(mh2, configs, hot_t, rank, seed=3)
     _train(mt, configs, hot_t, rank, seed=4)
     dcp.save({"model": mt.state_dict(), "optim": mt.fused_optimizer.state_dict()}, checkpoint_id=f"{path}/t")
@@ -106,5 +108,7 @@ def test_state_dict_is_one_logical_table_per_hybrid_table():
     run_ranks(state_dict_shape, 2)
 
 
-def test_dcp_between_hybrid_and_table_wise(tmp_path):
-    run_ranks(dcp_round_trip, 2, path=str(tmp_path))
+@pytest.mark.parametrize("layout,world", [("hybrid", 2), ("hybrid_tw", 2), ("hybrid_uneven", 3)])
+def test_dcp_between_hybrid_and_table_wise(tmp_path, layout, world):
+    """Every cold layout (even / table-wise / uneven row blocks) to stock table_wise and back."""
+    run_ranks(dcp_round_trip, world, path=str(tmp_path), layout=layout)
