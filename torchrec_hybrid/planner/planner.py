@@ -182,7 +182,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             plan = stock.plan(module, [_HideHybrid(s) for s in sharders])
             out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
                                        _compat.planner_best_plan(stock)))
-        eligible = set(self._hybrid_enumerator.offered)  # where hybrid pays, table by table
+        # every table hybrid can take (a table that alone saves little may still pay once its
+        # group's collectives are shared); the comparison with the stock plan decides
+        # (tables with statistics or given hot ids: without them nothing says hybrid pays)
+        eligible = {n for n, by_layout in self._hybrid_enumerator.choices.items()
+                    if any(ch.source != "uniform" for ch in by_layout.values())}
         if eligible and any(so.sharding_type != FREQUENCY_HYBRID and so.name in eligible for so in mixed.options):
             forced = dict(self._user_constraints or {})
             for name in eligible:
@@ -191,7 +195,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                                 else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
             inner = HybridEmbeddingShardingPlanner(constraints=forced, compare_plans=False, **self._args)
             plan = inner.plan(module, sharders)
-            out.append(self._candidate("frequency_hybrid wherever it pays", plan, inner.planned_options()))
+            out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options()))
         return out
 
     def _attach_hot_ids(self, plan: ShardingPlan, options: List[ShardingOption]) -> ShardingPlan:
