@@ -54,17 +54,19 @@ DEFAULT_HOT_BUDGET_FRACTION = 0.25
 
 
 class _StockOnly:
-    """A sharder as the stock enumerator may see it: frequency_hybrid hidden."""
+    """A sharder as the stock enumerator (or TorchRec's own planner) may see it: frequency_hybrid
+    hidden; ``add_template``: table_wise added if missing (hybrid options are cloned from it)."""
 
-    def __init__(self, sharder: Any) -> None:
+    def __init__(self, sharder: Any, add_template: bool = True) -> None:
         self._sharder = sharder
+        self._add_template = add_template
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sharder, name)
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
         types = [t for t in self._sharder.sharding_types(compute_device_type) if t != FREQUENCY_HYBRID]
-        return types if _TEMPLATE in types else types + [_TEMPLATE]
+        return types if _TEMPLATE in types or not self._add_template else types + [_TEMPLATE]
 
 
 def _stock_constraints(constraints: Optional[Dict[str, ParameterConstraints]]

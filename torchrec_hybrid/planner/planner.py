@@ -23,7 +23,7 @@ from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator
+from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly
 from torchrec_hybrid.planner.estimators import traffic_of
 from torchrec_hybrid.planner.plan_cost import DEFAULT_COLLECTIVE_MS, TrafficTable, plan_cost, plan_rank_bytes
 from torchrec_hybrid.sharding import row_blocks
@@ -56,19 +56,6 @@ def constraints_with_measured_pooling(constraints: Optional[Dict[str, ParameterC
         elif list(c.pooling_factors) == [POOLING_FACTOR]:
             out[cfg.name] = dataclasses.replace(c, pooling_factors=[mean] * feats)
     return out
-
-
-class _HideHybrid:
-    """A sharder as TorchRec's own planner may see it: frequency_hybrid hidden."""
-
-    def __init__(self, sharder: Any) -> None:
-        self._sharder = sharder
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sharder, name)
-
-    def sharding_types(self, compute_device_type: str) -> List[str]:
-        return [t for t in self._sharder.sharding_types(compute_device_type) if t != FREQUENCY_HYBRID]
 
 
 @dataclasses.dataclass
@@ -179,7 +166,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if not forced and any(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
                                              constraints=_without_hybrid(self._user_constraints))
-            plan = stock.plan(module, [_HideHybrid(s) for s in sharders])
+            plan = stock.plan(module, [_StockOnly(s, add_template=False) for s in sharders])
             out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
                                        _compat.planner_best_plan(stock)))
         # every table hybrid can take (a table that alone saves little may still pay once its
