@@ -1,8 +1,9 @@
 """The cold ids' wire format (cold_all_to_all.py) against a reference built from what was sent.
 
 Each rank sends random bags (some (destination, feature) runs empty) and a report; the owner's
-padded TBE input, the cells its bags travel home in and the reports must be exactly what the
-senders' bags and the extra bags say, for 1 and 3 ranks, weighted or not.
+padded TBE input (each feature spread over its TBE copies), the cells its bags travel home in
+and the reports must be exactly what the senders' bags and the extra bags say, for 1 and 3
+ranks, weighted or not, with one copy per feature or several.
 """
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from tests.multiprocess import run_ranks
 
 F = 3
+COPIES = {"one": [1, 1, 1], "several": [2, 1, 3]}
 
 
 def _sent(rank: int, world: int, weighted: bool):
@@ -30,7 +32,7 @@ def _extras(rank: int):
     return per_feature, rows
 
 
-def _rank(rank, world, weighted):
+def _rank(rank, world, weighted, copies):
     import torch.distributed as dist
 
     from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
@@ -43,15 +45,17 @@ def _rank(rank, world, weighted):
     a2a = ColdIdsAllToAll(dist.group.WORLD, F, 4, torch.device("cpu"))
     bags = a2a(counts.view(-1), ids, lengths, rows, weights, report).wait().wait()
     per_feature, extra_rows = _extras(rank)
-    kjt, cells, rows_per_feature = bags.padded([f"f{i}" for i in range(F)], per_feature, extra_rows,
-                                               torch.ones(extra_rows.numel(), dtype=torch.int32))
+    keys = [f"f{f}@{i}" for f in range(F) for i in range(copies[f])]
+    kjt, cells, rows_per_feature, _ = bags.padded(keys, torch.tensor(copies), copies, per_feature,
+                                                  per_feature.tolist(), extra_rows,
+                                                  torch.ones(extra_rows.numel(), dtype=torch.int32))
     out = dict(lengths=kjt.lengths(), values=kjt.values(), weights=kjt.weights_or_none(), stride=kjt.stride(),
                length_per_key=kjt.length_per_key(), cells=cells, rows_per_feature=rows_per_feature,
                reports=bags.reports, counts=bags.counts)
     return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in out.items()}  # plain data across processes
 
 
-def _expected(owner: int, world: int, weighted: bool):
+def _expected(owner: int, world: int, weighted: bool, copies):
     sent = [_sent(s, world, weighted) for s in range(world)]
     per_feature, extra_rows = _extras(owner)
     bags = [[] for _ in range(F)]  # per feature: (length, ids, weights), sources in rank order
@@ -62,7 +66,7 @@ def _expected(owner: int, world: int, weighted: bool):
         for f in range(F):
             for _ in range(int(counts[owner, f])):
                 n = int(lengths[bag0])
-                cells.append(len(bags[f]) * F + f)
+                cells.append((f, len(bags[f])))
                 bags[f].append((n, rows[id0:id0 + n], None if weights is None else weights[id0:id0 + n]))
                 bag0, id0 = bag0 + 1, id0 + n
     received = [len(b) for b in bags]
@@ -71,22 +75,28 @@ def _expected(owner: int, world: int, weighted: bool):
         for r in extra_rows[extra0:extra0 + int(per_feature[f])]:
             bags[f].append((1, r.view(1), torch.ones(1) if weighted else None))
         extra0 += int(per_feature[f])
-    batch = max(1, max(len(b) for b in bags))
-    lengths = torch.zeros(F, batch, dtype=torch.int32)
+    # feature f's bags fill its copies (first_copy[f] ...) back to back, `batch` rows each
+    V, first = sum(copies), [sum(copies[:f]) for f in range(F)]
+    batch = max(1, max(-(-len(bags[f]) // copies[f]) for f in range(F)))
+    lengths = torch.zeros(V, batch, dtype=torch.int32)
     for f in range(F):
-        lengths[f, : len(bags[f])] = torch.tensor([b[0] for b in bags[f]], dtype=torch.int32)
+        col = torch.zeros(copies[f] * batch, dtype=torch.int32)
+        col[: len(bags[f])] = torch.tensor([b[0] for b in bags[f]], dtype=torch.int32)
+        lengths[first[f]: first[f] + copies[f]] = col.view(copies[f], batch)
     values = torch.cat([b[1] for f in range(F) for b in bags[f]] + [torch.empty(0, dtype=torch.int64)])
     weights = torch.cat([b[2] for f in range(F) for b in bags[f]] + [torch.empty(0)]) if weighted else None
-    lpk = [int(sum(b[0] for b in bags[f])) for f in range(F)]
+    cells = [(q % batch) * V + first[f] + q // batch for f, q in cells]
     return dict(lengths=lengths.view(-1).tolist(), values=values.tolist(), weights=None if weights is None else
-                weights.tolist(), stride=batch, length_per_key=lpk, cells=cells, rows_per_feature=received)
+                weights.tolist(), stride=batch, length_per_key=lengths.sum(1).tolist(), cells=cells,
+                rows_per_feature=received)
 
 
+@pytest.mark.parametrize("copies", sorted(COPIES))
 @pytest.mark.parametrize("world,weighted", [(1, False), (3, False), (3, True)])
-def test_owner_receives_exactly_what_was_sent(world, weighted):
-    out = run_ranks(_rank, world, weighted=weighted)
+def test_owner_receives_exactly_what_was_sent(world, weighted, copies):
+    out = run_ranks(_rank, world, weighted=weighted, copies=COPIES[copies])
     for owner, got in enumerate(out):
-        want = _expected(owner, world, weighted)
+        want = _expected(owner, world, weighted, COPIES[copies])
         for key in ("lengths", "values", "weights", "stride", "length_per_key", "cells", "rows_per_feature"):
             assert got[key] == want[key], (owner, key)  # weights: bit-exact floats
         assert got["reports"] == [[s, 7, -1, 2] for s in range(world)], owner

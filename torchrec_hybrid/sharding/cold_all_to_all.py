@@ -24,7 +24,8 @@ import torch.distributed as dist
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, round_robin_order
+from torchrec_hybrid.sharding.cells import PaddedCells
+from torchrec_hybrid.sharding.segments import exclusive_cumsum, round_robin_order, segment_arange
 
 
 class Deferred(Awaitable):
@@ -57,13 +58,16 @@ def _receive_order(world: int, features: int, parts: int, device: torch.device) 
 class ColdBags:
     """What an owner received in one step: the payload and, per source rank, its metadata.
 
-    counts / ids: non-empty bags and ids per ``[source, feature]`` (int64); reports: the
-    ``R`` extra metadata words per source (int32 ``[W, R]``), or None.
+    counts / ids: non-empty bags and ids per ``[source, feature]`` (int64), and their host
+    copies (from the split-size sync that precedes the payload); reports: the ``R`` extra
+    metadata words per source (int32 ``[W, R]``), or None.
     """
 
     payload: torch.Tensor
     counts: torch.Tensor
     ids: torch.Tensor
+    host_counts: List[List[int]]
+    host_ids: List[List[int]]
     weighted: bool
     reports: Optional[torch.Tensor]
     order: torch.Tensor  # _receive_order for this world, F and part count
@@ -73,17 +77,18 @@ class ColdBags:
             if t is not None:
                 t.record_stream(stream)
 
-    def padded(self, keys: List[str], extra_per_feature: torch.Tensor, extra_rows: torch.Tensor,
-               extra_ones: torch.Tensor):
+    def padded(self, keys: List[str], copies: torch.Tensor, host_copies: List[int], extra_per_feature: torch.Tensor,
+               host_extra: List[int], extra_rows: torch.Tensor, extra_ones: torch.Tensor):
         """The received bags plus extra one-id bags per feature as a fixed-batch KJT.
 
-        The TBE needs one batch size for all features (FBGEMM's CPU variable-batch kernel
-        is far slower than padding), so feature f's bags take rows ``0..n_f-1`` (sources in
-        rank order), then its ``extra_per_feature[f]`` extra bags (``extra_rows``, sorted by
-        feature), and the batch is the largest count. Returns the KJT; the received bags in
-        arrival order - (source, feature, sample), the order they travel home in - as cells
-        ``row * F + feature`` of the lookup output; and the rows taken per feature.
-        ``extra_ones`` is int32 ones, one per extra bag.
+        Feature f's bags - sources in rank order, then its ``extra_per_feature[f]`` extra
+        bags (``extra_rows``, sorted by feature) - fill its ``copies[f]`` TBE features
+        (``keys``, V of them) back to back (:class:`PaddedCells`); the batch is the smallest
+        that holds them (FBGEMM's CPU variable-batch kernel is far slower than padding).
+        ``host_copies`` / ``host_extra``: the same counts as host lists; ``extra_ones``:
+        int32 ones, one per extra bag. Returns the KJT; the received bags in arrival order -
+        (source, feature, sample), the order they travel home in - as cells of the lookup
+        output; the rows (bags) received per feature; and the :class:`PaddedCells`.
         """
         W, F = self.counts.shape
         parts = 3 if self.weighted else 2
@@ -95,25 +100,33 @@ class ColdBags:
             extra_values.append(extra_ones.to(torch.float32).view(torch.int32))
         values = torch.cat([self.payload] + extra_values)
         _, data, _ = torch.ops.fbgemm.permute_1D_sparse_data(self.order, sizes, values, None, values.numel())
+        # sizes on the host: from the split-size sync, no sync of their own
+        host_rows = [sum(c[f] for c in self.host_counts) for f in range(F)]
+        host_bags = [r + e for r, e in zip(host_rows, host_extra)]
+        n_bags, n_received = sum(host_bags), sum(host_rows)
+        n_ids = sum(map(sum, self.host_ids)) + sum(host_extra)
+        batch = max([1] + [-(-b // c) for b, c in zip(host_bags, host_copies)])
+        first_copy = exclusive_cumsum(copies)
+        layout = PaddedCells(batch, first_copy, len(keys))
         rows_per_feature = self.counts.sum(0)
         bags = rows_per_feature + extra_per_feature
-        ids = self.ids.sum(0) + extra_per_feature
-        host = torch.cat([ids, torch.stack([bags.sum(), ids.sum(), bags.max(), rows_per_feature.sum()])]).tolist()
-        ids_per_feature, (n_bags, n_ids, batch, n_received) = host[:F], host[F:]
-        batch = max(1, batch)
-        lengths = torch.ops.fbgemm.jagged_1d_to_dense(data[:n_bags], torch.ops.fbgemm.asynchronous_complete_cumsum(
-            bags), batch, 0).view(-1)
+        feature = torch.repeat_interleave(torch.arange(F, device=bags.device), bags, output_size=n_bags)
+        q = segment_arange(bags, n_bags)
+        copy = layout.copy_of(q, feature)
+        bag_lengths = data[:n_bags]
+        lengths = bag_lengths.new_zeros(len(keys) * batch).index_copy_(0, copy * batch + q % batch, bag_lengths)
+        ids_per_copy = torch.zeros(len(keys), dtype=torch.int64, device=bags.device).index_add_(
+            0, copy, bag_lengths.to(torch.int64))
         weights = data[n_bags + n_ids:].view(torch.float32) if self.weighted else None
         kjt = KeyedJaggedTensor(keys=keys, values=data[n_bags:n_bags + n_ids], weights=weights, lengths=lengths,
-                                stride=batch, length_per_key=ids_per_feature)
-        # Run (s, f) of the arrival order holds rows first[s, f] ... of feature f, so its
-        # p-th bag overall is cell (p - run_start + first) * F + f.
+                                stride=batch, length_per_key=ids_per_copy.tolist())
+        # Run (s, f) of the arrival order holds bags first[s, f] ... of feature f.
         size = self.counts.view(-1)
-        shift = (exclusive_cumsum(self.counts, 0).view(-1) - exclusive_cumsum(size)) * F
-        shift += torch.arange(W * F, device=size.device) % F
-        cells = torch.arange(n_received, device=size.device) * F + torch.repeat_interleave(
-            shift, size, output_size=n_received)
-        return kjt, cells, rows_per_feature
+        run_feature = torch.arange(W * F, device=size.device) % F
+        arrival_feature = torch.repeat_interleave(run_feature, size, output_size=n_received)
+        arrival_q = segment_arange(size, n_received) + torch.repeat_interleave(
+            exclusive_cumsum(self.counts, 0).view(-1), size, output_size=n_received)
+        return kjt, layout.cells(arrival_q, arrival_feature), rows_per_feature, layout
 
 
 class ColdIdsAllToAll:
@@ -157,27 +170,32 @@ class ColdIdsAllToAll:
         send_splits = bags_per_dest + (parts - 1) * ids_per_dest
         order = self._recv_order[parts]
         if W == 1:
-            return Deferred(lambda: Deferred(lambda: self._bags(payload, meta, weighted, order)))
+            return Deferred(lambda: Deferred(lambda: self._bags(payload, meta, weighted, order,
+                                                                meta[:, :2 * F].reshape(-1).tolist())))
         recv_meta = torch.empty_like(meta)
         meta_work = dist.all_to_all_single(recv_meta, meta, group=self._pg, async_op=True)
 
         def splits_ready() -> Awaitable[ColdBags]:
             meta_work.wait()
-            received = recv_meta[:, :F].sum(1) + (parts - 1) * recv_meta[:, F:2 * F].sum(1)
-            splits = torch.cat([send_splits, received, received.sum().view(1)]).tolist()
-            recv = payload.new_empty(splits[-1])
-            work = dist.all_to_all_single(recv, payload, splits[W:2 * W], splits[:W], group=self._pg,
+            counts = recv_meta[:, :2 * F].to(torch.int64)
+            received = counts[:, :F].sum(1) + (parts - 1) * counts[:, F:].sum(1)
+            # one host sync: the split sizes, and the counts the owner's padding needs
+            host = torch.cat([send_splits, received, counts.view(-1)]).tolist()
+            recv = payload.new_empty(sum(host[W:2 * W]))
+            work = dist.all_to_all_single(recv, payload, host[W:2 * W], host[:W], group=self._pg,
                                           async_op=True)
 
             def payload_ready() -> ColdBags:
                 work.wait()
-                return self._bags(recv, recv_meta, weighted, order)
+                return self._bags(recv, recv_meta, weighted, order, host[2 * W:])
 
             return Deferred(payload_ready)
 
         return Deferred(splits_ready)
 
-    def _bags(self, payload, meta, weighted, order) -> ColdBags:
+    def _bags(self, payload, meta, weighted, order, host: List[int]) -> ColdBags:
         F = self._features
+        rows = [host[i:i + 2 * F] for i in range(0, len(host), 2 * F)]  # per source (W of them)
         return ColdBags(payload=payload, counts=meta[:, :F].to(torch.int64), ids=meta[:, F:2 * F].to(torch.int64),
-                        weighted=weighted, reports=meta[:, 2 * F:] if self._report_words else None, order=order)
+                        host_counts=[r[:F] for r in rows], host_ids=[r[F:] for r in rows], weighted=weighted,
+                        reports=meta[:, 2 * F:] if self._report_words else None, order=order)

@@ -18,6 +18,7 @@ from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
 from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
+from torchrec_hybrid.sharding.cells import feature_copies
 from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout, zero_grad_is_noop
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist, IdCheckCarrier
 from torchrec_hybrid.sharding.lookup import HybridLookup
@@ -104,8 +105,17 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
                       feature_processor: Any = None) -> HybridLookup:
         device = device if device is not None else self._device
         replicas, layout = self._hot(device)
+        rank, tables = self._rank, [self._tables[i] for i in self._feature_tables()]
+        copies = None
+        # FBGEMM's CPU row-wise Adagrad takes a fast path for a table with one feature that
+        # drops L2 weight decay, while tables with several features apply it: copies would
+        # then change the update, so with weight decay every feature keeps one copy.
+        if not any(float((g.fused_params or {}).get("weight_decay", 0.0) or 0.0)
+                   for g in _compat.sharding_grouped_configs(self)):
+            copies = feature_copies(self._world_size, [self._bounds[t.name][rank + 1] - self._bounds[t.name][rank]
+                                                       for t in tables], [t.num_embeddings for t in tables])
         return HybridLookup(_compat.sharding_grouped_configs(self), replicas, layout, pg=self._pg, device=device,
-                            env=self._env)
+                            env=self._env, copies=copies)
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]

@@ -8,6 +8,7 @@ table group, pooled once the replica has arrived. The output keeps both unreduce
 output dist routes the cold partial sums and the hot rows, and adds the sums up.
 """
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -19,6 +20,7 @@ from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
+from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
@@ -28,14 +30,14 @@ from torchrec_hybrid.sharding.segments import exclusive_cumsum
 class HybridLookupOutput:
     """Unreduced pooled embeddings of one step, handed to the output dist."""
 
-    cold: torch.Tensor  # [B', D]: owner side: received bags' partial sums + owned hot rows
+    cold: torch.Tensor  # owner side: received bags' partial sums + owned hot rows (padded)
     # the received bags in (source rank, feature, sample) order - the order they travel
-    # home in - as cells ``row * F + feature`` of ``cold``; and how many per [rank, feature]
-    cold_bag_cells: torch.Tensor
+    # home in - as positions in ``cold``'s units (cells.py); and how many per [rank, feature]
+    cold_bag_pos: torch.Tensor
     cold_bag_counts: torch.Tensor
-    # the owned hot rows this rank sends to every rank (one-id bags of ``cold``), as cells,
-    # in sync order (hot_replica.HotRowLayout)
-    hot_row_cells: torch.Tensor
+    # the owned hot rows this rank sends to every rank (one-id bags of ``cold``), as
+    # positions, in sync order (hot_replica.HotRowLayout)
+    hot_row_pos: torch.Tensor
     # (replica) -> [B, D] sums over the local hot lookups. Called by the output dist once the
     # replica has arrived; its gradient flows back to the owners through the same route.
     hot: Callable[[torch.Tensor], torch.Tensor]
@@ -50,13 +52,25 @@ class _ExtraBags:
     """The owned hot rows as one-id bags: rows and features (sorted), and derived constants."""
 
     def __init__(self, features: torch.Tensor, rows: torch.Tensor, num_features: int) -> None:
-        F = num_features
         self.features, self.rows = features, rows.to(torch.int32)
-        self.per_feature = torch.bincount(features, minlength=F)
-        # rank of each extra bag within its feature, folded with the feature into a cell offset
-        rank = torch.arange(rows.numel(), device=rows.device) - exclusive_cumsum(self.per_feature)[features]
-        self.cell_offset = rank * F + features
+        self.per_feature = torch.bincount(features, minlength=num_features)
+        self.host_per_feature = self.per_feature.tolist()
+        # rank of each extra bag within its feature's extra bags
+        self.rank = torch.arange(rows.numel(), device=rows.device) - exclusive_cumsum(self.per_feature)[features]
         self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
+
+
+def _with_feature_copies(configs: List[GroupedEmbeddingConfig], copies: List[int]) -> List[GroupedEmbeddingConfig]:
+    """The groups with feature f repeated ``copies[f]`` times (``name``, ``name@1``, ...): more
+    TBE features of the same table, rows and state unchanged (set-up time loops)."""
+    it, out = iter(copies), []
+    for c in configs:
+        tables = []
+        for t in c.embedding_tables:
+            names = [n if i == 0 else f"{n}@{i}" for n in t.feature_names for i in range(next(it))]
+            tables.append(dataclasses.replace(t, feature_names=names, embedding_names=names))
+        out.append(dataclasses.replace(c, embedding_tables=tables))
+    return out
 
 
 class HybridLookup(nn.Module):
@@ -66,6 +80,7 @@ class HybridLookup(nn.Module):
         grouped_configs: the cold groups (stock row-wise shard of every hybrid table).
         replicas / layout: the hot replicas of the groups and the sharding's hot-row layout.
         pg / device / env: as for stock lookups.
+        copies: TBE copies per feature of the cold lookup (cells.PaddedCells; default one).
     """
 
     def __init__(
@@ -76,16 +91,22 @@ class HybridLookup(nn.Module):
         pg: dist.ProcessGroup,
         device: torch.device,
         env: Optional[ShardingEnv] = None,
+        copies: Optional[List[int]] = None,
     ) -> None:
         super().__init__()
-        self.cold = GroupedPooledEmbeddingsLookup(
-            grouped_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
-        )
-        self._hot = replicas
-        self._layout = layout
         self._feature_splits = [c.num_features() for c in grouped_configs]
         self._num_features = sum(self._feature_splits)
-        self._feature_names = [f for c in grouped_configs for f in c.feature_names()]
+        self._copies = list(copies) if copies is not None else [1] * self._num_features
+        cold_configs = _with_feature_copies(grouped_configs, self._copies)
+        self.cold = GroupedPooledEmbeddingsLookup(
+            cold_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
+        )
+        self._copy_keys = [f for c in cold_configs for f in c.feature_names()]
+        self._copy_positions = CellPositions([d for c in cold_configs for d in c.embedding_dims()], device)
+        self.register_buffer("_copies_t", torch.tensor(self._copies, dtype=torch.int64, device=device),
+                             persistent=False)
+        self._hot = replicas
+        self._layout = layout
         self._tables = [t.name for c in grouped_configs for t in c.embedding_tables]
         self._last_replica: Optional[tuple] = None
         self._extra: Optional[tuple] = None
@@ -98,10 +119,11 @@ class HybridLookup(nn.Module):
             self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
         extra = self._extra[1]
         with record_function("## hybrid:cold_lookup ##"):
-            padded, cells, rows_per_feature = inp.cold.padded(self._feature_names, extra.per_feature, extra.rows,
-                                                              extra.ones)
+            padded, cells, rows_per_feature, cell_layout = inp.cold.padded(
+                self._copy_keys, self._copies_t, self._copies, extra.per_feature, extra.host_per_feature,
+                extra.rows, extra.ones)
             cold = self.cold(padded)
-        hot_row_cells = rows_per_feature[extra.features] * self._num_features + extra.cell_offset
+        hot_row_cells = cell_layout.cells(rows_per_feature[extra.features] + extra.rank, extra.features)
 
         @record_function("## hybrid:hot_lookup ##")
         def hot(replica: torch.Tensor) -> torch.Tensor:
@@ -121,9 +143,9 @@ class HybridLookup(nn.Module):
 
         return HybridLookupOutput(
             cold=cold,
-            cold_bag_cells=cells,
+            cold_bag_pos=self._copy_positions(cells),
             cold_bag_counts=inp.cold.counts,
-            hot_row_cells=hot_row_cells,
+            hot_row_pos=self._copy_positions(hot_row_cells),
             hot=hot,
             hot_slots=hot_slots,
             hot_counts=hot_counts,

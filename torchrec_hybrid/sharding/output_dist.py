@@ -19,6 +19,7 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.types import Awaitable, NoWait
 
+from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
@@ -153,7 +154,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         dims = torch.tensor(feature_dims, dtype=torch.int64)
         self._total_dim = int(dims.sum())
         self.register_buffer("_dims", dims.to(device), persistent=False)
-        self.register_buffer("_dim_offsets", exclusive_cumsum(dims).to(device), persistent=False)
+        self._cells = CellPositions(feature_dims, device)
         self._any_mean = any(mean_features)
         # all features one width: move whole rows instead of computing element positions
         self._uniform_dim = feature_dims[0] if len(set(feature_dims)) == 1 else None
@@ -162,18 +163,6 @@ class HybridPooledEmbeddingDist(nn.Module):
         self._layout = layout
         self._replica_units = layout.flat_size // (self._uniform_dim or 1)
         self._replica_cache = (None, None)
-
-    def _cell_positions(self, cells: torch.Tensor) -> torch.Tensor:
-        """Positions of bags (cells ``row * F + feature``) in a ``[rows, sum(dims)]`` output.
-
-        Rows of the output viewed as ``[-1, D]`` when every feature has width D (then they
-        are the cells), else flat element positions.
-        """
-        if self._uniform_dim is not None:
-            return cells
-        F = self._dims.numel()
-        feat, row = cells % F, torch.div(cells, F, rounding_mode="floor")
-        return segment_positions(row * self._total_dim + self._dim_offsets[feat], self._dims[feat])
 
     def _units(self, counts: torch.Tensor) -> torch.Tensor:
         """Units (rows or elements) per rank of ``counts`` bags per [rank, feature]."""
@@ -209,16 +198,16 @@ class HybridPooledEmbeddingDist(nn.Module):
         W, D = self._world, self._uniform_dim
         unit = D or 1
         # owner side: per destination the bags it sent us (received order), then our hot rows
-        bag_pos = self._cell_positions(out.cold_bag_cells)
+        bag_pos = out.cold_bag_pos
         bag_units = self._units(out.cold_bag_counts)
-        row_pos = self._cell_positions(out.hot_row_cells)
+        row_pos = out.hot_row_pos
         rows = torch.full_like(bag_units, row_pos.numel())
         send_units = bag_units + rows
         bag_dst, row_dst = _interleave(bag_units, rows, bag_pos.numel(), row_pos.numel() * W)
         index = torch.empty(int(send_units.sum()), dtype=torch.int64, device=bag_pos.device)
         index.index_copy_(0, bag_dst, bag_pos).index_copy_(0, row_dst, row_pos.repeat(W))
         # sample side: from each owner the bags we sent it (same order), then its hot rows
-        part_pos = self._cell_positions(out.sent_cells)
+        part_pos = self._cells(out.sent_cells)
         part_units = self._units(out.sent_counts)
         replica_dst, replica_units, order = self._receive_plan(out.hot_slots, out.hot_counts)
         part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
