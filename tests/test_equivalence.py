@@ -181,10 +181,12 @@ def test_weighted_mean_matches_exact_gradient():
 
 
 def nan_padding_pair(rank, world, **case):
-    """train_pair with the owners' padding-bag gradients set to NaN instead of left unset."""
-    from torchrec_hybrid.sharding import output_dist
-
-    output_dist._Pack.new_grad = staticmethod(lambda grad, shape: grad.new_full(shape, float("nan")))
+    """train_pair with every uninitialised tensor filled with NaN (PyTorch's deterministic
+    mode does that), the owners' padding-bag gradients among them."""
+    torch.use_deterministic_algorithms(True, warn_only=True)
+    torch.utils.deterministic.fill_uninitialized_memory = True
+    probe = torch.empty(4)
+    assert torch.isnan(probe).all(), "uninitialised memory is not NaN-filled: the test would prove nothing"
     train_pair(rank, world, **case)
 
 

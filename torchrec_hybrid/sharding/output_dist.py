@@ -65,10 +65,6 @@ class _Pack(torch.autograd.Function):
     """
 
     @staticmethod
-    def new_grad(grad: torch.Tensor, shape) -> torch.Tensor:
-        return grad.new_empty(shape)
-
-    @staticmethod
     def forward(ctx, cold, index, row_pos, row_dst, copies):
         ctx.save_for_backward(index, row_pos, row_dst)
         ctx.shape, ctx.copies = cold.shape, copies
@@ -78,7 +74,7 @@ class _Pack(torch.autograd.Function):
     def backward(ctx, grad):
         index, row_pos, row_dst = ctx.saved_tensors
         # every bag is sent once; each hot row W times: copy all, then put the sums in place
-        out = _Pack.new_grad(grad, ctx.shape).index_copy_(0, index, grad)
+        out = grad.new_empty(ctx.shape).index_copy_(0, index, grad)
         if row_pos.numel():
             rows = grad.index_select(0, row_dst)
             out.index_copy_(0, row_pos, rows.view((ctx.copies, -1) + tuple(rows.shape[1:])).sum(0))
