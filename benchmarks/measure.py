@@ -1,6 +1,6 @@
 """Per-rank measurement of one workload: every sharding type in one process group.
 
-Protocol (DESIGN.md section 3):
+Protocol (docs/results.md, "How it is measured"):
 - all models of the workload are built in the same process group, run ``warmup`` untimed
   steps each, then ``steps`` timed steps *interleaved*: step s runs every model once, in
   the order of row s of a Williams design (:func:`balanced_orders`: rotations of one

@@ -1,13 +1,18 @@
 """Projected (not measured) bytes per rank per step on large clusters, from the cost model.
 
-For each Criteo 1TB table (MLPerf 40M cap, REFERENCE.md) we draw ids from the project's
+For each Criteo 1TB table (capped at 40M rows as in the MLPerf DLRM reference) we draw ids from the project's
 synthetic Zipf generator (`ZipfSampler` of torchrec_hybrid/stats/synthetic.py), rank rows by
 their count in one sample and measure, on a second independent sample, which share of
 lookups the top-H rows cover (out of sample, so the coverage is not flattered by the rows
 the ranking was made from). The cost model (torchrec_hybrid/planner/cost_model.py) then
 prices every sharding type for W = 8 .. 1024 ranks at a fixed per-rank batch (weak
-scaling), one id per feature. Two hot sets for the hybrid: a fixed number of rows across all
-tables (like the measured headline) and the cost model's best H per table (`best_hot_rows`).
+scaling), one id per feature or the MLPerf DLRMv2 multi-hot bag sizes (``--multi-hot``).
+Hybrid rows: a fixed number of hot rows across all tables (like the measured headline) and the
+cost model's best H per table (`best_hot_rows`), both with even row-wise cold blocks; and, per
+cold layout, the best H per table for that layout (`hybrid_layout_bytes`): row-wise cold (even
+blocks) and table-wise cold (one owner per table: a multi-hot bag returns one partial sum).
+Figures are means over ranks; placing whole tables (table_wise, table-wise cold) loads some
+ranks more than others, which the mean does not show.
 
 Usage: python -m benchmarks.simulate [--samples N] [--out DIR]
 """
@@ -22,7 +27,7 @@ import torch
 from tqdm import tqdm
 
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.stats.synthetic import CRITEO_TERABYTE_CARDINALITIES, ZipfSampler
+from torchrec_hybrid.stats.synthetic import CRITEO_TERABYTE_CARDINALITIES, DLRMV2_MULTI_HOT_SIZES, ZipfSampler
 
 logger = logging.getLogger(__name__)
 LABEL = "projected, not measured"
@@ -55,9 +60,22 @@ def global_top(coverages: Sequence[torch.Tensor], total: int) -> List[int]:
     return torch.bincount(chosen, minlength=len(coverages)).tolist()
 
 
+def layout_best_bytes(t: cm.TableTraffic, coverage: torch.Tensor, layout: str) -> float:
+    """Mean bytes per rank of one hybrid table with its cold rows laid out ``layout``
+    (``row_wise``: even blocks; ``table_wise``: one owner), at that layout's best H."""
+    w = t.world
+    if layout == "row_wise":
+        shares, counts = torch.tensor([1.0 / w]), torch.tensor([float(w)])
+    else:
+        shares, counts = torch.tensor([1.0, 0.0]), torch.tensor([1.0, float(w - 1)])
+    h = torch.arange(coverage.numel(), dtype=torch.float64)
+    return float(cm.hybrid_layout_bytes(t, coverage, h, shares, counts).min())
+
+
 def simulate(cardinalities: Sequence[int] = CRITEO_TERABYTE_CARDINALITIES, alpha: float = 1.1,
              dim: int = 128, batch: int = 1024, samples: int = 1_000_000, max_hot: int = 100_000,
-             fixed_hot: int = 2000, worlds: Sequence[int] = WORLDS, seed: int = 0) -> Dict:
+             fixed_hot: int = 2000, worlds: Sequence[int] = WORLDS, seed: int = 0,
+             multi_hot: bool = False) -> Dict:
     """Projected bytes per rank per step per sharding type and W (see module docstring)."""
     # coverage depends on the table size and alpha only (the permutation just relabels
     # rows), so tables of equal size share one measured histogram
@@ -65,13 +83,17 @@ def simulate(cardinalities: Sequence[int] = CRITEO_TERABYTE_CARDINALITIES, alpha
                for n in tqdm(sorted(set(cardinalities)), desc="histograms", unit="size")}
     covs = [by_size[n] for n in cardinalities]
     fixed = global_top(covs, fixed_hot)
+    pooling = list(DLRMV2_MULTI_HOT_SIZES) if multi_hot else [1] * len(cardinalities)
     out = {"label": LABEL, "alpha": alpha, "dim": dim, "batch_per_rank": batch, "samples_per_table": samples,
-           "cardinalities": list(cardinalities), "fixed_hot_rows_total": fixed_hot, "worlds": list(worlds),
+           "cardinalities": list(cardinalities), "pooling": pooling, "fixed_hot_rows_total": fixed_hot,
+           "worlds": list(worlds),
            "bytes": {k: [] for k in ("table_wise", "column_wise", "row_wise", "data_parallel",
-                                     f"frequency_hybrid_top{fixed_hot}", "frequency_hybrid_best_H")},
+                                     f"frequency_hybrid_top{fixed_hot}", "frequency_hybrid_best_H",
+                                     "frequency_hybrid_row_wise_cold", "frequency_hybrid_table_wise_cold")},
            "best_hot_rows_total": [], "cold_fraction_fixed": None}
-    for w in worlds:
-        ts = [cm.TableTraffic(rows=n, dim=dim, features=1, pooling=1.0, batch=batch, world=w) for n in cardinalities]
+    for w in tqdm(worlds, desc="world sizes", unit="W"):
+        ts = [cm.TableTraffic(rows=n, dim=dim, features=1, pooling=float(p), batch=batch, world=w)
+              for n, p in zip(cardinalities, pooling)]
         for kind in ("table_wise", "row_wise", "data_parallel"):
             out["bytes"][kind].append(sum(cm.stock_bytes(kind, t) for t in ts))
         out["bytes"]["column_wise"].append(sum(cm.stock_bytes("column_wise", t, num_column_shards=2) for t in ts))
@@ -81,6 +103,9 @@ def simulate(cardinalities: Sequence[int] = CRITEO_TERABYTE_CARDINALITIES, alpha
         out["bytes"]["frequency_hybrid_best_H"].append(
             sum(float(cm.hybrid_total_bytes(t, c[h], h)) for t, c, h in zip(ts, covs, best)))
         out["best_hot_rows_total"].append(sum(best))
+        for layout in ("row_wise", "table_wise"):
+            out["bytes"][f"frequency_hybrid_{layout}_cold"].append(
+                sum(layout_best_bytes(t, c, layout) for t, c in zip(ts, covs)))
     out["cold_fraction_fixed"] = 1.0 - sum(float(c[h]) for c, h in zip(covs, fixed)) / len(covs)
     return out
 
@@ -99,8 +124,9 @@ def plot(sim: Dict, path: str) -> None:
     ax.set_yscale("log")
     ax.set_xlabel("ranks W")
     ax.set_ylabel("MB sent per rank per step")
-    ax.set_title(f"PROJECTED, NOT MEASURED: Criteo 1TB (40M cap), Zipf {sim['alpha']:g}, "
-                 f"dim {sim['dim']}, B={sim['batch_per_rank']}/rank", fontsize=9)
+    ax.set_title(f"PROJECTED, NOT MEASURED\nCriteo 1TB (40M cap), Zipf {sim['alpha']:g}, "
+                 f"dim {sim['dim']}, B={sim['batch_per_rank']}/rank"
+                 f"{', DLRMv2 multi-hot' if max(sim.get('pooling', [1])) > 1 else ', one-hot'}", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(True, which="both", alpha=0.3)
     fig.tight_layout()
@@ -112,7 +138,8 @@ def markdown(sim: Dict) -> str:
     kinds = list(sim["bytes"])
     lines = [f"## Projected bytes per rank per step ({LABEL})", "",
              f"Criteo 1TB cardinalities (MLPerf 40M cap), Zipf {sim['alpha']:g} ids (synthetic, "
-             f"{sim['samples_per_table']:,} sampled lookups per table), dim {sim['dim']}, one id per feature, "
+             f"{sim['samples_per_table']:,} sampled lookups per table), dim {sim['dim']}, "
+             f"{'DLRMv2 multi-hot bag sizes' if max(sim.get('pooling', [1])) > 1 else 'one id per feature'}, "
              f"B={sim['batch_per_rank']} per rank. Cold fraction with the top {sim['fixed_hot_rows_total']} "
              f"rows hot: {sim['cold_fraction_fixed']:.3f}.", "",
              "| W | " + " | ".join(kinds) + " | best H total |", "|---:|" + "---:|" * (len(kinds) + 1)]
@@ -127,11 +154,13 @@ def main(argv=None) -> Dict:
     p.add_argument("--samples", type=int, default=1_000_000, help="sampled lookups per table (x2)")
     p.add_argument("--alpha", type=float, default=1.1)
     p.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results"))
-    p.add_argument("--prefix", default="projected")
+    p.add_argument("--prefix", default=None, help="file name prefix (default: projected[_multihot])")
+    p.add_argument("--multi-hot", action="store_true", help="MLPerf DLRMv2 bag sizes instead of one id")
     a = p.parse_args(argv)
+    a.prefix = a.prefix or ("projected_multihot" if a.multi_hot else "projected")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)
-    sim = simulate(alpha=a.alpha, samples=a.samples)
+    sim = simulate(alpha=a.alpha, samples=a.samples, multi_hot=a.multi_hot)
     os.makedirs(a.out, exist_ok=True)
     with open(os.path.join(a.out, f"{a.prefix}.json"), "w") as f:
         json.dump(sim, f, indent=1)

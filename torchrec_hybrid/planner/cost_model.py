@@ -307,15 +307,21 @@ def hybrid_rank_bytes(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_o
     return out
 
 
-def hybrid_layout_bytes(t: TableTraffic, coverage, hot_rows, shares: torch.Tensor) -> torch.Tensor:
+def hybrid_layout_bytes(t: TableTraffic, coverage, hot_rows, shares: torch.Tensor,
+                        share_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Mean bytes per rank of a hybrid layout (for hot-set sizing: hot rows spread as the
-    cold lookups are; ``coverage`` and ``hot_rows`` may be curves of the same shape)."""
+    cold lookups are; ``coverage`` and ``hot_rows`` may be curves of the same shape).
+
+    ``shares``: each owner's share of the cold lookups, or, with ``share_counts``, the
+    distinct shares and how many owners have each (large W: ``[1/W]`` x W for even blocks).
+    """
     w = t.world
     cov = torch.as_tensor(coverage, dtype=torch.float64)
     h = torch.as_tensor(hot_rows, dtype=torch.float64)
     cold = (1.0 - cov).clamp(min=0.0).unsqueeze(-1)
     m = shares.to(torch.float64)
-    hit_sum = (1.0 - torch.pow(1.0 - cold * m, t.pooling)).sum(-1)  # sum over owners of P(hit)
+    n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
+    hit_sum = ((1.0 - torch.pow(1.0 - cold * m, t.pooling)) * n).sum(-1)  # sum over owners of P(hit)
     remote = (w - 1) / w
     per_rank_bags = remote * t.bags * hit_sum  # bags sent to remote owners, per rank
     return (per_rank_bags * (INT32 + 2 * t.dim * FP32) + cold.squeeze(-1) * remote * t.lookups * INT32
