@@ -80,3 +80,56 @@ def bad_hot_set(rank, world, case):
 def test_bad_hot_set_refused_at_shard_time(case, expect):
     messages = run_ranks(bad_hot_set, 2, timeout=120, case=case)
     assert all(expect in m for m in messages), messages
+
+
+def collectives_per_step(rank, world, kinds, validate_ids):
+    """Collectives one good step issues, and the context the sharded module created."""
+    import torch.distributed as dist
+
+    from torchrec_hybrid.sharded_ebc import HybridEmbeddingBagCollectionContext, HybridShardedEmbeddingBagCollection
+
+    configs = tables()
+    hot_t = hot_ids()
+    sharder = HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"], validate_ids=validate_ids)
+    model = build(configs, world, kinds, sharder)
+    keys = [f for c in configs for f in c.feature_names]
+    _step(model, skewed_batch(configs, keys, batch=4, seed=rank, hot=hot_t), keys)  # input dists built
+    sebc = next(m for m in model.modules() if isinstance(m, HybridShardedEmbeddingBagCollection))
+    ctx = sebc.create_context()
+    assert isinstance(ctx, HybridEmbeddingBagCollectionContext) and ctx.id_check is None
+    calls = []
+    originals = {n: getattr(dist, n) for n in ("all_gather_into_tensor", "all_to_all_single", "all_gather")}
+
+    def counting(name):
+        def call(*args, **kwargs):
+            calls.append(name)
+            return originals[name](*args, **kwargs)
+        return call
+
+    for name in originals:
+        setattr(dist, name, counting(name))
+    try:
+        kjt = skewed_batch(configs, keys, batch=4, seed=30 + rank, hot=hot_t)
+        dist_input = sebc.input_dist(ctx, kjt).wait().wait()
+        checked = ctx.id_check is not None
+        sebc.compute_and_output_dist(ctx, dist_input).wait()
+    finally:
+        for name, fn in originals.items():
+            setattr(dist, name, fn)
+    return sorted(calls), checked, ctx.id_check is None
+
+
+@pytest.mark.parametrize("hybrid", [True, False], ids=["hybrid", "stock-only"])
+def test_id_check_verdict_rides_the_cold_metadata(hybrid):
+    """With a hybrid table the id check adds no collective (its verdict travels in the cold
+    metadata all-to-all); without one it adds one all-gather. The check is carried in the
+    module's typed context and settled before the lookups."""
+    kinds = KINDS if hybrid else {c: "tw" for c in KINDS}
+    on = run_ranks(collectives_per_step, 2, timeout=120, kinds=kinds, validate_ids=True)
+    off = run_ranks(collectives_per_step, 2, timeout=120, kinds=kinds, validate_ids=False)
+    for (calls_on, checked, settled), (calls_off, unchecked, _) in zip(on, off):
+        assert checked and settled and not unchecked
+        extra = list(calls_on)
+        for c in calls_off:
+            extra.remove(c)
+        assert extra == ([] if hybrid else ["all_gather_into_tensor"]), (calls_on, calls_off)

@@ -1,9 +1,9 @@
 """The cold ids' wire format (cold_all_to_all.py) against a reference built from what was sent.
 
 Each rank sends random bags (some (destination, feature) runs empty) and a report; the owner's
-padded TBE input (each feature spread over its TBE copies), the cells its bags travel home in
-and the reports must be exactly what the senders' bags and the extra bags say, for 1 and 3
-ranks, weighted or not, with one copy per feature or several.
+TBE inputs (one fixed-batch KJT per lane of features), where its bags sit in the lanes'
+concatenated output and the reports must be exactly what the senders' bags and the extra bags
+say, for 1 and 3 ranks, weighted or not, with one lane or two.
 """
 
 import pytest
@@ -12,7 +12,8 @@ import torch
 from tests.multiprocess import run_ranks
 
 F = 3
-COPIES = {"one": [1, 1, 1], "several": [2, 1, 3]}
+LANES = {"one": [[0, 1, 2]], "two": [[0, 2], [1]]}
+DIM = 4
 
 
 def _sent(rank: int, world: int, weighted: bool):
@@ -32,9 +33,10 @@ def _extras(rank: int):
     return per_feature, rows
 
 
-def _rank(rank, world, weighted, copies):
+def _rank(rank, world, weighted, lanes):
     import torch.distributed as dist
 
+    from torchrec_hybrid.sharding.cells import LaneLayout
     from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 
     counts, lengths, rows, weights = _sent(rank, world, weighted)
@@ -42,20 +44,22 @@ def _rank(rank, world, weighted, copies):
     ids = torch.zeros(world * F, dtype=torch.int64).index_add_(
         0, torch.repeat_interleave(torch.arange(world * F), counts.view(-1)), lengths)
     report = torch.tensor([rank, 7, -1, 2], dtype=torch.int32)
-    a2a = ColdIdsAllToAll(dist.group.WORLD, F, 4, torch.device("cpu"))
+    a2a = ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu"))
     bags = a2a(counts.view(-1), ids, lengths, rows, weights, report).wait().wait()
     per_feature, extra_rows = _extras(rank)
-    keys = [f"f{f}@{i}" for f in range(F) for i in range(copies[f])]
-    kjt, cells, rows_per_feature, _ = bags.padded(keys, torch.tensor(copies), copies, per_feature,
-                                                  per_feature.tolist(), extra_rows,
-                                                  torch.ones(extra_rows.numel(), dtype=torch.int32))
-    out = dict(lengths=kjt.lengths(), values=kjt.values(), weights=kjt.weights_or_none(), stride=kjt.stride(),
-               length_per_key=kjt.length_per_key(), cells=cells, rows_per_feature=rows_per_feature,
-               reports=bags.reports, counts=bags.counts)
+    layout = LaneLayout(lanes, [DIM] * F, torch.device("cpu"))
+    keys = [[f"f{f}" for f in fs] for fs in lanes]
+    kjts, batches, rows_per_feature, (q, feature) = bags.lane_inputs(
+        layout, keys, per_feature, per_feature.tolist(), extra_rows, torch.ones(extra_rows.numel(), dtype=torch.int32))
+    out = dict(lengths=[k.lengths().tolist() for k in kjts], values=[k.values().tolist() for k in kjts],
+               weights=[None if k.weights_or_none() is None else k.weights().tolist() for k in kjts],
+               stride=[k.stride() for k in kjts], keys=[k.keys() for k in kjts],
+               length_per_key=[k.length_per_key() for k in kjts], positions=layout.positions(q, feature, batches),
+               rows_per_feature=rows_per_feature, reports=bags.reports, counts=bags.counts)
     return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in out.items()}  # plain data across processes
 
 
-def _expected(owner: int, world: int, weighted: bool, copies):
+def _expected(owner: int, world: int, weighted: bool, lanes):
     sent = [_sent(s, world, weighted) for s in range(world)]
     per_feature, extra_rows = _extras(owner)
     bags = [[] for _ in range(F)]  # per feature: (length, ids, weights), sources in rank order
@@ -75,29 +79,37 @@ def _expected(owner: int, world: int, weighted: bool, copies):
         for r in extra_rows[extra0:extra0 + int(per_feature[f])]:
             bags[f].append((1, r.view(1), torch.ones(1) if weighted else None))
         extra0 += int(per_feature[f])
-    # feature f's bags fill its copies (first_copy[f] ...) back to back, `batch` rows each
-    V, first = sum(copies), [sum(copies[:f]) for f in range(F)]
-    batch = max(1, max(-(-len(bags[f]) // copies[f]) for f in range(F)))
-    lengths = torch.zeros(V, batch, dtype=torch.int32)
-    for f in range(F):
-        col = torch.zeros(copies[f] * batch, dtype=torch.int32)
-        col[: len(bags[f])] = torch.tensor([b[0] for b in bags[f]], dtype=torch.int32)
-        lengths[first[f]: first[f] + copies[f]] = col.view(copies[f], batch)
-    values = torch.cat([b[1] for f in range(F) for b in bags[f]] + [torch.empty(0, dtype=torch.int64)])
-    weights = torch.cat([b[2] for f in range(F) for b in bags[f]] + [torch.empty(0)]) if weighted else None
-    cells = [(q % batch) * V + first[f] + q // batch for f, q in cells]
-    return dict(lengths=lengths.view(-1).tolist(), values=values.tolist(), weights=None if weights is None else
-                weights.tolist(), stride=batch, length_per_key=lengths.sum(1).tolist(), cells=cells,
-                rows_per_feature=received)
+    # per lane: its features' bags as [features, batch] (batch: the lane's largest count);
+    # the lanes' outputs [batch, features * DIM] concatenated, as rows of DIM
+    out = dict(lengths=[], values=[], weights=[], stride=[], keys=[], length_per_key=[])
+    base, row_of = 0, {}
+    for fs in lanes:
+        batch = max(1, max(len(bags[f]) for f in fs))
+        lengths = torch.zeros(len(fs), batch, dtype=torch.int32)
+        for i, f in enumerate(fs):
+            lengths[i, : len(bags[f])] = torch.tensor([b[0] for b in bags[f]], dtype=torch.int32)
+            for qq in range(len(bags[f])):
+                row_of[(f, qq)] = base + qq * len(fs) + i
+        out["lengths"].append(lengths.view(-1).tolist())
+        out["values"].append(torch.cat([b[1] for f in fs for b in bags[f]] + [torch.empty(0, dtype=torch.int64)])
+                             .tolist())
+        out["weights"].append(torch.cat([b[2] for f in fs for b in bags[f]] + [torch.empty(0)]).tolist()
+                              if weighted else None)
+        out["stride"].append(batch)
+        out["keys"].append([f"f{f}" for f in fs])
+        out["length_per_key"].append(lengths.sum(1).tolist())
+        base += batch * len(fs)
+    return dict(out, positions=[row_of[c] for c in cells], rows_per_feature=received)
 
 
-@pytest.mark.parametrize("copies", sorted(COPIES))
+@pytest.mark.parametrize("lanes", sorted(LANES))
 @pytest.mark.parametrize("world,weighted", [(1, False), (3, False), (3, True)])
-def test_owner_receives_exactly_what_was_sent(world, weighted, copies):
-    out = run_ranks(_rank, world, weighted=weighted, copies=COPIES[copies])
+def test_owner_receives_exactly_what_was_sent(world, weighted, lanes):
+    out = run_ranks(_rank, world, weighted=weighted, lanes=LANES[lanes])
     for owner, got in enumerate(out):
-        want = _expected(owner, world, weighted, COPIES[copies])
-        for key in ("lengths", "values", "weights", "stride", "length_per_key", "cells", "rows_per_feature"):
+        want = _expected(owner, world, weighted, LANES[lanes])
+        for key in ("lengths", "values", "weights", "stride", "keys", "length_per_key", "positions",
+                    "rows_per_feature"):
             assert got[key] == want[key], (owner, key)  # weights: bit-exact floats
         assert got["reports"] == [[s, 7, -1, 2] for s in range(world)], owner
         assert got["counts"] == [_sent(s, world, weighted)[0][owner].tolist() for s in range(world)], owner

@@ -1,55 +1,163 @@
-"""Every private TorchRec / FBGEMM / PyTorch attribute this package touches, in one place.
+"""Every private TorchRec / FBGEMM / PyTorch name this package touches, in one place.
 
 TorchRec 1.8 and FBGEMM 1.8 expose no public API for these; if an upgrade renames one,
-this is the only file to change.
+this is the only file to change. ``tests/test_compat.py`` fails if a private name of
+torch, torchrec or fbgemm_gpu is used anywhere else in the package.
 """
 
+import contextlib
+from typing import Callable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
 
-# --- TorchRec internals -------------------------------------------------------------------
+import torch
+import torch.distributed as dist
+import torchrec.distributed.planner.stats as _tr_stats
+from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.types import Awaitable, ShardingEnv
+
+# --- TorchRec awaitables ------------------------------------------------------------------
+
+
+class Deferred(Awaitable):
+    """An ``Awaitable`` whose value ``fn()`` computes when waited on (subclasses implement
+    ``Awaitable._wait_impl``; checked against torchrec 1.8.0)."""
+
+    def __init__(self, fn: Callable) -> None:
+        super().__init__()
+        self._fn = fn
+
+    def _wait_impl(self):
+        return self._fn()
+
+
+# --- TorchRec embedding shardings ---------------------------------------------------------
+
+
+class RwShardingSetup(NamedTuple):
+    """What a stock row-wise sharding derived from its ShardingEnv and device."""
+
+    env: ShardingEnv
+    pg: Optional[dist.ProcessGroup]  # the sharding's group (a 2D env's sharding_pg)
+    rank: int
+    world_size: int
+    device: torch.device  # cpu when the sharding was built with device=None
+
+
+def rw_sharding_setup(sharding) -> RwShardingSetup:
+    """``_env``, ``_pg``, ``_rank``, ``_world_size``, ``_device`` of a ``BaseRwEmbeddingSharding``
+    (checked against torchrec 1.8.0)."""
+    return RwShardingSetup(sharding._env, sharding._pg, sharding._rank, sharding._world_size, sharding._device)
+
 
 def sharding_grouped_configs(sharding) -> list:
-    """The GroupedEmbeddingConfigs a stock row-wise sharding computed for this rank."""
+    """The GroupedEmbeddingConfigs a stock row-wise sharding computed for this rank
+    (``_grouped_embedding_configs``; checked against torchrec 1.8.0)."""
     return sharding._grouped_embedding_configs
 
 
+# --- TorchRec ShardedEmbeddingBagCollection -----------------------------------------------
+
+
 def sebc_lookups(sebc) -> list:
+    """The lookups of a ShardedEmbeddingBagCollection, one per sharding (``_lookups``;
+    checked against torchrec 1.8.0)."""
     return sebc._lookups
 
 
-def sebc_fix_mean_pooling(sebc, divided_after_dist: set) -> None:
-    """Wire SEBC's MEAN-pooling callback so it divides exactly ``divided_after_dist``.
+def sebc_fix_mean_pooling(sebc) -> None:
+    """Make SEBC's MEAN-pooling callback divide exactly the stock row-wise MEAN features
+    (``_pooling_type_to_rs_features``, ``_embedding_bag_configs``, ``_has_mean_pooling_callback``;
+    checked against torchrec 1.8.0).
 
     The stock divisor divides every feature *not* listed under "SUM" (a stock bug when a
     row-wise MEAN table shares an EBC with other types), so we list every other feature there.
+    Hybrid features are divided in their own output dist and are never listed as MEAN.
     """
     if "MEAN" not in sebc._pooling_type_to_rs_features:
         return
+    divided = set(sebc._pooling_type_to_rs_features["MEAN"])
     all_features = [f for c in sebc._embedding_bag_configs for f in c.feature_names]
-    sebc._pooling_type_to_rs_features["SUM"] = sorted(set(all_features) - divided_after_dist)
-    sebc._pooling_type_to_rs_features["MEAN"] = sorted(divided_after_dist)
-    if not divided_after_dist:
+    sebc._pooling_type_to_rs_features["SUM"] = sorted(set(all_features) - divided)
+    sebc._pooling_type_to_rs_features["MEAN"] = sorted(divided)
+    if not divided:
         del sebc._pooling_type_to_rs_features["MEAN"]
-    sebc._has_mean_pooling_callback = bool(divided_after_dist)
+    sebc._has_mean_pooling_callback = bool(divided)
 
 
-# --- TorchRec planner internals (checked against torchrec 1.8.0) --------------------------
+# --- TorchRec planner ---------------------------------------------------------------------
+
 
 def planner_best_plan(planner) -> list:
-    """The ShardingOptions of an EmbeddingShardingPlanner's last plan (``_best_plan``)."""
+    """The ShardingOptions of an EmbeddingShardingPlanner's last plan (``_best_plan``;
+    checked against torchrec 1.8.0)."""
     return list(planner._best_plan or [])
 
 
 def planner_topology(planner):
-    """The Topology an EmbeddingShardingPlanner plans for (``_topology``)."""
+    """The Topology an EmbeddingShardingPlanner plans for (``_topology``; checked against
+    torchrec 1.8.0)."""
     return planner._topology
 
 
 def planner_batch_size(planner) -> int:
-    """The local batch size an EmbeddingShardingPlanner plans for (``_batch_size``)."""
+    """The local batch size an EmbeddingShardingPlanner plans for (``_batch_size``; checked
+    against torchrec 1.8.0)."""
     return planner._batch_size
 
 
 def set_planner_enumerator(planner, enumerator) -> None:
-    """Replace an EmbeddingShardingPlanner's enumerator (``_enumerator``): its constructor
-    builds a stock one from its own constraints when given none."""
+    """Replace an EmbeddingShardingPlanner's enumerator (``_enumerator``; checked against
+    torchrec 1.8.0): its constructor builds a stock one from its own constraints when given none."""
     planner._enumerator = enumerator
+
+
+def enumerator_sharder_data_map(enumerator) -> dict:
+    """The per-sharder data an EmbeddingEnumerator built in ``enumerate`` (``_sharder_data_map``;
+    checked against torchrec 1.8.0)."""
+    return enumerator._sharder_data_map
+
+
+# --- TorchRec planner stats ---------------------------------------------------------------
+
+
+@contextlib.contextmanager
+def sharding_type_abbreviations(extra: Mapping[str, str]) -> Iterator[None]:
+    """TorchRec's stats abbreviation function (``_get_sharding_type_abbr``), taught ``extra``
+    sharding types for the duration (checked against torchrec 1.8.0)."""
+    stock = _tr_stats._get_sharding_type_abbr
+
+    def abbr(sharding_type: str) -> str:
+        return extra[sharding_type] if sharding_type in extra else stock(sharding_type)
+
+    _tr_stats._get_sharding_type_abbr = abbr
+    try:
+        yield
+    finally:
+        _tr_stats._get_sharding_type_abbr = stock
+
+
+def stats_table(stats: EmbeddingStats) -> Tuple[List[str], int]:
+    """The lines an EmbeddingStats logged and its box width (``_stats_table``, ``_width``;
+    checked against torchrec 1.8.0)."""
+    return stats._stats_table, stats._width
+
+
+class EmbeddingStatsWithShardIO(EmbeddingStats):
+    """``EmbeddingStats`` whose per-shard input/output sizes a subclass may answer through
+    :meth:`shard_io_sizes` (overrides ``_get_shard_stats``; checked against torchrec 1.8.0)."""
+
+    def shard_io_sizes(self, shard, sharding_option, world_size, local_world_size, constraints):
+        """``(ranks, input MB per rank, output MB per rank)``, or None for the stock answer."""
+        return None
+
+    def _get_shard_stats(self, shard, sharding_option, world_size, local_world_size, constraints=None):
+        mine = self.shard_io_sizes(shard, sharding_option, world_size, local_world_size, constraints)
+        if mine is not None:
+            return mine
+        return super()._get_shard_stats(shard, sharding_option, world_size, local_world_size, constraints)
+
+
+def grouped_lookup_forward(lookup, features_by_group: list) -> list:
+    """Pooled outputs of a ``GroupedPooledEmbeddingsLookup``, one per group, each group's KJT
+    with its own batch (``_forward``: the stock ``forward`` splits one KJT, one batch for all;
+    checked against torchrec 1.8.0)."""
+    return lookup._forward(features_by_group)

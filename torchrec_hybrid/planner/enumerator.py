@@ -33,6 +33,7 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ParameterConstraints, Shard, ShardingOption, Topology
 from torchrec.distributed.types import ShardingType
 
+from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
 from torchrec_hybrid.planner.estimators import (
@@ -201,7 +202,7 @@ class HybridEnumerator(EmbeddingEnumerator):
         w = self._topology.world_size
         tr = traffic_of(so, w)
         per_row = tr.dim * so.tensor.element_size() + cm.optimizer_state_bytes_per_row(
-            optimizer_name(self._sharder_data_map, so), tr.dim)
+            optimizer_name(_compat.enumerator_sharder_data_map(self), so), tr.dim)
         cap = min(self._max_hot_rows, tr.rows)
         st = self._frequency_stats
         if st is not None and so.name in getattr(st, "table_names", []):
@@ -247,6 +248,7 @@ class HybridEnumerator(EmbeddingEnumerator):
         hybrid = [so for so in sharding_options if so.sharding_type == FREQUENCY_HYBRID]
         if stock:
             super().populate_estimates(stock)
+        sharder_data_map = _compat.enumerator_sharder_data_map(self)
         if hybrid:
-            self._hybrid_storage.estimate(hybrid, sharder_data_map=self._sharder_data_map)
-        self._perf.estimate(sharding_options, sharder_data_map=self._sharder_data_map)
+            self._hybrid_storage.estimate(hybrid, sharder_data_map=sharder_data_map)
+        self._perf.estimate(sharding_options, sharder_data_map=sharder_data_map)

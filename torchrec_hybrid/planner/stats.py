@@ -1,8 +1,8 @@
 """The planner's stats log, with frequency_hybrid tables in it.
 
 TorchRec's ``EmbeddingStats`` raises for an unknown sharding type in two places: the
-abbreviation of the type (``_get_sharding_type_abbr``) and the per-shard input/output sizes
-(``_calculate_shard_io_sizes``). ``HybridEmbeddingStats`` answers both for hybrid tables
+abbreviation of the type and the per-shard input/output sizes (both private hooks, reached
+through ``_compat``). ``HybridEmbeddingStats`` answers both for hybrid tables
 ("FH"; sizes from the cost model) and appends a table of the estimated communication of
 every table of the plan: type, hot rows, lookup coverage, bytes per rank per step, and for
 hybrid tables the cheapest stock alternative by the same model.
@@ -10,14 +10,13 @@ hybrid tables the cheapest stock alternative by the same model.
 
 from __future__ import annotations
 
-import contextlib
 import logging
-from typing import Iterator, List, Optional
+from typing import List, Optional
 
-import torchrec.distributed.planner.stats as _tr_stats
-from torchrec.distributed.planner.stats import EmbeddingStats
+import torchrec.distributed.planner.stats as tr_stats
 from torchrec.distributed.planner.types import ShardingOption
 
+from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner.estimators import traffic_of
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -26,21 +25,6 @@ logger = logging.getLogger(__name__)
 
 ABBREVIATION = "FH"
 MB = 1024 * 1024
-
-
-@contextlib.contextmanager
-def _hybrid_abbreviation() -> Iterator[None]:
-    """TorchRec's abbreviation function, taught "frequency_hybrid" for the duration."""
-    stock = _tr_stats._get_sharding_type_abbr
-
-    def abbr(sharding_type: str) -> str:
-        return ABBREVIATION if sharding_type == FREQUENCY_HYBRID else stock(sharding_type)
-
-    _tr_stats._get_sharding_type_abbr = abbr
-    try:
-        yield
-    finally:
-        _tr_stats._get_sharding_type_abbr = stock
 
 
 def option_bytes(so: ShardingOption, world_size: int) -> Optional[float]:
@@ -79,28 +63,29 @@ def communication_table(best_plan: List[ShardingOption], world_size: int) -> Lis
     return ["  ".join(c.ljust(w) for c, w in zip(r, widths)) for r in rows]
 
 
-class HybridEmbeddingStats(EmbeddingStats):
+class HybridEmbeddingStats(_compat.EmbeddingStatsWithShardIO):
     """``EmbeddingStats`` that shows frequency_hybrid tables ("FH") and estimated bytes."""
 
     def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
             run_time, best_plan, constraints=None, sharders=None, enumerator=None, debug=True,
             debug_stats=None) -> None:
-        self._world_size = topology.world_size
-        with _hybrid_abbreviation():
+        with _compat.sharding_type_abbreviations({FREQUENCY_HYBRID: ABBREVIATION}):
             super().log(sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans,
                         run_time, best_plan, constraints=constraints, sharders=sharders,
                         enumerator=enumerator, debug=debug, debug_stats=debug_stats)
         lines = ["Estimated communication per rank per step (cost model, fp32; FH = frequency_hybrid):"]
         lines += communication_table(best_plan, topology.world_size)
-        width = max([self._width] + [len(line) + 4 for line in lines])
+        table, stock_width = _compat.stats_table(self)
+        width = max([stock_width] + [len(line) + 4 for line in lines])
         boxed = [f"# {line: <{width - 3}}#" for line in lines] + ["#" * width]
-        self._stats_table.extend(boxed)
+        table.extend(boxed)
         for line in boxed:  # beside the stock table, through the same logger
-            _tr_stats.logger.info(line)
+            tr_stats.logger.info(line)
 
-    def _get_shard_stats(self, shard, sharding_option, world_size, local_world_size, constraints=None):
+    def shard_io_sizes(self, shard, sharding_option, world_size, local_world_size, constraints):
+        """A hybrid shard's input (lengths + cold ids) and output (partial sums) MB per rank."""
         if sharding_option.sharding_type != FREQUENCY_HYBRID:
-            return super()._get_shard_stats(shard, sharding_option, world_size, local_world_size, constraints)
+            return None
         parts = sharding_option.hybrid_choice.comm_bytes
         inp = (parts["lengths"] + parts["cold_ids"]) / MB
         out = (parts["partials"] / 2) / MB

@@ -1,13 +1,12 @@
 """The cell encoding of pooled outputs, in one place.
 
 A pooled output ``[rows, sum(dims)]`` holds one bag per (row, feature) "cell", numbered
-``row * F + feature``. The sample side's output uses the sharding's F features; the owner's
-padded lookup output uses its V feature copies (:class:`PaddedCells`). Data moves in "units":
-whole rows of ``[-1, D]`` when every feature has width D, else single elements.
+``row * F + feature`` (the sample side's output, :class:`CellPositions`); the owner's cold
+output is the concatenation of its lanes' outputs (:class:`LaneLayout`). Data moves in
+"units": whole rows of ``[-1, D]`` when every feature has width D, else single elements.
 """
 
-from dataclasses import dataclass
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 
@@ -33,31 +32,80 @@ class CellPositions:
         return segment_positions(row * self.total_dim + self.dim_offsets[feature], self.dims[feature])
 
 
-@dataclass
-class PaddedCells:
-    """Where the owner's bags sit in its padded lookup output ``[batch, V * dim]``.
+class LaneLayout:
+    """The owner's cold lookup split in lanes: one TBE call per lane, each with its own batch.
 
-    The TBE needs one batch size for all its features, so a feature that gets many bags
-    (the owner of a table-wise cold layout gets the global batch) would pad every other
-    feature to its count. Instead feature f is looked up as ``copies[f]`` TBE features of
-    the same table ("copies", V in all, feature f's from ``first_copy[f]``): its q-th bag
-    takes row ``q % batch`` of copy ``q // batch``, i.e. cell ``(q % batch) * V + copy``.
+    The TBE pools one batch size per call, so a table that receives the global batch (the
+    owner of a table-wise cold layout) would pad every other feature of its TBE to that
+    count. Each group's tables are split in two lanes - the tables whose cold rows are mostly
+    on this rank ("heavy") and the rest - and each lane is pooled as ``[batch_g, dims of its
+    features]`` with ``batch_g`` its own largest bag count. The lane outputs, flattened and
+    concatenated, are the owner's cold output; a bag's position there follows from its lane,
+    its feature's place in the lane and its row q.
+
+    Args:
+        lane_features: per lane, its features (indices in the sharding's feature order).
+        dims: output width of each feature (sharding order).
     """
 
-    batch: int
-    first_copy: torch.Tensor  # [F] int64
-    num_copies: int  # V
+    def __init__(self, lane_features: List[List[int]], dims: List[int], device: torch.device) -> None:
+        F = len(dims)
+        self.lane_features = lane_features
+        self.order = [f for fs in lane_features for f in fs]  # lane order -> sharding feature
+        lane_of, local_of, dim_local = [0] * F, [0] * F, [0] * F
+        self.lane_dim_sums = []
+        for g, fs in enumerate(lane_features):  # set-up time loop over lanes
+            off = 0
+            for i, f in enumerate(fs):
+                lane_of[f], local_of[f], dim_local[f] = g, i, off
+                off += dims[f]
+            self.lane_dim_sums.append(off)
+        self.uniform_dim: Optional[int] = dims[0] if dims and len(set(dims)) == 1 else None
+        as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
+        self.lane_of, self.local_of, self.dim_local, self.dims = map(as_t, (lane_of, local_of, dim_local, dims))
+        self.order_t = as_t(self.order)
+        self._orders: Dict[int, torch.Tensor] = {}
+        self._units_per_row = as_t([len(fs) if self.uniform_dim else d for fs, d in
+                                    zip(lane_features, self.lane_dim_sums)])
 
-    def copy_of(self, q: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        return self.first_copy[feature] + torch.div(q, self.batch, rounding_mode="floor")
+    def receive_order(self, world: int, parts: int) -> torch.Tensor:
+        """Segment order (FBGEMM ``permute_1D_sparse_data``) that turns what an owner received
+        into its lanes' inputs: for each part (lengths, ids, weights) and feature in lane
+        order, that feature's run from every source, then its extra run. Segments are
+        numbered as laid out: the received runs ``(source, part, feature)``, then the extra
+        runs ``(part, feature)``. Cached per part count."""
+        if parts not in self._orders:
+            F = len(self.order)
+            s = torch.arange(world, dtype=torch.int32).view(1, 1, world)
+            p = torch.arange(parts, dtype=torch.int32).view(parts, 1, 1)
+            f = torch.tensor(self.order, dtype=torch.int32).view(1, F, 1)
+            received = s * parts * F + p * F + f  # [part, feature, source]
+            extra = world * parts * F + p * F + f  # [part, feature, 1]
+            self._orders[parts] = torch.cat([received, extra], 2).reshape(-1).to(self.order_t.device)
+        return self._orders[parts]
 
-    def cells(self, q: torch.Tensor, feature: torch.Tensor) -> torch.Tensor:
-        """Cells ``row * V + copy`` of the q-th bags of features ``feature``."""
-        return (q % self.batch) * self.num_copies + self.copy_of(q, feature)
+    def positions_in_lengths(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
+        """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[F_g, batch_g]``
+        lane after lane."""
+        per_lane = torch.tensor([len(fs) * b for fs, b in zip(self.lane_features, batches)], dtype=torch.int64,
+                                device=q.device)
+        lane = self.lane_of[feature]
+        batch = torch.tensor(batches, dtype=torch.int64, device=q.device)[lane]
+        return (torch.cumsum(per_lane, 0) - per_lane)[lane] + self.local_of[feature] * batch + q
+
+    def positions(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
+        """Positions (rows of ``[-1, D]`` when every feature has width D, else elements) of
+        the q-th bags of ``feature`` in the concatenated lane outputs of a step whose lanes
+        had ``batches`` rows."""
+        per_lane = torch.tensor(batches, dtype=torch.int64, device=q.device) * self._units_per_row
+        base = (torch.cumsum(per_lane, 0) - per_lane)[self.lane_of[feature]]
+        width = self._units_per_row[self.lane_of[feature]]
+        if self.uniform_dim is not None:
+            return base + q * width + self.local_of[feature]
+        return segment_positions(base + q * width + self.dim_local[feature], self.dims[feature])
 
 
-def feature_copies(world: int, local_rows: List[int], rows: List[int]) -> List[int]:
-    """TBE copies per feature for an owner: about its share of the table's rows times W
-    (the owner of every row gets about the global batch, W local batches; a block of
-    1/W of the rows about one); at least one."""
-    return [max(1, round(world * lr / max(r, 1))) for lr, r in zip(local_rows, rows)]
+def heavy_tables(world: int, local_rows: List[int], rows: List[int]) -> List[bool]:
+    """Which tables this owner holds most cold rows of (so gets about the global batch of
+    their bags): more than 1.5 times an even share."""
+    return [world > 1 and lr * world > 1.5 * max(r, 1) for lr, r in zip(local_rows, rows)]

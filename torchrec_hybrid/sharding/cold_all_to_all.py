@@ -3,7 +3,8 @@
 Wire format, per (source, destination) pair, all int32 (gloo and NCCL carry it as is):
 
 - metadata ``[2F + R]``: how many non-empty bags per feature, how many ids per feature, then
-  ``R`` words every rank must see (the sharded module's id-check report; ``R = 0`` without);
+  ``R`` words every rank must see (the sharded module's id-check report; ``R = 0`` when the
+  call carries none - every rank's call must agree);
 - payload: the bags' lengths, then their ids (the owner's local rows), then, for weighted
   features, the weights' bits, each in (feature, sample) order.
 
@@ -13,7 +14,7 @@ sizes per key) plus a recat permute and per-key sums on the receiver. On the 4-r
 headline (2 cores) two extra small all-to-alls cost 7-9% of a step, and switching from
 ``KJTAllToAll`` to this took the hybrid from 1.00-1.15x table_wise's step time to 0.95-0.97x
 (three same-process A/B runs each). The receiver turns the payload into the owner's lookup
-input with one FBGEMM segment permute (:meth:`ColdBags.padded`).
+input with one FBGEMM segment permute (:meth:`ColdBags.lane_inputs`).
 """
 
 from dataclasses import dataclass
@@ -24,34 +25,9 @@ import torch.distributed as dist
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid.sharding.cells import PaddedCells
+from torchrec_hybrid._compat import Deferred
+from torchrec_hybrid.sharding.cells import LaneLayout
 from torchrec_hybrid.sharding.segments import exclusive_cumsum, round_robin_order, segment_arange
-
-
-class Deferred(Awaitable):
-    """An awaitable whose value ``fn()`` computes when it is waited on."""
-
-    def __init__(self, fn) -> None:
-        super().__init__()
-        self._fn = fn
-
-    def _wait_impl(self):
-        return self._fn()
-
-
-def _receive_order(world: int, features: int, parts: int, device: torch.device) -> torch.Tensor:
-    """Segment order of :meth:`ColdBags.padded`: for each part (lengths, ids, weights) and
-    feature, that feature's run from every source, then its extra run.
-
-    Segments are numbered as laid out: the received runs ``(source, part, feature)``, then
-    the extra runs ``(part, feature)``.
-    """
-    s = torch.arange(world, dtype=torch.int32).view(1, 1, world)
-    p = torch.arange(parts, dtype=torch.int32).view(parts, 1, 1)
-    f = torch.arange(features, dtype=torch.int32).view(1, features, 1)
-    received = s * parts * features + p * features + f  # [part, feature, source]
-    extra = world * parts * features + p * features + f  # [part, feature, 1]
-    return torch.cat([received, extra], 2).reshape(-1).to(device)
 
 
 @dataclass
@@ -70,25 +46,24 @@ class ColdBags:
     host_ids: List[List[int]]
     weighted: bool
     reports: Optional[torch.Tensor]
-    order: torch.Tensor  # _receive_order for this world, F and part count
 
     def record_stream(self, stream: torch.Stream) -> None:
         for t in (self.payload, self.counts, self.ids, self.reports):
             if t is not None:
                 t.record_stream(stream)
 
-    def padded(self, keys: List[str], copies: torch.Tensor, host_copies: List[int], extra_per_feature: torch.Tensor,
-               host_extra: List[int], extra_rows: torch.Tensor, extra_ones: torch.Tensor):
-        """The received bags plus extra one-id bags per feature as a fixed-batch KJT.
+    def lane_inputs(self, lanes: LaneLayout, keys: List[List[str]], extra_per_feature: torch.Tensor,
+                    host_extra: List[int], extra_rows: torch.Tensor, extra_ones: torch.Tensor):
+        """The received bags plus extra one-id bags per feature as one fixed-batch KJT per lane.
 
-        Feature f's bags - sources in rank order, then its ``extra_per_feature[f]`` extra
-        bags (``extra_rows``, sorted by feature) - fill its ``copies[f]`` TBE features
-        (``keys``, V of them) back to back (:class:`PaddedCells`); the batch is the smallest
-        that holds them (FBGEMM's CPU variable-batch kernel is far slower than padding).
-        ``host_copies`` / ``host_extra``: the same counts as host lists; ``extra_ones``:
-        int32 ones, one per extra bag. Returns the KJT; the received bags in arrival order -
-        (source, feature, sample), the order they travel home in - as cells of the lookup
-        output; the rows (bags) received per feature; and the :class:`PaddedCells`.
+        Feature f's bags are the received ones, sources in rank order, then its
+        ``extra_per_feature[f]`` extra bags (``extra_rows``, sorted by feature); each lane's
+        batch is its largest bag count (FBGEMM's CPU variable-batch kernel is far slower than
+        padding). ``keys``: the lanes' feature names; ``host_extra``: the extra counts as a
+        host list; ``extra_ones``: int32 ones, one per extra bag. Needs no host sync: the
+        counts came with the split sizes. Returns the KJTs, the lanes' batches, the rows
+        (bags) received per feature, and the received bags in arrival order - (source,
+        feature, sample), the order they travel home in - as (row q, feature).
         """
         W, F = self.counts.shape
         parts = 3 if self.weighted else 2
@@ -99,34 +74,40 @@ class ColdBags:
         if self.weighted:
             extra_values.append(extra_ones.to(torch.float32).view(torch.int32))
         values = torch.cat([self.payload] + extra_values)
-        _, data, _ = torch.ops.fbgemm.permute_1D_sparse_data(self.order, sizes, values, None, values.numel())
-        # sizes on the host: from the split-size sync, no sync of their own
+        order = lanes.receive_order(W, parts)
+        _, data, _ = torch.ops.fbgemm.permute_1D_sparse_data(order, sizes, values, None, values.numel())
+        # sizes on the host, per feature in lane order
         host_rows = [sum(c[f] for c in self.host_counts) for f in range(F)]
-        host_bags = [r + e for r, e in zip(host_rows, host_extra)]
-        n_bags, n_received = sum(host_bags), sum(host_rows)
-        n_ids = sum(map(sum, self.host_ids)) + sum(host_extra)
-        batch = max([1] + [-(-b // c) for b, c in zip(host_bags, host_copies)])
-        first_copy = exclusive_cumsum(copies)
-        layout = PaddedCells(batch, first_copy, len(keys))
+        host_ids = [sum(c[f] for c in self.host_ids) + host_extra[f] for f in range(F)]
+        host_bags = [host_rows[f] + host_extra[f] for f in range(F)]
+        batches = [max([1] + [host_bags[f] for f in fs]) for fs in lanes.lane_features]
+        n_bags, n_ids = sum(host_bags), sum(host_ids)
         rows_per_feature = self.counts.sum(0)
-        bags = rows_per_feature + extra_per_feature
-        feature = torch.repeat_interleave(torch.arange(F, device=bags.device), bags, output_size=n_bags)
+        bags = (rows_per_feature + extra_per_feature).index_select(0, lanes.order_t)  # lane order
+        feature = torch.repeat_interleave(lanes.order_t, bags, output_size=n_bags)
         q = segment_arange(bags, n_bags)
-        copy = layout.copy_of(q, feature)
         bag_lengths = data[:n_bags]
-        lengths = bag_lengths.new_zeros(len(keys) * batch).index_copy_(0, copy * batch + q % batch, bag_lengths)
-        ids_per_copy = torch.zeros(len(keys), dtype=torch.int64, device=bags.device).index_add_(
-            0, copy, bag_lengths.to(torch.int64))
+        padded = lanes.positions_in_lengths(q, feature, batches)
+        lengths = bag_lengths.new_zeros(sum(len(fs) * b for fs, b in zip(lanes.lane_features, batches)))
+        lengths.index_copy_(0, padded, bag_lengths)
+        ids_data = data[n_bags:n_bags + n_ids]
         weights = data[n_bags + n_ids:].view(torch.float32) if self.weighted else None
-        kjt = KeyedJaggedTensor(keys=keys, values=data[n_bags:n_bags + n_ids], weights=weights, lengths=lengths,
-                                stride=batch, length_per_key=ids_per_copy.tolist())
+        kjts, len0, id0 = [], 0, 0
+        for fs, names, batch in zip(lanes.lane_features, keys, batches):  # per lane (at most 2 per group)
+            lpk = [host_ids[f] for f in fs]
+            n = sum(lpk)
+            kjts.append(KeyedJaggedTensor(
+                keys=names, values=ids_data[id0:id0 + n], lengths=lengths[len0:len0 + len(fs) * batch],
+                weights=None if weights is None else weights[id0:id0 + n], stride=batch, length_per_key=lpk))
+            len0, id0 = len0 + len(fs) * batch, id0 + n
         # Run (s, f) of the arrival order holds bags first[s, f] ... of feature f.
         size = self.counts.view(-1)
+        n_received = sum(host_rows)
         run_feature = torch.arange(W * F, device=size.device) % F
         arrival_feature = torch.repeat_interleave(run_feature, size, output_size=n_received)
         arrival_q = segment_arange(size, n_received) + torch.repeat_interleave(
             exclusive_cumsum(self.counts, 0).view(-1), size, output_size=n_received)
-        return kjt, layout.cells(arrival_q, arrival_feature), rows_per_feature, layout
+        return kjts, batches, rows_per_feature, (arrival_q, arrival_feature)
 
 
 class ColdIdsAllToAll:
@@ -135,15 +116,12 @@ class ColdIdsAllToAll:
     Args:
         pg: the sharding's process group.
         num_features: F, the features of the sharding.
-        report_words: R, the extra metadata words per rank (0: none).
     """
 
-    def __init__(self, pg: dist.ProcessGroup, num_features: int, report_words: int, device: torch.device) -> None:
+    def __init__(self, pg: dist.ProcessGroup, num_features: int, device: torch.device) -> None:
         self._pg, self._world = pg, pg.size()
-        self._features, self._report_words = num_features, report_words
-        W, F = self._world, num_features
-        self._send_order = {p: round_robin_order(p, W, device) for p in (2, 3)}
-        self._recv_order = {p: _receive_order(W, F, p, device) for p in (2, 3)}
+        self._features = num_features
+        self._send_order = {p: round_robin_order(p, self._world, device) for p in (2, 3)}
 
     def __call__(self, counts: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
                  weights: Optional[torch.Tensor], report: Optional[torch.Tensor]) -> Awaitable[Awaitable[ColdBags]]:
@@ -151,13 +129,14 @@ class ColdIdsAllToAll:
 
         counts / ids: non-empty bags and ids per ``[destination, feature]``; lengths / rows /
         weights: those bags' lengths, ids and weights, in (destination, feature, sample)
-        order; report: R int32 words (the same to every rank) or None when R = 0.
+        order; report: R int32 words for every rank (each rank's call passes the same R), or
+        None (R = 0).
         """
         W, F = self._world, self._features
         weighted = weights is not None
         parts = 3 if weighted else 2
         header = [counts.view(W, F), ids.view(W, F)]
-        if self._report_words:
+        if report is not None:
             header.append(report.view(1, -1).expand(W, -1))
         meta = torch.cat(header, 1).to(torch.int32)
         bags_per_dest, ids_per_dest = counts.view(W, F).sum(1), ids.view(W, F).sum(1)
@@ -168,9 +147,8 @@ class ColdIdsAllToAll:
         _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(self._send_order[parts], sizes, torch.cat(values),
                                                                 None)
         send_splits = bags_per_dest + (parts - 1) * ids_per_dest
-        order = self._recv_order[parts]
         if W == 1:
-            return Deferred(lambda: Deferred(lambda: self._bags(payload, meta, weighted, order,
+            return Deferred(lambda: Deferred(lambda: self._bags(payload, meta, weighted,
                                                                 meta[:, :2 * F].reshape(-1).tolist())))
         recv_meta = torch.empty_like(meta)
         meta_work = dist.all_to_all_single(recv_meta, meta, group=self._pg, async_op=True)
@@ -187,15 +165,15 @@ class ColdIdsAllToAll:
 
             def payload_ready() -> ColdBags:
                 work.wait()
-                return self._bags(recv, recv_meta, weighted, order, host[2 * W:])
+                return self._bags(recv, recv_meta, weighted, host[2 * W:])
 
             return Deferred(payload_ready)
 
         return Deferred(splits_ready)
 
-    def _bags(self, payload, meta, weighted, order, host: List[int]) -> ColdBags:
+    def _bags(self, payload, meta, weighted, host: List[int]) -> ColdBags:
         F = self._features
         rows = [host[i:i + 2 * F] for i in range(0, len(host), 2 * F)]  # per source (W of them)
         return ColdBags(payload=payload, counts=meta[:, :F].to(torch.int64), ids=meta[:, F:2 * F].to(torch.int64),
                         host_counts=[r[:F] for r in rows], host_ids=[r[F:] for r in rows], weighted=weighted,
-                        reports=meta[:, 2 * F:] if self._report_words else None, order=order)
+                        reports=meta[:, 2 * F:] if meta.size(1) > 2 * F else None)

@@ -7,6 +7,9 @@ Per step and per rank (local batch B, F features of hybrid tables):
 2. hot ids stay local, as indices into the replicated hot TBE;
 3. cold ids are bucketized by owner (row-wise blocks, the stock RW layout); only the
    non-empty bags go to their owner, in two all-to-alls (cold_all_to_all.py).
+The forward does all local work and returns a :class:`HybridInputDistAwaitable`; the cold
+all-to-all starts when the sharded module hands it this step's id-check report
+(:meth:`HybridInputDistAwaitable.start`), so the verdicts ride the cold metadata.
 The result handed to the lookup is a :class:`HybridLookupInput`: the received cold bags plus
 the local hot part and the lengths the output dist needs to route partial sums back. When
 the optimizer could change a row on a zero gradient, the hot rows this rank looked up are
@@ -24,8 +27,9 @@ from torch.autograd.profiler import record_function
 from torchrec.distributed.types import Awaitable
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding import row_blocks
-from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll, Deferred
+from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
 
@@ -58,8 +62,8 @@ class HybridLookupInput:
 
     @property
     def id_reports(self) -> Optional[torch.Tensor]:
-        """None, or every rank's id-check report (:class:`IdCheckCarrier`), int32 ``[W, 4]``,
-        carried to here by the cold ids' metadata all-to-all."""
+        """None, or every rank's id-check report words (:func:`id_report_words`), int32
+        ``[W, ID_REPORT_WORDS]``, carried to here by the cold ids' metadata all-to-all."""
         return self.cold.reports
 
     # Hooks TorchRec's KJTList / pipelines call on their elements.
@@ -74,23 +78,41 @@ class HybridLookupInput:
                 t.record_stream(stream)
 
 
-class IdCheckCarrier:
-    """Hands the sharded module's per-step id-check report to the cold all-to-all.
+ID_REPORT_WORDS = 4  # int32 words of one rank's id-check report in the cold metadata
 
-    The report (int32 ``[flag, key, value low word, value high word]``) travels to every
-    rank in the cold ids' metadata, so the verdict needs no collective of its own.
-    The module sets :attr:`report` right before each input dist; it is taken once.
+
+def id_report_words(report: torch.Tensor) -> torch.Tensor:
+    """An int64 id-check report ``[flag, key, value]`` as the int32 words the cold metadata
+    carries: ``[flag, key, value low word, value high word]``."""
+    return torch.cat([report[:2].to(torch.int32), report[2:].view(torch.int32)])
+
+
+def id_reports_from_words(words: torch.Tensor) -> torch.Tensor:
+    """Every rank's report words ``[W, ID_REPORT_WORDS]`` back as int64 reports ``[W, 3]``."""
+    return torch.cat([words[:, :2].to(torch.int64), words[:, 2:].clone().view(torch.int64)], 1)
+
+
+class HybridInputDistAwaitable(Deferred):
+    """The input dist's result for one step, its cold all-to-all not started yet.
+
+    :meth:`start` starts it, carrying the given id-check report words to every rank (every
+    rank must pass words, or every rank None); waiting first starts it with none.
     """
 
-    KEY = "__hybrid_id_check__"
-    WIDTH = 4
+    def __init__(self, launch: Callable[[Optional[torch.Tensor]], Awaitable[Awaitable[HybridLookupInput]]]) -> None:
+        super().__init__(self._metadata_sent)
+        self._launch = launch
+        self._started: Optional[Awaitable[Awaitable[HybridLookupInput]]] = None
 
-    def __init__(self) -> None:
-        self.report: Optional[torch.Tensor] = None
+    def start(self, id_report: Optional[torch.Tensor]) -> None:
+        if self._started is not None:
+            raise RuntimeError("this step's cold all-to-all has already started")
+        self._started = self._launch(id_report)
 
-    def take(self, device: torch.device) -> torch.Tensor:
-        report, self.report = self.report, None
-        return torch.zeros(self.WIDTH, dtype=torch.int32, device=device) if report is None else report.to(device)
+    def _metadata_sent(self) -> Awaitable[HybridLookupInput]:
+        if self._started is None:
+            self.start(None)
+        return self._started.wait()
 
 
 DENSE_MAP_MAX_ROWS = 1 << 24  # 128 MiB of int64 per sharding, at most
@@ -110,7 +132,6 @@ class HybridSparseFeaturesDist(nn.Module):
             ``b[r] .. b[r+1]-1``), the cold shard's layout.
         device: where the ids live.
         exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
-        id_check: carries the module's id-check reports to every rank (in the cold metadata).
     """
 
     def __init__(
@@ -123,7 +144,6 @@ class HybridSparseFeaturesDist(nn.Module):
         row_bounds: List[List[int]],
         device: torch.device,
         exchange_touched: bool = False,
-        id_check: Optional[IdCheckCarrier] = None,
     ) -> None:
         super().__init__()
         self._pg = pg
@@ -159,15 +179,13 @@ class HybridSparseFeaturesDist(nn.Module):
         )
         even = all(list(b) == row_blocks.even_bounds(b[-1], self._world) for b in row_bounds)
         self._block_pos = None if even else [torch.tensor(b, dtype=torch.int64, device=device) for b in row_bounds]
-        self._id_check = id_check
-        self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, 0 if id_check is None else IdCheckCarrier.WIDTH,
-                                         device)
+        self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device)
 
-    def forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
+    def forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
         with record_function("## hybrid:input_dist ##"):
             return self._forward(features)
 
-    def _forward(self, features: KeyedJaggedTensor) -> Awaitable[Awaitable[HybridLookupInput]]:
+    def _forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
         F, W = self._num_features, self._world
         B = features.stride()
         values = features.values()
@@ -206,9 +224,7 @@ class HybridSparseFeaturesDist(nn.Module):
         bag = sent.nonzero().view(-1)  # lengths are >= 0
         group = torch.div(bag, B, rounding_mode="floor")  # owner * F + feature
         per_group = torch.bincount(group, minlength=W * F)
-        report = None if self._id_check is None else self._id_check.take(values.device)
-        cold = self._cold_a2a(per_group, sent.view(W * F, B).sum(1), sent.index_select(0, bag), local_rows,
-                              sent_weights, report)
+        ids_per_group, sent_lengths = sent.view(W * F, B).sum(1), sent.index_select(0, bag)
         local = dict(
             hot_indices=hot_slots,
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
@@ -219,16 +235,17 @@ class HybridSparseFeaturesDist(nn.Module):
             lengths=lengths,
         )
 
-        def metadata_arrived() -> Awaitable[HybridLookupInput]:
-            payload = cold.wait()  # the payload all-to-all is under way
+        def launch(id_report: Optional[torch.Tensor]) -> Awaitable[Awaitable[HybridLookupInput]]:
+            cold = self._cold_a2a(per_group, ids_per_group, sent_lengths, local_rows, sent_weights,
+                                  None if id_report is None else id_report.to(values.device))
 
-            def payload_arrived() -> HybridLookupInput:
-                bags = payload.wait()
-                return HybridLookupInput(cold=bags, **local)
+            def metadata_arrived() -> Awaitable[HybridLookupInput]:
+                payload = cold.wait()  # the payload all-to-all is under way
+                return Deferred(lambda: HybridLookupInput(cold=payload.wait(), **local))
 
-            return Deferred(payload_arrived)
+            return Deferred(metadata_arrived)
 
-        return Deferred(metadata_arrived)
+        return HybridInputDistAwaitable(launch)
 
     def _start_touched_exchange(self, hot_slots: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Starts an async all-gather of this rank's looked-up hot slots (one byte each)."""

@@ -10,7 +10,7 @@ output dist routes the cold partial sums and the hot rows, and adds the sums up.
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,8 @@ from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
-from torchrec_hybrid.sharding.cells import CellPositions
+from torchrec_hybrid import _compat
+from torchrec_hybrid.sharding.cells import LaneLayout
 from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
@@ -30,7 +31,7 @@ from torchrec_hybrid.sharding.segments import exclusive_cumsum
 class HybridLookupOutput:
     """Unreduced pooled embeddings of one step, handed to the output dist."""
 
-    cold: torch.Tensor  # owner side: received bags' partial sums + owned hot rows (padded)
+    cold: torch.Tensor  # owner side, flat: received bags' partial sums + owned hot rows (lanes)
     # the received bags in (source rank, feature, sample) order - the order they travel
     # home in - as positions in ``cold``'s units (cells.py); and how many per [rank, feature]
     cold_bag_pos: torch.Tensor
@@ -60,17 +61,21 @@ class _ExtraBags:
         self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
 
 
-def _with_feature_copies(configs: List[GroupedEmbeddingConfig], copies: List[int]) -> List[GroupedEmbeddingConfig]:
-    """The groups with feature f repeated ``copies[f]`` times (``name``, ``name@1``, ...): more
-    TBE features of the same table, rows and state unchanged (set-up time loops)."""
-    it, out = iter(copies), []
+def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[str]):
+    """Each group split in its light and its heavy tables (lanes; empty ones dropped), and per
+    lane its features' indices in the sharding's order (set-up time loops)."""
+    out, features, f0 = [], [], 0
     for c in configs:
-        tables = []
+        first, f = {}, f0
         for t in c.embedding_tables:
-            names = [n if i == 0 else f"{n}@{i}" for n in t.feature_names for i in range(next(it))]
-            tables.append(dataclasses.replace(t, feature_names=names, embedding_names=names))
-        out.append(dataclasses.replace(c, embedding_tables=tables))
-    return out
+            first[t.name], f = f, f + t.num_features()
+        for lane in (False, True):
+            tables = [t for t in c.embedding_tables if (t.name in heavy) == lane]
+            if tables:
+                out.append(dataclasses.replace(c, embedding_tables=tables))
+                features.append([first[t.name] + i for t in tables for i in range(t.num_features())])
+        f0 = f
+    return out, features
 
 
 class HybridLookup(nn.Module):
@@ -80,7 +85,8 @@ class HybridLookup(nn.Module):
         grouped_configs: the cold groups (stock row-wise shard of every hybrid table).
         replicas / layout: the hot replicas of the groups and the sharding's hot-row layout.
         pg / device / env: as for stock lookups.
-        copies: TBE copies per feature of the cold lookup (cells.PaddedCells; default one).
+        heavy_tables: tables whose cold rows are mostly on this rank: pooled in a lane of their
+            own (cells.LaneLayout).
     """
 
     def __init__(
@@ -91,20 +97,17 @@ class HybridLookup(nn.Module):
         pg: dist.ProcessGroup,
         device: torch.device,
         env: Optional[ShardingEnv] = None,
-        copies: Optional[List[int]] = None,
+        heavy_tables: Optional[Set[str]] = None,
     ) -> None:
         super().__init__()
         self._feature_splits = [c.num_features() for c in grouped_configs]
         self._num_features = sum(self._feature_splits)
-        self._copies = list(copies) if copies is not None else [1] * self._num_features
-        cold_configs = _with_feature_copies(grouped_configs, self._copies)
+        lane_configs, lane_features = _lanes(grouped_configs, set(heavy_tables or ()))
         self.cold = GroupedPooledEmbeddingsLookup(
-            cold_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
+            lane_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
-        self._copy_keys = [f for c in cold_configs for f in c.feature_names()]
-        self._copy_positions = CellPositions([d for c in cold_configs for d in c.embedding_dims()], device)
-        self.register_buffer("_copies_t", torch.tensor(self._copies, dtype=torch.int64, device=device),
-                             persistent=False)
+        self._lane_keys = [c.feature_names() for c in lane_configs]
+        self._lanes = LaneLayout(lane_features, [d for c in grouped_configs for d in c.embedding_dims()], device)
         self._hot = replicas
         self._layout = layout
         self._tables = [t.name for c in grouped_configs for t in c.embedding_tables]
@@ -119,11 +122,12 @@ class HybridLookup(nn.Module):
             self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
         extra = self._extra[1]
         with record_function("## hybrid:cold_lookup ##"):
-            padded, cells, rows_per_feature, cell_layout = inp.cold.padded(
-                self._copy_keys, self._copies_t, self._copies, extra.per_feature, extra.host_per_feature,
-                extra.rows, extra.ones)
-            cold = self.cold(padded)
-        hot_row_cells = cell_layout.cells(rows_per_feature[extra.features] + extra.rank, extra.features)
+            kjts, batches, rows_per_feature, (q, feature) = inp.cold.lane_inputs(
+                self._lanes, self._lane_keys, extra.per_feature, extra.host_per_feature, extra.rows, extra.ones)
+            outs = _compat.grouped_lookup_forward(self.cold, kjts)
+            cold = outs[0].reshape(-1) if len(outs) == 1 else torch.cat([o.reshape(-1) for o in outs])
+        bag_pos = self._lanes.positions(q, feature, batches)
+        row_pos = self._lanes.positions(rows_per_feature[extra.features] + extra.rank, extra.features, batches)
 
         @record_function("## hybrid:hot_lookup ##")
         def hot(replica: torch.Tensor) -> torch.Tensor:
@@ -143,9 +147,9 @@ class HybridLookup(nn.Module):
 
         return HybridLookupOutput(
             cold=cold,
-            cold_bag_pos=self._copy_positions(cells),
+            cold_bag_pos=bag_pos,
             cold_bag_counts=inp.cold.counts,
-            hot_row_pos=self._copy_positions(hot_row_cells),
+            hot_row_pos=row_pos,
             hot=hot,
             hot_slots=hot_slots,
             hot_counts=hot_counts,
