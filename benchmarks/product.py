@@ -81,6 +81,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
+    from benchmarks.step_counts import count_training_step
     from torchrec_hybrid.comm_bytes import sent_bytes
 
     tables, stats, batches = _data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
@@ -114,7 +115,12 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
                 sent[name].append(b1 - b0)
                 times[name].append(t1 - t0)
     dist.barrier()
-    out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times}
+    counts = {}
+    for name in MODELS:  # one more, untimed, step per model under the op counter
+        dist.barrier()
+        counts[name] = count_training_step(models[name], batches[-1])
+    out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
+                           "counts": counts}
     if rank == 0:
         est = {c.name.split(":")[0]: c.rank_bytes for c in hybrid_planner.candidates}
         chosen = [c.name for c in hybrid_planner.candidates if c.plan is plans["hybrid_planner"]]
@@ -149,7 +155,9 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
         res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent),
                   "median_step_s": statistics.median(step),
                   "estimate_per_rank": est,
-                  "estimate_error_per_rank": None if not est else [e / s - 1 for e, s in zip(est, sent)]}
+                  "estimate_error_per_rank": None if not est else [e / s - 1 for e, s in zip(est, sent)],
+                  # per step, the busiest rank's count (collectives are the same on every rank)
+                  "counts": {k: max(o["counts"][m][k] for o in outs) for k in r0["counts"][m]}}
     h, s = res["hybrid_planner"], res["stock_planner"]
     res["busiest_ratio"] = h["busiest_bytes"] / s["busiest_bytes"]
     res["mean_ratio"] = h["mean_bytes"] / s["mean_bytes"]
@@ -170,6 +178,14 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
                      f"{s['busiest_bytes'] / 1e6:.2f} | **{r['busiest_ratio']:.2f}x** | {r['mean_ratio']:.2f}x | "
                      f"{r['hybrid_busiest_over_mean']:.2f} | {r['step_ratio']:.2f}x | "
                      f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
+    lines += ["", "Per training step (forward / backward), counted by a dispatch hook "
+              "(`benchmarks/step_counts.py`), busiest rank:", "",
+              "| workload | W | plan | collectives | host syncs | ops dispatched |", "|---|---:|---|---:|---:|---:|"]
+    for r in results:
+        for m in MODELS:
+            c = r[m]["counts"]
+            lines.append(f"| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / {c['bwd_collectives']} | "
+                         f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} |")
     return lines
 
 

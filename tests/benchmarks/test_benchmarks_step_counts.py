@@ -1,0 +1,62 @@
+"""The per-step counter of collectives, host syncs and ops (benchmarks/step_counts.py) counts
+what a hand-written step really issues, on 2 gloo ranks."""
+
+import torch
+
+from tests.multiprocess import run_ranks
+
+
+def _counted(rank, world):
+    import torch.distributed as dist
+
+    from benchmarks.step_counts import counting
+
+    x = torch.arange(4.0) + rank
+    with counting() as c:
+        out = torch.empty_like(x)
+        dist.all_to_all_single(out, x)  # collective 1
+        dist.all_reduce(out)  # collective 2
+        out.nonzero()  # sync 1 (data-dependent size)
+        out.tolist()  # sync 2 (tensor -> Python, not dispatched)
+        int(out[0])  # sync 3 (scalar read)
+        torch.repeat_interleave(torch.arange(2), torch.tensor([2, 1]))  # sync 4 (no output_size)
+        torch.repeat_interleave(torch.arange(2), torch.tensor([2, 1]), output_size=3)  # no sync
+        dist.barrier()  # not a collective of the step
+    return c.summary()
+
+
+def test_counts_what_a_step_issues():
+    for summary in run_ranks(_counted, 2):
+        assert summary["collectives"] == 2
+        assert summary["host_syncs"] == 4
+        assert summary["ops"] >= 10
+
+
+def _hybrid_vs_table_wise(rank, world):
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    from benchmarks.step_counts import count_training_step
+    from tests.models import OPTIMIZERS, build, hot_ids, skewed_batch, tables
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+
+    configs = tables()
+    hot = hot_ids(None)
+    keys = [f for c in configs for f in c.feature_names]
+    fused = OPTIMIZERS["rowwise_adagrad"]
+    out = {}
+    for kind, sharder in (("hybrid", HybridEmbeddingBagCollectionSharder(hot, fused_params=dict(fused))),
+                          ("tw", EmbeddingBagCollectionSharder(fused_params=dict(fused)))):
+        model = build(configs, world, {c.name: kind for c in configs}, sharder)
+        batch = skewed_batch(configs, keys, batch=6, seed=rank, hot=hot, weighted=False, mode="mixed")
+        model(batch).wait().values().sum().backward()  # warm-up: first-step set-up is not a step
+        out[kind] = count_training_step(model, batch)
+    return out
+
+
+def test_hybrid_issues_no_more_collectives_than_table_wise():
+    """Issue 15's budget, for collectives: an all-hybrid EBC issues per step (forward and
+    backward) no more collectives than the same EBC sharded table_wise."""
+    for counts in run_ranks(_hybrid_vs_table_wise, 2):
+        h, t = counts["hybrid"], counts["tw"]
+        assert h["fwd_collectives"] + h["bwd_collectives"] <= t["fwd_collectives"] + t["bwd_collectives"], counts
+        assert h["fwd_collectives"] > 0 and t["fwd_collectives"] > 0, counts
