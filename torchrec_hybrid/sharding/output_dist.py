@@ -10,7 +10,7 @@ and, like TorchRec's pooled all-to-all, divides by W. MEAN features are pooled a
 both paths and divided by the full bag length here.
 """
 
-from typing import List
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -23,6 +23,9 @@ from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
+
+
+ReceivePlan = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (replica_dst, units per owner, order)
 
 
 class _VariableAllToAll(torch.autograd.Function):
@@ -143,6 +146,10 @@ class HybridPooledEmbeddingDist(nn.Module):
         layout: the sharding's hot-row layout (replica positions of the hot slots).
     """
 
+    # buffers (register_buffer in __init__)
+    _dims: torch.Tensor
+    _mean_cols: torch.Tensor
+
     def __init__(self, pg: dist.ProcessGroup, feature_dims: List[int], mean_features: List[bool],
                  device: torch.device, layout: HotRowLayout) -> None:
         super().__init__()
@@ -158,7 +165,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
         self._layout = layout
         self._replica_units = layout.flat_size // (self._uniform_dim or 1)
-        self._replica_cache = (None, None)
+        # (hot slots, their receive plan) of the last step whose every hot row travelled
+        self._replica_cache: Tuple[Optional[torch.Tensor], Optional[ReceivePlan]] = (None, None)
 
     def _units(self, counts: torch.Tensor) -> torch.Tensor:
         """Units (rows or elements) per rank of ``counts`` bags per [rank, feature]."""
@@ -172,16 +180,17 @@ class HybridPooledEmbeddingDist(nn.Module):
         if self._uniform_dim is not None:
             return torch.div(layout.flat[slots], self._uniform_dim, rounding_mode="floor"), per_owner
         width = layout.width[slots]
-        units = torch.zeros(self._world, dtype=torch.int64, device=slots.device).index_add_(0, layout.owner[slots], width)
+        units = torch.zeros(self._world, dtype=torch.int64, device=slots.device)
+        units.index_add_(0, layout.owner[slots], width)
         return segment_positions(layout.flat[slots], width), units
 
-    def _receive_plan(self, slots: torch.Tensor, per_owner: torch.Tensor):
+    def _receive_plan(self, slots: torch.Tensor, per_owner: torch.Tensor) -> ReceivePlan:
         """``(replica_dst, units per owner, order)``: where the received hot units go in the
         replica, and for every replica unit which received hot unit (back to back) it copies
         (0 where none: never read). Computed once when every hot row travels."""
-        cached_slots, plan = self._replica_cache
-        if cached_slots is slots:
-            return plan
+        cached_slots, cached = self._replica_cache
+        if cached_slots is slots and cached is not None:
+            return cached
         dst, units = self._replica_positions(slots, per_owner)
         order = torch.zeros(self._replica_units, dtype=torch.int64, device=dst.device)
         order[dst] = torch.arange(dst.numel(), device=dst.device)
@@ -200,7 +209,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         rows = torch.full_like(bag_units, row_pos.numel())
         send_units = bag_units + rows
         bag_dst, row_dst = _interleave(bag_units, rows, bag_pos.numel(), row_pos.numel() * W)
-        index = torch.empty(int(send_units.sum()), dtype=torch.int64, device=bag_pos.device)
+        index = torch.empty(bag_pos.numel() + W * row_pos.numel(), dtype=torch.int64, device=bag_pos.device)
         index.index_copy_(0, bag_dst, bag_pos).index_copy_(0, row_dst, row_pos.repeat(W))
         # sample side: from each owner the bags we sent it (same order), then its hot rows
         part_pos = self._cells(out.sent_cells)
@@ -212,8 +221,8 @@ class HybridPooledEmbeddingDist(nn.Module):
 
         cold = out.cold.reshape(-1, D) if D else out.cold.reshape(-1)
         send = _Pack.apply(cold, index, row_pos, row_dst, W)
-        recv = _VariableAllToAll.apply(send.reshape(-1), (send_units * unit).tolist(), (recv_units * unit).tolist(),
-                                       self._pg)
+        splits = (torch.cat([send_units, recv_units]) * unit).tolist()  # the one host sync here
+        recv = _VariableAllToAll.apply(send.reshape(-1), splits[:W], splits[W:], self._pg)
         partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
                                           replica_src, self._replica_units)
         pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
