@@ -61,7 +61,9 @@ def ratios(res: Dict) -> Dict:
     h = res["frequency_hybrid"]
     out = {}
     if "table_wise" in res:
-        out["bytes_hybrid_over_table_wise"] = h["bytes_per_rank_per_step"] / res["table_wise"]["bytes_per_rank_per_step"]
+        out["bytes_hybrid_over_table_wise"] = (
+            h["bytes_per_rank_per_step"] / res["table_wise"]["bytes_per_rank_per_step"]
+        )
         out["expected_bytes_hybrid_over_table_wise"] = (
             h["expected_bytes_per_rank_per_step"] / res["table_wise"]["expected_bytes_per_rank_per_step"])
     stock = {k: res[k]["step_time_s"]["median"] for k in STOCK_TYPES if k in res}
@@ -81,18 +83,21 @@ def markdown(results: List[Dict], title: str) -> str:
     for r in results:
         w, hs = r["workload"], r["hot_set"]
         lines += [f"## {w['name']}", "",
-                  f"W={w['world']} {w['device']}, {w['model']}, {'multi-hot (DLRMv2)' if w['multi_hot'] else 'one-hot'}, "
+                  f"W={w['world']} {w['device']}, {w['model']}, "
+                  f"{'multi-hot (DLRMv2)' if w['multi_hot'] else 'one-hot'}, "
                   f"{'uniform ids' if w['alpha'] == 0 else 'Zipf ' + format(w['alpha'], 'g')}, 26 tables cap "
                   f"{w['rows_cap']:,} rows, dim {w['dim']}, B={w['batch_per_rank']}/rank, "
                   f"{w['steps']} timed steps. Hot set: {hs['hot_rows_total']} rows, "
                   f"cold fraction of lookups {hs['cold_fraction_of_lookups']:.3f}.", "",
-                  "| type | MB sent/rank/step | model MB | model/measured | step ms median [min-max] | peak MB/rank | plan |",
+                  "| type | MB sent/rank/step | model MB | model/measured | step ms median [min-max] "
+                  "| peak MB/rank | plan |",
                   "|---|---:|---:|---:|---|---:|---|"]
         for kind, x in r["results"].items():
             t = x["step_time_s"]
             plan = ", ".join(f"{k}x{v}" for k, v in x["planned_types"].items())
             lines.append(
-                f"| {kind} | {x['bytes_per_rank_per_step'] / MB:.3f} | {x['expected_bytes_per_rank_per_step'] / MB:.3f} "
+                f"| {kind} | {x['bytes_per_rank_per_step'] / MB:.3f} "
+                f"| {x['expected_bytes_per_rank_per_step'] / MB:.3f} "
                 f"| {x['expected_bytes_per_rank_per_step'] / max(1.0, x['bytes_per_rank_per_step']):.3f} "
                 f"| {t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}] "
                 f"| {x['peak_mem_bytes_per_rank'] / MB:.1f} | {plan} |")
@@ -100,6 +105,7 @@ def markdown(results: List[Dict], title: str) -> str:
         if "bytes_hybrid_over_table_wise" in rt and "time_hybrid_over_fastest_stock" in rt:
             lines += ["", f"Hybrid / table_wise bytes: **{rt['bytes_hybrid_over_table_wise']:.3f}** "
                           f"(model {rt['expected_bytes_hybrid_over_table_wise']:.3f}); hybrid / fastest stock "
-                          f"({rt['fastest_stock_type']}) median step time: **{rt['time_hybrid_over_fastest_stock']:.3f}**."]
+                          f"({rt['fastest_stock_type']}) median step time: "
+                          f"**{rt['time_hybrid_over_fastest_stock']:.3f}**."]
         lines.append("")
     return "\n".join(lines)

@@ -24,5 +24,7 @@ if ! $VPY -c "import torchrec, fbgemm_gpu" >/dev/null 2>&1; then
   $PIP tensordict torchmetrics==1.0.3 tqdm pyre-extensions iopath
 fi
 $PIP numpy pyyaml matplotlib pytest pytest-timeout
+# the linter and type checker of the test command (configured in pyproject.toml)
+$PIP ruff==0.17.6 mypy==2.4.1
 $PIP --no-deps -e .
 echo "[setup] done: $($VPY -c 'import torch, torchrec, fbgemm_gpu; print("torch", torch.__version__, "fbgemm", fbgemm_gpu.__version__)')"

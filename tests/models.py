@@ -11,8 +11,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
 from torchrec.distributed.types import ShardingPlan
 
-from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
-from torchrec_hybrid.types import FREQUENCY_HYBRID
+from torchrec_hybrid import frequency_hybrid
 
 OPTIMIZERS = {
     "sgd": {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1},

@@ -6,9 +6,6 @@ zero-fills the whole ``[B, sum(dims)]`` gradient every step (measured: ~15% of a
 step). Equivalence tests cannot see this: the numbers stay right, only slower.
 """
 
-import torch
-import torchrec
-
 from tests.models import build, hot_ids, skewed_batch, tables
 from tests.multiprocess import run_ranks
 from torchrec_hybrid import HybridEmbeddingBagCollectionSharder

@@ -2,7 +2,6 @@
 
 import pytest
 import torch
-import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 import torchrec
 from torch.distributed._shard.sharded_tensor import ShardedTensor

@@ -52,7 +52,8 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
         table = k.split(".")[1]
         if kinds.get(table) != "dp":
             assert not torch.equal(wt, full_weight(ref.state_dict()[k])), f"{k} never trained"
-    oh_state, ot_state = full_optimizer_state(mh.fused_optimizer, world), full_optimizer_state(mt.fused_optimizer, world)
+    oh_state = full_optimizer_state(mh.fused_optimizer, world)
+    ot_state = full_optimizer_state(mt.fused_optimizer, world)
     assert sorted(oh_state) == sorted(ot_state)
     for k in oh_state:
         torch.testing.assert_close(oh_state[k], ot_state[k], atol=1e-5, rtol=1e-5)

@@ -59,6 +59,7 @@ class IdCheck:
         """Every rank's int64 report ``[W, 3]`` (waits for them if they are still on the way)."""
         if self.carried:
             words = next(x for x in dist_input if isinstance(x, HybridLookupInput)).id_reports
+            assert words is not None  # carried: the cold metadata brought every rank's report
             return id_reports_from_words(words)
         if self.work is not None:
             self.work.wait()

@@ -44,6 +44,7 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         ps.sharding_type = FREQUENCY_HYBRID
         rows = param.shape[0]
         if cold == row_blocks.TABLE_WISE:
+            assert rank is not None  # checked above: cold='table_wise' needs rank=
             bounds = row_blocks.single_owner_bounds(rows, world_size, rank)
         elif row_bounds is not None:
             bounds = row_blocks.check_bounds("?", row_bounds, rows, world_size)

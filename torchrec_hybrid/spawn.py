@@ -55,7 +55,8 @@ def _failure(errors: dict) -> RankFailure:
     def secondary(r: int) -> bool:
         return "Connection reset" in errors[r] or "Connection closed" in errors[r]
 
-    return RankFailure("\n".join(f"rank {r} failed:\n{errors[r]}" for r in sorted(errors, key=lambda r: (secondary(r), r))))
+    ranks = sorted(errors, key=lambda r: (secondary(r), r))
+    return RankFailure("\n".join(f"rank {r} failed:\n{errors[r]}" for r in ranks))
 
 
 def spawn_ranks(fn: Callable, world: int, *, expected: int = 1, timeout: float = 240,

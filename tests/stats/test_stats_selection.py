@@ -1,7 +1,5 @@
 """Hot-set selection rules on tiny tables, checked against the rules' definitions."""
 
-import itertools
-
 import numpy as np
 import pytest
 import torch

@@ -27,7 +27,7 @@ Every problem raises :class:`PlannerConfigError` naming the offending key.
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 import yaml
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
@@ -200,4 +200,4 @@ def planner_from_config(path: str, **overrides: Any):
     return HybridEmbeddingShardingPlanner(**kwargs)
 
 
-__all__: Optional[List[str]] = ["PlannerConfigError", "load_planner_config", "planner_from_config"]
+__all__ = ["PlannerConfigError", "load_planner_config", "planner_from_config"]

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Dict, Iterable, Optional, Sequence
+from typing import Dict, Iterable, Optional, Sequence, cast
 
 import torch
 
@@ -197,7 +197,8 @@ def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torc
 
 
 def hybrid_total_bytes(t: TableTraffic, coverage, hot_rows) -> torch.Tensor:
-    return sum(hybrid_bytes(t, coverage, hot_rows).values())
+    # every part is a tensor, so the sum is one (sum() starts from the int 0)
+    return cast(torch.Tensor, sum(hybrid_bytes(t, coverage, hot_rows).values()))
 
 
 def hybrid_cost_curve(t: TableTraffic, coverage: torch.Tensor, a2a_bw: float = 1.0,

@@ -162,7 +162,9 @@ class HybridEnumerator(EmbeddingEnumerator):
         hybrid: List[ShardingOption] = []
         self.choices = {}
         for layout in row_blocks.COLD_LAYOUTS:
-            profiles = {n: dataclasses.replace(p, shares=_layout_shares(layout, world)) for n, (_, p) in candidates.items()}
+            profiles = {
+                n: dataclasses.replace(p, shares=_layout_shares(layout, world)) for n, (_, p) in candidates.items()
+            }
             bw = bandwidths(self._topology)
             hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed)
             for name, (template, _) in candidates.items():
@@ -190,7 +192,11 @@ class HybridEnumerator(EmbeddingEnumerator):
             ch = so.hybrid_choice
             ch.step_cost = so.total_perf
             ch.best_stock_cost = best.get(so.name)
-            if ch.forced or ch.best_stock_cost is None or so.total_perf <= (1.0 - self._min_saving) * ch.best_stock_cost:
+            if (
+                ch.forced
+                or ch.best_stock_cost is None
+                or so.total_perf <= (1.0 - self._min_saving) * ch.best_stock_cost
+            ):
                 kept.append(so)
             else:
                 logger.info("table %s: frequency_hybrid (%s cold, H=%d) not offered: %.3g vs stock %.3g", so.name,
@@ -216,6 +222,7 @@ class HybridEnumerator(EmbeddingEnumerator):
     def _choice(self, name: str, p: hot_set.TableProfile, h: int, layout: str) -> HotSetChoice:
         cov = hot_set.coverage_at(p, h)
         parts = {k: float(v) for k, v in cm.hybrid_bytes(p.traffic, cov, h).items()}
+        assert p.shares is not None  # every profile here has its cold layout's shares
         return HotSetChoice(
             table=name, hot_rows=h, coverage=cov, hot_ids=hot_set.hot_ids_for(p, h),
             bytes_per_step=float(cm.hybrid_layout_bytes(p.traffic, cov, h, p.shares)), comm_bytes=parts,

@@ -16,7 +16,6 @@ from torchrec.distributed.planner.constants import BIGINT_DTYPE
 from torchrec.distributed.planner.types import (
     CollectiveType,
     ParameterConstraints,
-    Perf,
     ShardEstimator,
     ShardingOption,
     Storage,
@@ -78,8 +77,8 @@ class HybridStorageEstimator(_HybridEstimator):
 
     Per rank: the cold row-wise block with the fused optimizer's state (taken from the
     sharder's fused_params: the stock estimator counts 0 for an optimizer given that way),
-    the hot replica (>= 1 row, no optimizer state: owners apply the updates), plus the step's buffers: input ids, the owner's
-    ``[W*B, D]`` partial sums and the ``[B, D]`` hot sums per feature.
+    the hot replica (>= 1 row, no optimizer state: owners apply the updates), plus the step's buffers: input ids, the
+    owner's ``[W*B, D]`` partial sums and the ``[B, D]`` hot sums per feature.
     """
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:

@@ -128,14 +128,15 @@ def row_lookup_shares(p: TableProfile, hot_rows: int) -> torch.Tensor:
     hot, ``[rows]`` float64 (rows never counted share the unseen mass evenly; unknown ids:
     uniform). Plan-time only: O(rows) memory."""
     rows = p.traffic.rows
-    known = 0 if p.ranked_ids is None else min(p.ranked_ids.numel(), p.coverage.numel() - 1)
+    ranked = p.ranked_ids
+    known = 0 if ranked is None else min(ranked.numel(), p.coverage.numel() - 1)
     h = min(hot_rows, known)
     tail = max(0.0, 1.0 - float(p.coverage[known])) / max(1, rows - known)
     share = torch.full((rows,), tail, dtype=torch.float64)
-    if known:
+    if ranked is not None and known:
         counts = p.coverage[1:known + 1] - p.coverage[:known]
-        share[p.ranked_ids[:known]] = counts.to(torch.float64)
-        share[p.ranked_ids[:h]] = 0.0
+        share[ranked[:known]] = counts.to(torch.float64)
+        share[ranked[:h]] = 0.0
     total = float(share.sum())
     return share / total if total > 0 else torch.full((rows,), 1.0 / max(1, rows), dtype=torch.float64)
 

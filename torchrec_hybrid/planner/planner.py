@@ -175,12 +175,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         eligible = {n for n, by_layout in self._hybrid_enumerator.choices.items()
                     if any(ch.source != "uniform" for ch in by_layout.values())}
         if eligible and any(so.sharding_type != FREQUENCY_HYBRID and so.name in eligible for so in mixed.options):
-            forced = dict(self._user_constraints or {})
+            all_hybrid = dict(self._user_constraints or {})
             for name in eligible:
-                c = forced.get(name)
-                forced[name] = (dataclasses.replace(c, sharding_types=[FREQUENCY_HYBRID]) if c is not None
-                                else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
-            inner = HybridEmbeddingShardingPlanner(constraints=forced, compare_plans=False, **self._args)
+                c = all_hybrid.get(name)
+                all_hybrid[name] = (dataclasses.replace(c, sharding_types=[FREQUENCY_HYBRID]) if c is not None
+                                    else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
+            inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, **self._args)
             plan = inner.plan(module, sharders)
             out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options()))
         return out

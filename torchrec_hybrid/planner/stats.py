@@ -48,15 +48,19 @@ def communication_table(best_plan: List[ShardingOption], world_size: int) -> Lis
         b = option_bytes(so, world_size)
         total += b or 0.0
         ch = getattr(so, "hybrid_choice", None)
-        hyb = so.sharding_type == FREQUENCY_HYBRID and ch is not None
+        hot, cov, best = "-", "-", "-"
+        if so.sharding_type == FREQUENCY_HYBRID and ch is not None:
+            hot, cov = str(ch.hot_rows), f"{ch.coverage:.3f}"
+            if ch.best_stock_bytes:
+                best = f"{ch.best_stock_type} {ch.best_stock_bytes / MB:.4f}"
         rows.append([
             so.fqn.lstrip("."),
             ABBREVIATION if so.sharding_type == FREQUENCY_HYBRID else so.sharding_type,
             str(so.tensor.shape[0]),
-            str(ch.hot_rows) if hyb else "-",
-            f"{ch.coverage:.3f}" if hyb else "-",
+            hot,
+            cov,
             "?" if b is None else f"{b / MB:.4f}",
-            f"{ch.best_stock_type} {ch.best_stock_bytes / MB:.4f}" if hyb and ch.best_stock_bytes else "-",
+            best,
         ])
     rows.append(["TOTAL", "", "", "", "", f"{total / MB:.4f}", ""])
     widths = [max(len(r[i]) for r in rows) for i in range(len(header))]

@@ -37,7 +37,8 @@ class HybridParameterSharding(ParameterSharding):
                 return False
         return True
 
-    __hash__ = None  # mutable, like ParameterSharding
+    # unhashable (mutable), like ParameterSharding; typeshed types object.__hash__ as a method only
+    __hash__ = None  # type: ignore[assignment]
 
 
 @dataclass

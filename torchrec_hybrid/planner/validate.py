@@ -196,11 +196,12 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         types: Dict[str, int] = {}
         for so in planner.planned_options():
             types[so.sharding_type] = types.get(so.sharding_type, 0) + 1
-        entry = {"types": types, "estimated_bytes_per_rank_step": sum(est.values()),
-                 "measured_bytes_per_rank_step": sum(meas) / len(meas), "measured_per_rank": meas,
-                 "estimated_per_table": est}
-        entry["ratio_measured_to_estimated"] = entry["measured_bytes_per_rank_step"] / entry[
-            "estimated_bytes_per_rank_step"]
+        estimated = sum(est.values())
+        measured = sum(meas) / len(meas)
+        entry: Dict[str, Any] = {"types": types, "estimated_bytes_per_rank_step": estimated,
+                                 "measured_bytes_per_rank_step": measured, "measured_per_rank": meas,
+                                 "estimated_per_table": est}
+        entry["ratio_measured_to_estimated"] = measured / estimated
         if kind == "planner":
             hc = h_check(planner, configs, stats, a.alpha, a.world, a.batch)
             entry["h_check"] = hc

@@ -142,7 +142,7 @@ class ColdIdsAllToAll:
         bags_per_dest, ids_per_dest = counts.view(W, F).sum(1), ids.view(W, F).sum(1)
         sizes = torch.cat([bags_per_dest, ids_per_dest] + ([ids_per_dest] if weighted else [])).to(torch.int32)
         values = [lengths.to(torch.int32), rows.to(torch.int32)]
-        if weighted:
+        if weights is not None:
             values.append(weights.to(torch.float32).view(torch.int32))
         _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(self._send_order[parts], sizes, torch.cat(values),
                                                                 None)

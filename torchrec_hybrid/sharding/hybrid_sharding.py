@@ -9,9 +9,10 @@ rows are also replicated on every rank, as copies their owners refresh every ste
 checkpoints and the fused optimizer state are exactly stock row-wise.
 """
 
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
@@ -60,9 +61,16 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         # row (weight decay, Adam, ...): then only rows some rank looked up, and the input
         # dist gathers which those are.
         self._exchange_touched = not all(zero_grad_is_noop(g.fused_params) for g in groups)
-        self._hot_parts = None
+        self._hot_parts: Optional[Tuple[List[HotReplica], HotRowLayout]] = None
 
-    def _hot(self, device: torch.device):
+    @property
+    def _hybrid_pg(self) -> dist.ProcessGroup:
+        """The sharding's process group (torchrec types it Optional; a hybrid sharding always has one)."""
+        pg = self._setup.pg
+        assert pg is not None, "a frequency_hybrid sharding needs a process group"
+        return pg
+
+    def _hot(self, device: torch.device) -> Tuple[List[HotReplica], HotRowLayout]:
         """The groups' replicas and the hot-row layout (built once, shared by all three parts).
 
         Hot slots are numbered group after group, each group's as its replica stores them.
@@ -88,7 +96,7 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         rows = [t.num_embeddings for t in self._tables]
         replicas, _ = self._hot(device)
         return HybridSparseFeaturesDist(
-            pg=self._setup.pg,
+            pg=self._hybrid_pg,
             feature_tables=feature_tables,
             table_rows=rows,
             hot_ids=[h for group in self._hot_ids_per_group for h in group],
@@ -106,10 +114,10 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         rank = setup.rank
         heavy = heavy_tables(setup.world_size, [self._bounds[t.name][rank + 1] - self._bounds[t.name][rank]
                                                 for t in self._tables], [t.num_embeddings for t in self._tables])
-        return HybridLookup(_compat.sharding_grouped_configs(self), replicas, layout, pg=setup.pg, device=device,
+        return HybridLookup(_compat.sharding_grouped_configs(self), replicas, layout, pg=self._hybrid_pg, device=device,
                             env=setup.env, heavy_tables={t.name for t, h in zip(self._tables, heavy) if h})
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]
         device = device if device is not None else self._setup.device
-        return HybridPooledEmbeddingDist(self._setup.pg, self.embedding_dims(), mean, device, self._hot(device)[1])
+        return HybridPooledEmbeddingDist(self._hybrid_pg, self.embedding_dims(), mean, device, self._hot(device)[1])

@@ -112,7 +112,9 @@ class HybridInputDistAwaitable(Deferred):
     def _metadata_sent(self) -> Awaitable[HybridLookupInput]:
         if self._started is None:
             self.start(None)
-        return self._started.wait()
+        started = self._started
+        assert started is not None  # start() set it
+        return started.wait()
 
 
 DENSE_MAP_MAX_ROWS = 1 << 24  # 128 MiB of int64 per sharding, at most
@@ -133,6 +135,13 @@ class HybridSparseFeaturesDist(nn.Module):
         device: where the ids live.
         exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
     """
+
+    # buffers (register_buffer in __init__)
+    _hot_keys: torch.Tensor
+    _key_slots: torch.Tensor
+    _slot_map: Optional[torch.Tensor]
+    _feature_key_offset: torch.Tensor
+    _block_sizes: torch.Tensor
 
     def __init__(
         self,

@@ -187,7 +187,8 @@ class HybridLookup(nn.Module):
         if self._last_replica is None:
             return {}
         replica, sent = self._last_replica
-        layout, out, slot = self._layout, {}, 0
+        layout, slot = self._layout, 0
+        out: Dict[str, tuple] = {}
         for rep in self._hot:
             for start, n, width in zip(rep.table_slot_start, rep.table_sizes, rep.table_dims):
                 first = slot + start

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -274,7 +274,7 @@ class FrequencyStats:
         return self
 
     # -- persistence -------------------------------------------------------------------
-    def state_dict(self) -> Dict[str, object]:
+    def state_dict(self) -> Dict[str, Any]:
         """A plain dict (tensors on cpu) describing everything; what save() writes."""
         return {
             "format_version": FORMAT_VERSION,
@@ -298,7 +298,7 @@ class FrequencyStats:
     @classmethod
     def from_state(
         cls,
-        state: Dict[str, object],
+        state: Dict[str, Any],
         tables: Optional[Sequence[EmbeddingBagConfig]] = None,
         device: Union[torch.device, str] = "cpu",
     ) -> "FrequencyStats":

@@ -153,6 +153,7 @@ def select_hot_ids(
         return _by_rows(stats, rows_per_table)
     if coverage is not None:
         return _by_coverage(stats, coverage)
+    assert memory_budget_bytes is not None  # exactly one rule was given
     if memory_budget_bytes < 0:
         raise ValueError(f"memory_budget_bytes must be >= 0, got {memory_budget_bytes}")
     return _by_budget(stats, memory_budget_bytes, bytes_per_row, optimizer)

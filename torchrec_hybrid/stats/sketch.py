@@ -30,7 +30,7 @@ inside one update (a few ints per id of the batch) are not counted.
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -210,7 +210,7 @@ class CountMinTopK:
         return (8 * self.depth * self.width + 16 * self.capacity + 8 * self._slots.numel()
                 + 8 * self.capacity + 16 * self.depth)
 
-    def state_dict(self) -> Dict[str, object]:
+    def state_dict(self) -> Dict[str, Any]:
         self._flush()
         return {
             "num_embeddings": self.num_embeddings, "capacity": self.capacity,
@@ -221,7 +221,7 @@ class CountMinTopK:
         }
 
     @classmethod
-    def from_state_dict(cls, state: Dict[str, object], device="cpu") -> "CountMinTopK":
+    def from_state_dict(cls, state: Dict[str, Any], device="cpu") -> "CountMinTopK":
         sk = cls(state["num_embeddings"], state["capacity"], state["eps"], state["delta"],
                  state["seed"], device=device)
         if state["table"].numel() != sk.table.numel():
