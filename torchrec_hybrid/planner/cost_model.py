@@ -1,6 +1,6 @@
 """Bytes sent per rank per training step, for each sharding type (pure functions).
 
-This is the communication model of DESIGN.md section 3, made exact for what the code in
+This is the communication model of docs/architecture.md §5, made exact for what the code in
 this repository and stock TorchRec 1.8 put on the wire (fp32 embeddings, gloo ring
 collectives, W ranks, local batch B). Every function returns *bytes sent by one rank in one
 step* (averaged over ranks), so a figure can be checked against ``wchar`` of

@@ -1,6 +1,6 @@
 """Check the planner on the Criteo-like workload: estimated vs measured bytes, chosen vs optimal H.
 
-Workload (DESIGN.md section 3): the 26 Criteo-Kaggle tables capped at ``--max-rows`` rows,
+Workload (docs/results.md, "How it is measured"): the 26 Criteo-Kaggle tables capped at ``--max-rows`` rows,
 dim 64, local batch 1024, one id per feature, Zipf(alpha) ids over a fixed random
 permutation of each table. Steps:
 
