@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Dict, List, Optional, Tuple
 
 import torch
@@ -82,14 +83,16 @@ def _hybrid_planner_class():
 
 
 def _topology(world_size: int, device: torch.device) -> Topology:
+    # ranks per host, as torchrun sets it; a multi-node job is planned as several hosts
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if device.type == "cpu":
         try:  # gloo: one bandwidth for every collective (torchrec's defaults describe NVLink)
             from torchrec_hybrid.planner import gloo_topology
         except ImportError:
             pass
         else:
-            return gloo_topology(world_size, local_world_size=world_size)
-    return Topology(world_size=world_size, local_world_size=world_size, compute_device=device.type)
+            return gloo_topology(world_size, local_world_size=local)
+    return Topology(world_size=world_size, local_world_size=local, compute_device=device.type)
 
 
 def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot_ids: Dict[str, torch.Tensor],
