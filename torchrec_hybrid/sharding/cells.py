@@ -10,26 +10,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
-
-
-class CellPositions:
-    """Cells of a pooled output -> positions in its units (rows or elements)."""
-
-    def __init__(self, dims: List[int], device: torch.device) -> None:
-        d = torch.tensor(dims, dtype=torch.int64)
-        self.num_features = len(dims)
-        self.total_dim = int(d.sum())
-        self.uniform_dim: Optional[int] = dims[0] if len(set(dims)) == 1 else None
-        self.dims = d.to(device)
-        self.dim_offsets = exclusive_cumsum(d).to(device)
-
-    def __call__(self, cells: torch.Tensor) -> torch.Tensor:
-        if self.uniform_dim is not None:
-            return cells
-        F = self.num_features
-        feature, row = cells % F, torch.div(cells, F, rounding_mode="floor")
-        return segment_positions(row * self.total_dim + self.dim_offsets[feature], self.dims[feature])
+from torchrec_hybrid.sharding.segments import segment_positions
 
 
 class LaneLayout:
@@ -103,6 +84,21 @@ class LaneLayout:
         if self.uniform_dim is not None:
             return base + q * width + self.local_of[feature]
         return segment_positions(base + q * width + self.dim_local[feature], self.dims[feature])
+
+
+class CellPositions:
+    """Cells ``row * F + feature`` of a pooled output -> positions in its units: the output
+    as one lane of all F features (rows as they are when every feature has width D)."""
+
+    def __init__(self, dims: List[int], device: torch.device) -> None:
+        self.num_features = len(dims)
+        self._lane = LaneLayout([list(range(len(dims)))], dims, device)
+
+    def __call__(self, cells: torch.Tensor) -> torch.Tensor:
+        if self._lane.uniform_dim is not None:
+            return cells
+        F = self.num_features
+        return self._lane.positions(torch.div(cells, F, rounding_mode="floor"), cells % F, [0])
 
 
 def heavy_tables(world: int, local_rows: List[int], rows: List[int]) -> List[bool]:
