@@ -5,7 +5,7 @@ combine them across ranks, save/load them, and turn them into hot ids per table 
 `select_hot_ids` or a `HotSetRule`.
 """
 
-from torchrec_hybrid.stats.frequency import FORMAT_VERSION, FrequencyStats
+from torchrec_hybrid.stats.frequency import FORMAT_VERSION, FrequencyStats, StatsFileError
 from torchrec_hybrid.stats.selection import (
     HotSetRule,
     coverage_curve,
@@ -21,6 +21,7 @@ __all__ = [
     "CountMinTopK",
     "FrequencyStats",
     "HotSetRule",
+    "StatsFileError",
     "SyntheticCriteo",
     "coverage_curve",
     "criteo_table_sizes",

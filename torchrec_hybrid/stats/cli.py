@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
+import os
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -35,6 +37,39 @@ logger = logging.getLogger("torchrec_hybrid.stats")
 CARDINALITIES = {"kaggle": CRITEO_KAGGLE_CARDINALITIES, "terabyte": CRITEO_TERABYTE_CARDINALITIES}
 
 
+def _number(kind, lo: float, lo_ok: bool, hi: Optional[float] = None, what: str = ""):
+    """An argparse ``type`` that parses `kind` and refuses values outside the range;
+    argparse then reports ``argument --flag: must be ..., got 'value'``."""
+    bound = (">= " if lo_ok else "> ") + f"{lo:g}" + (f" and < {hi:g}" if hi is not None else "")
+    name = what or ("an integer" if kind is int else "a number")
+
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"must be {name} {bound}, got {text!r}") from None
+        if not math.isfinite(v) or v < lo or (v == lo and not lo_ok) or (hi is not None and v >= hi):
+            raise argparse.ArgumentTypeError(f"must be {name} {bound}, got {text!r}")
+        return v
+
+    parse.__name__ = f"{kind.__name__} {bound}"
+    return parse
+
+
+def _hot_sizes(text: str) -> List[int]:
+    try:
+        sizes = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a comma list of integers >= 1, got {text!r}") from None
+    if not sizes or min(sizes) < 1:
+        raise argparse.ArgumentTypeError(f"must be a comma list of integers >= 1, got {text!r}")
+    return sizes
+
+
+POSITIVE_INT = _number(int, 1, True)
+NONNEG_INT = _number(int, 0, True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m torchrec_hybrid.stats", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,23 +78,42 @@ def build_parser() -> argparse.ArgumentParser:
     src.add_argument("--criteo-tsv", nargs="+", metavar="FILE", help="Criteo TSV files")
     src.add_argument("--criteo-npy", metavar="DIR", help="dir of day_N_{dense,sparse,labels}.npy")
     p.add_argument("--cardinalities", choices=sorted(CARDINALITIES), default="kaggle")
-    p.add_argument("--scale", type=float, default=1.0, help="multiply table sizes")
-    p.add_argument("--max-rows", type=int, default=None, help="cap table sizes")
-    p.add_argument("--embedding-dim", type=int, default=128)
-    p.add_argument("--batch-size", type=int, default=4096)
-    p.add_argument("--num-batches", type=int, default=100, help="synthetic batches")
-    p.add_argument("--max-batches", type=int, default=None, help="stop after this many")
-    p.add_argument("--alpha", type=float, default=1.1, help="synthetic Zipf exponent")
+    p.add_argument("--scale", type=_number(float, 0, False), default=1.0, help="multiply table sizes (> 0)")
+    p.add_argument("--max-rows", type=POSITIVE_INT, default=None, help="cap table sizes (>= 1; default: no cap)")
+    p.add_argument("--embedding-dim", type=POSITIVE_INT, default=128)
+    p.add_argument("--batch-size", type=POSITIVE_INT, default=4096)
+    p.add_argument("--num-batches", type=POSITIVE_INT, default=100, help="synthetic batches")
+    p.add_argument("--max-batches", type=POSITIVE_INT, default=None, help="stop after this many")
+    p.add_argument("--alpha", type=_number(float, 0, True), default=1.1,
+                   help="synthetic Zipf exponent (>= 0; 0: uniform)")
     p.add_argument("--multi-hot", action="store_true", help="synthetic DLRMv2 multi-hot sizes")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--exact-max-rows", type=int, default=DEFAULT_EXACT_MAX_ROWS)
-    p.add_argument("--sketch-capacity", type=int, default=100_000)
-    p.add_argument("--sketch-eps", type=float, default=1e-5)
-    p.add_argument("--hot-sizes", type=lambda s: [int(x) for x in s.split(",")],
+    p.add_argument("--exact-max-rows", type=NONNEG_INT, default=DEFAULT_EXACT_MAX_ROWS,
+                   help="count tables up to this many rows exactly, sketch larger ones (0: sketch all)")
+    p.add_argument("--sketch-capacity", type=POSITIVE_INT, default=100_000)
+    p.add_argument("--sketch-eps", type=_number(float, 0, False, 1), default=1e-5)
+    p.add_argument("--hot-sizes", type=_hot_sizes,
                    default=[100, 1000, 10_000, 100_000], help="comma list for the table")
     p.add_argument("--out", default="stats.pt", help="statistics file to write")
     p.add_argument("--plot", default=None, help="coverage-curve PNG to write")
     return p
+
+
+def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
+    """Refuse missing inputs and unwritable outputs before counting (not after)."""
+    for f in args.criteo_tsv or []:
+        if not os.path.isfile(f):
+            p.error(f"argument --criteo-tsv: {f!r} is not a file")
+    if args.criteo_npy is not None and not os.path.isdir(args.criteo_npy):
+        p.error(f"argument --criteo-npy: {args.criteo_npy!r} is not a directory")
+    for flag, path in (("--out", args.out), ("--plot", args.plot)):
+        if path is None:
+            continue
+        if os.path.isdir(path):
+            p.error(f"argument {flag}: {path!r} is a directory; give a file name")
+        parent = os.path.dirname(os.path.abspath(path))
+        if not os.path.isdir(parent):
+            p.error(f"argument {flag}: the directory of {path!r} ({parent}) does not exist")
 
 
 def _source(args, sizes: List[int]) -> Tuple[Iterable, Optional[int]]:
@@ -89,31 +143,53 @@ def format_table(stats: FrequencyStats, hot_sizes: Sequence[int]) -> str:
     return "\n".join("  ".join(c.rjust(w) for c, w in zip(r, widths)) for r in lines)
 
 
+# (colour, line style) per series: at most this many lines share a panel, each unique in
+# colour and in style, so they stay apart in grey-scale print too
+LINE_STYLES = [("tab:blue", "-"), ("tab:orange", "--"), ("tab:green", "-."), ("tab:red", ":"),
+               ("tab:purple", (0, (5, 1, 1, 1, 1, 1))), ("tab:brown", (0, (8, 3))),
+               ("black", (0, (1, 3)))]
+SERIES_PER_PANEL = len(LINE_STYLES)
+
+
 def plot_coverage(stats: FrequencyStats, path: str) -> None:
-    """Fraction of lookups covered vs hot rows (log x), one line per table."""
+    """Fraction of lookups covered vs hot rows (log x): one line per table, at most
+    `SERIES_PER_PANEL` tables per panel (tables by size, largest first)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 6))
-    for name in stats.table_names:
-        n = max(1, stats.top_counts(name)[0].numel())
-        sizes = np.unique(np.geomspace(1, n, num=min(n, 200)).round().astype(np.int64))
-        ax.plot(sizes, coverage_curve(stats, name, sizes.tolist()).numpy(), label=name, lw=1)
-    ax.set_xscale("log")
-    ax.set_xlabel("hot rows")
-    ax.set_ylabel("fraction of lookups covered")
-    ax.set_ylim(0, 1.01)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=6, ncol=2)
+    names = sorted(stats.table_names, key=lambda n: (-stats.config(n).num_embeddings, n))
+    groups = [names[i:i + SERIES_PER_PANEL] for i in range(0, len(names), SERIES_PER_PANEL)]
+    cols = min(2, len(groups))
+    rows = (len(groups) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 4.2 * rows), squeeze=False)
+    for ax in axes.flat[len(groups):]:
+        ax.set_visible(False)
+    for ax, group in zip(axes.flat, groups):
+        for name, (color, style) in zip(group, LINE_STYLES):
+            n = max(1, stats.top_counts(name)[0].numel())
+            sizes = np.unique(np.geomspace(1, n, num=min(n, 200)).round().astype(np.int64))
+            rows_n = stats.config(name).num_embeddings
+            ax.plot(sizes, coverage_curve(stats, name, sizes.tolist()).numpy(), color=color,
+                    linestyle=style, lw=1.4, label=f"{name} ({rows_n:,} rows)")
+        lo, hi = stats.config(group[-1]).num_embeddings, stats.config(group[0]).num_embeddings
+        ax.set_title(f"tables of {lo:,} rows" if lo == hi else f"tables of {lo:,} to {hi:,} rows", fontsize=9)
+        ax.set_xscale("log")
+        ax.set_xlabel("hot rows (log scale)")
+        ax.set_ylabel("fraction of lookups covered")
+        ax.set_ylim(0, 1.01)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7, loc="lower right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    check_paths(parser, args)
     # force: importing torch/torchrec already attached a WARNING-level root handler
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(message)s",
                         force=True)

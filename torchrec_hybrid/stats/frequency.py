@@ -19,13 +19,13 @@ from __future__ import annotations
 import logging
 import os
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeGuard, Union
 
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid.stats.sketch import CountMinTopK, top_by_count
+from torchrec_hybrid.stats.sketch import CountMinTopK, sketch_shape, top_by_count
 
 logger = logging.getLogger(__name__)
 
@@ -302,9 +302,19 @@ class FrequencyStats:
         tables: Optional[Sequence[EmbeddingBagConfig]] = None,
         device: Union[torch.device, str] = "cpu",
     ) -> "FrequencyStats":
-        version = state.get("format_version")
-        if version != FORMAT_VERSION:
-            raise ValueError(f"unsupported statistics format_version {version!r}")
+        """Rebuild statistics from `state_dict()`; raise ValueError saying what is wrong.
+
+        The state is checked against its schema first (keys, types, tensor shapes and dtypes,
+        which tables are exact or sketched, counts adding up to the lookups), so a damaged or
+        foreign state fails with a message naming the field instead of deep inside.
+        """
+        if isinstance(state, dict) and "format_version" in state \
+                and state["format_version"] != FORMAT_VERSION:
+            raise ValueError(f"unsupported statistics format_version {state['format_version']!r} "
+                             f"(this code reads version {FORMAT_VERSION})")
+        problems = state_problems(state)
+        if problems:
+            raise ValueError("not valid frequency statistics: " + "; ".join(problems))
         saved = [
             EmbeddingBagConfig(num_embeddings=t["num_embeddings"],
                                embedding_dim=t["embedding_dim"], name=t["name"],
@@ -330,8 +340,21 @@ class FrequencyStats:
         return out
 
     def save(self, path: Union[str, os.PathLike]) -> None:
-        """Write the statistics to one file (torch.save of state_dict())."""
-        torch.save(self.state_dict(), path)
+        """Write the statistics to one file: torch.save of state_dict() plus a checksum.
+
+        Written to a temporary file beside `path` and renamed into place, so `path` is
+        either the old file or the complete new one, never a partial write.
+        """
+        state = self.state_dict()
+        state["checksum"] = state_checksum(state)
+        path = os.fspath(path)
+        tmp = f"{path}.tmp{os.getpid()}"
+        try:
+            torch.save(state, tmp)
+            os.replace(tmp, path)
+        finally:
+            if os.path.exists(tmp):
+                os.remove(tmp)
 
     @classmethod
     def load(
@@ -340,8 +363,213 @@ class FrequencyStats:
         tables: Optional[Sequence[EmbeddingBagConfig]] = None,
         device: Union[torch.device, str] = "cpu",
     ) -> "FrequencyStats":
-        """Read a file written by save(); with `tables`, refuse one whose tables differ."""
-        state = torch.load(path, map_location="cpu", weights_only=True)
+        """Read a file written by save(); with `tables`, refuse one whose tables differ.
+
+        Raises FileNotFoundError for a missing path and `StatsFileError` (a ValueError)
+        naming the path for a file that is not a statistics file, is truncated or corrupt
+        (checksum mismatch), or does not match the schema.
+        """
+        path = os.fspath(path)
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"statistics file {path!r} does not exist")
+        if os.path.isdir(path):
+            raise StatsFileError(f"statistics file {path!r} is a directory, not a file")
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # pickle, zip, EOF errors...: all mean "not a readable file"
+            size = os.path.getsize(path)
+            detail = (str(e).strip().splitlines() or [""])[0]
+            if detail.startswith("Weights only load failed"):  # torch's advice does not apply here
+                detail = "unreadable pickle data"
+            detail = detail.split(". This is an internal miniz error")[0][:160]
+            raise StatsFileError(
+                f"{path!r} ({size} bytes) is not a frequency statistics file, or it is truncated or "
+                f"corrupt: torch.load failed with {type(e).__name__}" + (f": {detail}" if detail else "")
+            ) from e
         if not isinstance(state, dict) or "format_version" not in state:
-            raise ValueError(f"{path}: not a frequency statistics file")
-        return cls.from_state(state, tables=tables, device=device)
+            what = (f"a dict with keys {sorted(map(str, state))[:8]}" if isinstance(state, dict)
+                    else f"a {type(state).__name__}")
+            raise StatsFileError(f"{path!r} is not a frequency statistics file: it holds {what}, "
+                                 "without a 'format_version'")
+        if "checksum" in state:  # files from before checksums have none
+            stored = state.pop("checksum")
+            actual = state_checksum(state)
+            if stored != actual:
+                raise StatsFileError(f"{path!r} is corrupt: its content checksum is {actual}, "
+                                     f"the file records {stored!r}")
+        try:
+            return cls.from_state(state, tables=tables, device=device)
+        except ValueError as e:
+            raise StatsFileError(f"{path!r}: {e}") from e
+
+
+class StatsFileError(ValueError):
+    """A statistics file is not one, is damaged, or does not match its schema."""
+
+
+def state_checksum(state: Any) -> int:
+    """CRC32 of a state's content (dict keys in sorted order; tensors by dtype, shape, bytes)."""
+    crc = 0
+
+    def walk(x: Any) -> None:
+        nonlocal crc
+        if isinstance(x, dict):
+            crc = zlib.crc32(b"{", crc)
+            for k in sorted(x, key=str):
+                if k == "checksum":
+                    continue
+                crc = zlib.crc32(repr(k).encode(), crc)
+                walk(x[k])
+            crc = zlib.crc32(b"}", crc)
+        elif isinstance(x, (list, tuple)):
+            crc = zlib.crc32(b"[", crc)
+            for v in x:
+                walk(v)
+            crc = zlib.crc32(b"]", crc)
+        elif isinstance(x, torch.Tensor):
+            t = x.detach().cpu().contiguous()
+            crc = zlib.crc32(f"T{t.dtype}{tuple(t.shape)}".encode(), crc)
+            crc = zlib.crc32(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"", crc)
+        else:
+            crc = zlib.crc32(repr(x).encode(), crc)
+
+    walk(state)
+    return crc
+
+
+def _is_int(x: Any) -> TypeGuard[int]:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+def _is_num(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _int_vector_problem(what: str, t: Any, length: Optional[int] = None) -> Optional[str]:
+    if not isinstance(t, torch.Tensor):
+        return f"{what} is a {type(t).__name__}, expected an int64 tensor"
+    if t.dtype != torch.int64 or t.dim() != 1:
+        return f"{what} is a {t.dtype} tensor of shape {tuple(t.shape)}, expected 1-D int64"
+    if length is not None and t.numel() != length:
+        return f"{what} has {t.numel()} entries, expected {length}"
+    if t.numel() and int(t.min()) < 0:
+        return f"{what} holds a negative count {int(t.min())}"
+    return None
+
+
+def state_problems(state: Any) -> List[str]:
+    """Everything wrong with a statistics state (empty list: it matches the schema)."""
+    if not isinstance(state, dict):
+        return [f"the state is a {type(state).__name__}, expected a dict"]
+    if "format_version" not in state:
+        return ["no 'format_version' key: not a frequency statistics state"]
+    required = ["tables", "exact_max_rows", "sketch_capacity", "sketch_eps", "sketch_delta", "seed",
+                "num_batches", "num_samples", "lookups", "counts", "sketches"]
+    missing = [k for k in required if k not in state]
+    if missing:
+        return [f"missing key(s) {missing}"]
+    p: List[str] = []
+    for k in ("exact_max_rows", "num_batches", "num_samples"):
+        if not _is_int(state[k]) or state[k] < 0:
+            p.append(f"{k} is {state[k]!r}, expected an int >= 0")
+    if not _is_int(state["sketch_capacity"]) or state["sketch_capacity"] < 1:
+        p.append(f"sketch_capacity is {state['sketch_capacity']!r}, expected an int >= 1")
+    if not _is_int(state["seed"]):
+        p.append(f"seed is {state['seed']!r}, expected an int")
+    for k in ("sketch_eps", "sketch_delta"):
+        if not _is_num(state[k]) or not 0 < state[k] < 1:
+            p.append(f"{k} is {state[k]!r}, expected a number in (0, 1)")
+    tables = state["tables"]
+    if not isinstance(tables, list) or not tables:
+        return p + [f"tables is {type(tables).__name__} {tables!r:.80}, expected a non-empty list"]
+    rows: Dict[str, int] = {}
+    scalar_problems, p = p, []
+    for i, t in enumerate(tables):
+        if not isinstance(t, dict):
+            p.append(f"tables[{i}] is a {type(t).__name__}, expected a dict")
+            continue
+        name = t.get("name")
+        if not isinstance(name, str) or not name:
+            p.append(f"tables[{i}] has name {name!r}, expected a non-empty str")
+            continue
+        if name in rows:
+            p.append(f"table {name!r} appears twice")
+        n, d, f = t.get("num_embeddings"), t.get("embedding_dim"), t.get("feature_names")
+        if not _is_int(n) or n < 1:
+            p.append(f"table {name!r}: num_embeddings is {n!r}, expected an int >= 1")
+            continue
+        if not _is_int(d) or d < 1:
+            p.append(f"table {name!r}: embedding_dim is {d!r}, expected an int >= 1")
+        if not isinstance(f, list) or not all(isinstance(x, str) for x in f):
+            p.append(f"table {name!r}: feature_names is {f!r:.80}, expected a list of str")
+        rows[name] = n
+    lookups, counts, sketches = state["lookups"], state["counts"], state["sketches"]
+    for k, v in (("lookups", lookups), ("counts", counts), ("sketches", sketches)):
+        if not isinstance(v, dict):
+            p.append(f"{k} is a {type(v).__name__}, expected a dict by table name")
+    p = scalar_problems + p
+    if p:  # the checks below need sound tables and settings
+        return p
+    if set(lookups) != set(rows):
+        p.append(f"lookups name tables {sorted(lookups)}, expected {sorted(rows)}")
+    bad = [f"{k}={v!r}" for k, v in lookups.items() if not _is_int(v) or v < 0]
+    if bad:
+        p.append(f"lookups must be ints >= 0: {', '.join(bad)[:200]}")
+    exact = {n for n, r in rows.items() if r <= state["exact_max_rows"]}
+    if set(counts) != exact:
+        p.append(f"exact counts are for tables {sorted(counts)}; with exact_max_rows="
+                 f"{state['exact_max_rows']} they should be for {sorted(exact)}")
+    if set(sketches) != set(rows) - exact:
+        p.append(f"sketches are for tables {sorted(sketches)}; expected {sorted(set(rows) - exact)}")
+    for name, c in counts.items():
+        if name not in rows:
+            continue
+        msg = _int_vector_problem(f"counts of table {name!r}", c, rows[name])
+        if msg:
+            p.append(msg)
+        elif name in lookups and _is_int(lookups[name]) and int(c.sum()) != lookups[name]:
+            p.append(f"counts of table {name!r} add up to {int(c.sum())}, but its lookups are "
+                     f"{lookups[name]}")
+    for name, sk in sketches.items():
+        if name in rows:
+            p += [f"sketch of table {name!r}: {m}" for m in
+                  sketch_state_problems(sk, rows[name], state["sketch_capacity"],
+                                        state["seed"] + zlib.crc32(name.encode())
+                                        if _is_int(state["seed"]) else None)]
+    return p
+
+
+def sketch_state_problems(sk: Any, num_embeddings: int, capacity: int, seed: Optional[int]) -> List[str]:
+    """Schema problems of one `CountMinTopK.state_dict()` for a table of `num_embeddings` rows."""
+    if not isinstance(sk, dict):
+        return [f"a {type(sk).__name__}, expected a dict"]
+    keys = ["num_embeddings", "capacity", "eps", "delta", "seed", "table", "cand_ids", "cand_est"]
+    missing = [k for k in keys if k not in sk]
+    if missing:
+        return [f"missing key(s) {missing}"]
+    p: List[str] = []
+    if sk["num_embeddings"] != num_embeddings:
+        p.append(f"num_embeddings is {sk['num_embeddings']!r}, the table has {num_embeddings}")
+    if sk["capacity"] != capacity:
+        p.append(f"capacity is {sk['capacity']!r}, the statistics' sketch_capacity is {capacity}")
+    if seed is not None and sk["seed"] != seed:
+        p.append(f"seed is {sk['seed']!r}, expected {seed} (statistics seed + crc32 of the name)")
+    for k in ("eps", "delta"):
+        if not _is_num(sk[k]) or not 0 < sk[k] < 1:
+            p.append(f"{k} is {sk[k]!r}, expected a number in (0, 1)")
+    if p:
+        return p
+    depth, width = sketch_shape(sk["eps"], sk["delta"])
+    for msg in (_int_vector_problem("table", sk["table"], depth * width),
+                _int_vector_problem("cand_ids", sk["cand_ids"]),
+                _int_vector_problem("cand_est", sk["cand_est"])):
+        if msg:
+            p.append(msg)
+    if p:
+        return p
+    ids, est = sk["cand_ids"], sk["cand_est"]
+    if ids.numel() != est.numel() or ids.numel() > capacity:
+        p.append(f"{ids.numel()} candidate ids and {est.numel()} estimates (capacity {capacity})")
+    elif ids.numel() and int(ids.max()) >= num_embeddings:
+        p.append(f"candidate id {int(ids.max())} is outside [0, {num_embeddings})")
+    return p

@@ -13,6 +13,7 @@ vectorised per feature; it holds 16 bytes per table row (CDF + permutation).
 from __future__ import annotations
 
 import math
+import numbers
 from typing import Iterator, List, Optional, Sequence, Union
 
 import torch
@@ -34,14 +35,30 @@ DLRMV2_MULTI_HOT_SIZES: List[int] = [
 CAT_NAMES: List[str] = [f"cat_{i}" for i in range(26)]
 
 
+def _is_count(x: object, lo: int) -> bool:
+    """An integer (Python or NumPy, not bool) >= lo."""
+    return isinstance(x, numbers.Integral) and not isinstance(x, bool) and int(x) >= lo
+
+
+def _is_real(x: object, lo: float, strict: bool = False) -> bool:
+    """A finite real number >= lo (> lo with strict)."""
+    if not isinstance(x, numbers.Real) or isinstance(x, bool) or not math.isfinite(float(x)):
+        return False
+    return float(x) > lo if strict else float(x) >= lo
+
+
 def criteo_table_sizes(
     cardinalities: Sequence[int] = CRITEO_KAGGLE_CARDINALITIES,
     scale: float = 1.0,
     max_rows: Optional[int] = None,
 ) -> List[int]:
-    """Cardinalities times `scale` (rounded up, at least 1), capped at `max_rows`."""
+    """Cardinalities times `scale` (rounded up, at least 1), capped at `max_rows` (None: no cap)."""
+    if not _is_real(scale, 0, strict=True):
+        raise ValueError(f"scale must be a finite number > 0, got {scale!r}")
+    if max_rows is not None and not _is_count(max_rows, 1):
+        raise ValueError(f"max_rows must be an int >= 1 (None: no cap), got {max_rows!r}")
     sizes = [max(1, math.ceil(c * scale)) for c in cardinalities]
-    return [min(s, max_rows) for s in sizes] if max_rows else sizes
+    return [min(s, max_rows) for s in sizes] if max_rows is not None else sizes
 
 
 def criteo_tables(
@@ -95,6 +112,14 @@ class SyntheticCriteo:
         feature_names: Sequence[str] = CAT_NAMES,
         sorted_ids: bool = False,
     ) -> None:
+        for what, v, lo in (("batch_size", batch_size, 1), ("num_batches", num_batches, 1)):
+            if not _is_count(v, lo):
+                raise ValueError(f"{what} must be an int >= {lo}, got {v!r}")
+        if not _is_real(alpha, 0):
+            raise ValueError(f"alpha (the Zipf exponent) must be a finite number >= 0 (0: uniform), got {alpha!r}")
+        bad_sizes = [(i, n) for i, n in enumerate(table_sizes) if not _is_count(n, 1)]
+        if bad_sizes:
+            raise ValueError(f"table sizes must be ints >= 1, got (index, size) {bad_sizes[:5]}")
         self.sorted_ids = sorted_ids
         self.table_sizes = list(table_sizes)
         self.feature_names = list(feature_names)[: len(self.table_sizes)]
