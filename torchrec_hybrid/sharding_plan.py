@@ -1,12 +1,14 @@
-"""Hand-written plans: a ``frequency_hybrid()`` generator for ``construct_module_sharding_plan``."""
+"""Hand-written plans: a ``frequency_hybrid()`` generator for ``construct_module_sharding_plan``,
+and ``check_hot_ids``: user-given hot ids against the tables and the plan."""
 
-from typing import List, Optional, Sequence
+import warnings
+from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 from torchrec.distributed.sharding_plan import row_wise
-from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardMetadata
+from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan, ShardMetadata
 
 from torchrec_hybrid.sharding import row_blocks
-from torchrec_hybrid.types import FREQUENCY_HYBRID
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError
 
 
 def with_row_bounds(ps: ParameterSharding, bounds: Sequence[int]) -> ParameterSharding:
@@ -53,3 +55,60 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         return with_row_bounds(ps, bounds)
 
     return _generator
+
+
+PlanLike = Union[ShardingPlan, Mapping[str, ParameterSharding]]
+
+
+def planned_sharding_types(plan: PlanLike) -> Dict[str, str]:
+    """Table name -> sharding type over every module of a ``ShardingPlan`` (or of one
+    module's plan, ``{table: ParameterSharding}``)."""
+    module_plans = list(plan.plan.values()) if isinstance(plan, ShardingPlan) else [plan]
+    out: Dict[str, str] = {}
+    for module_plan in module_plans:
+        for name, ps in module_plan.items():  # type: ignore[attr-defined]
+            out[name] = ps.sharding_type
+    return out
+
+
+def embedding_table_names(module: Any) -> List[str]:
+    """Names of the tables of every EmbeddingBagCollection-like submodule of ``module``."""
+    names: Dict[str, None] = {}
+    for _, m in module.named_modules():
+        configs = getattr(m, "embedding_bag_configs", None)
+        if callable(configs):
+            names.update((c.name, None) for c in configs())
+    return list(names)
+
+
+def check_hot_ids(hot_ids: Optional[Mapping[str, Any]], plan: Optional[PlanLike] = None,
+                  tables: Optional[Iterable[str]] = None) -> List[str]:
+    """Checks which tables user-given ``hot_ids`` name, against the model and the plan.
+
+    - a name that is no table (of ``tables``; default: the tables of ``plan``) raises
+      :class:`HotSetError` listing every such name and the known tables;
+    - names of tables ``plan`` does not make ``frequency_hybrid`` give *one* ``UserWarning``
+      listing them with their planned type (their hot ids are ignored).
+
+    Returns the ignored table names. ``plan=None`` checks the names only. Only names are
+    checked here; the ids themselves are checked (range, duplicates, equal on every rank)
+    by ``normalize_hot_ids`` when the module is sharded.
+    """
+    if not hot_ids:
+        return []
+    types = planned_sharding_types(plan) if plan is not None else {}
+    known = list(dict.fromkeys(tables)) if tables is not None else list(types)
+    if tables is None and plan is None:
+        raise ValueError("check_hot_ids needs the plan or the table names")
+    unknown = [n for n in hot_ids if n not in set(known)]
+    if unknown:
+        shown = known if len(known) <= 30 else known[:30] + [f"... {len(known) - 30} more"]
+        raise HotSetError(f"hot_ids name table(s) that do not exist: {unknown}; the tables are {shown}")
+    if plan is None:
+        return []
+    ignored = [n for n in hot_ids if types.get(n) != FREQUENCY_HYBRID]
+    if ignored:
+        planned = ", ".join(f"{n}: {types.get(n, 'not in the plan')}" for n in ignored)
+        warnings.warn(f"hot_ids are ignored for {len(ignored)} table(s) the plan does not make "
+                      f"{FREQUENCY_HYBRID}: {ignored} (planned: {planned})", UserWarning, stacklevel=2)
+    return ignored
