@@ -94,3 +94,56 @@ def hot_row_sweep(mode: str) -> List[Workload]:
         base = Workload(world=4, model="ebc", multi_hot=False, alpha=1.1, types=("frequency_hybrid",), **SWEEP)
         return [replace(base, hot_rows=h) for h in (0, 100, 2000, 8000)]
     return []
+
+
+# Fields a command-line flag may set for every configuration of a run (see apply_overrides).
+OVERRIDABLE: Tuple[str, ...] = ("world", "model", "multi_hot", "alpha", "rows_cap", "dim", "batch_per_rank",
+                                "hot_rows", "warmup", "steps")
+
+
+def check_override(field: str, value) -> None:
+    """Raise ValueError naming the field and the value unless a run can use it."""
+    ok = {
+        "world": lambda v: isinstance(v, int) and v >= 2,
+        "model": lambda v: v in ("ebc", "dlrm"),
+        "multi_hot": lambda v: isinstance(v, bool),
+        "alpha": lambda v: isinstance(v, (int, float)) and 0 <= v < float("inf"),
+        "rows_cap": lambda v: isinstance(v, int) and v >= 1,
+        # column_wise splits the dim into 2 shards; FBGEMM wants shard dims in multiples of 4
+        "dim": lambda v: isinstance(v, int) and v >= 8 and v % 8 == 0,
+        "batch_per_rank": lambda v: isinstance(v, int) and v >= 1,
+        "hot_rows": lambda v: isinstance(v, int) and v >= 0,
+        "warmup": lambda v: isinstance(v, int) and v >= 0,
+        "steps": lambda v: isinstance(v, int) and v >= 1,
+    }
+    need = {"world": "an int >= 2 (the comparison needs 2 ranks)", "model": "'ebc' or 'dlrm'",
+            "multi_hot": "True or False", "alpha": "a finite number >= 0 (0: uniform ids)",
+            "rows_cap": "an int >= 1", "dim": "a multiple of 8 (column_wise makes 2 shards)",
+            "batch_per_rank": "an int >= 1", "hot_rows": "an int >= 0", "warmup": "an int >= 0",
+            "steps": "an int >= 1"}
+    if field not in ok:
+        raise ValueError(f"{field!r} cannot be overridden; fields: {list(OVERRIDABLE)}")
+    if not ok[field](value):
+        raise ValueError(f"{field} must be {need[field]}, got {value!r}")
+
+
+def apply_overrides(workloads: List[Workload], overrides: Dict[str, object]) -> List[Workload]:
+    """Every workload with each given field set: a list value gives one workload per value
+    (so ``{"world": [2, 4]}`` runs every configuration at W=2 and W=4). Configurations that
+    become identical are measured once; order is kept."""
+    out: List[Workload] = []
+    for w in workloads:
+        variants = [w]
+        for field, value in overrides.items():
+            values = list(value) if isinstance(value, (list, tuple)) else [value]
+            for v in values:
+                check_override(field, v)
+            variants = [replace(x, **{field: v}) for x in variants for v in values]
+        out += [x for x in variants if x not in out]
+    return out
+
+
+def sweep_overrides(overrides: Dict[str, object]) -> Dict[str, object]:
+    """The overrides for the hot-row sweep: one value per field (the first of a list), and
+    not the hot-set size, which the sweep varies."""
+    return {k: (v[0] if isinstance(v, (list, tuple)) else v) for k, v in overrides.items() if k != "hot_rows"}

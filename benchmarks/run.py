@@ -1,6 +1,6 @@
 """One entry point for every benchmark: frequency_hybrid against stock TorchRec sharding.
 
-    python -m benchmarks [--tiny | --quick | --headline]      (default: the full run)
+    python -m benchmarks [--tiny | --quick | --headline] [--out DIR] [overrides]   (default: the full run)
 
 --tiny      seconds; one of each kind of configuration at toy sizes (what the tests run)
 --quick     < 5 min on a 2-core CPU box: a subset of the sweep (SUBSETS), the hot-row sweep,
@@ -9,8 +9,14 @@
 (default)   < 15 min: headline + W in {2, 4} x {ebc, dlrm} x {one-hot, multi-hot} x
             {Zipf 1.05, 1.1, 1.2, uniform} at a smaller table cap, hot-row sweep, simulator
 
-Writes benchmarks/results/<mode>.json and <mode>.md, plots <mode>_bytes_vs_alpha.png and
-<mode>_bytes_vs_hot_rows.png, and (quick/full) projected.{json,md} + projected_bytes_vs_W.png.
+Overrides (--world, --batch, --rows-cap, --dim, --alpha, --multi-hot/--one-hot, --model,
+--hot-rows, --steps, --warmup) set that field in every configuration of the mode; a flag given
+several values (``--world 2 4``) runs every configuration at each.
+
+Writes into --out (default ./out/benchmarks, which .gitignore covers; the committed results
+are regenerated only with ``--out benchmarks/results``): <mode>.json and <mode>.md, plots
+<mode>_bytes_vs_alpha.png and <mode>_bytes_vs_hot_rows.png, and (quick/full) projected.{json,md}
++ projected_bytes_vs_W.png.
 """
 
 import argparse
@@ -26,10 +32,19 @@ from typing import Dict, List
 if __package__ in (None, ""):  # `python benchmarks/run.py`
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from benchmarks.config import Workload, hot_row_sweep, mode_workloads  # noqa: E402
+from benchmarks.config import (  # noqa: E402
+    HEADLINE,
+    Workload,
+    apply_overrides,
+    check_override,
+    hot_row_sweep,
+    mode_workloads,
+    sweep_overrides,
+)
 
 logger = logging.getLogger("benchmarks")
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results")  # committed results
+DEFAULT_OUT = os.path.join("out", "benchmarks")  # relative to the working directory; .gitignore has /out/
 TARGETS = {"bytes_hybrid_over_table_wise": 0.5, "time_hybrid_over_fastest_stock": 1.1}
 SUBSETS = {
     "tiny": "W=2 only: ebc one-hot at Zipf 1.1 and uniform, dlrm multi-hot at Zipf 1.1; toy sizes "
@@ -51,7 +66,11 @@ def _cuda() -> bool:
 
 
 def measure(workloads: List[Workload]) -> List[Dict]:
-    """Runs workloads grouped by (world, device) in one process group each; summaries in order."""
+    """Runs workloads grouped by (world, device) in one process group each; summaries in order.
+
+    Progress: rank 0 of each group shows a tqdm bar over its configurations; each group
+    is announced with how many configurations the run has done and has left.
+    """
     from benchmarks.launch import run_group
     from benchmarks.report import summarize
 
@@ -59,12 +78,81 @@ def measure(workloads: List[Workload]) -> List[Dict]:
     for i, w in enumerate(workloads):
         groups.setdefault((w.world, w.device), []).append(i)
     out: List[Dict] = [None] * len(workloads)
-    for (world, device), idx in groups.items():
-        logger.info("W=%d %s: %d configurations", world, device, len(idx))
+    done, t0 = 0, time.time()
+    for g, ((world, device), idx) in enumerate(groups.items()):
+        logger.info("group %d/%d: W=%d %s, %d configurations (%d of %d done, %.0f s so far)", g + 1, len(groups),
+                    world, device, len(idx), done, len(workloads), time.time() - t0)
         raw = run_group([workloads[i] for i in idx], timeout=1800)
         for i, r in zip(idx, raw):
             out[i] = summarize(workloads[i], r)
+        done += len(idx)
     return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    g = p.add_mutually_exclusive_group()
+    for m in ("tiny", "quick", "headline"):
+        g.add_argument(f"--{m}", dest="mode", action="store_const", const=m)
+    g.add_argument("--ci", dest="mode", action="store_const", const="tiny", help="same as --tiny")
+    p.add_argument("--out", default=DEFAULT_OUT,
+                   help=f"results folder (default: ./{DEFAULT_OUT}; the committed ones: --out benchmarks/results)")
+    p.add_argument("--no-simulate", action="store_true", help="skip the large-cluster projection")
+    o = p.add_argument_group("overrides", "set a field in every configuration of the mode "
+                                          "(several values: every configuration at each)")
+    o.add_argument("--world", type=_field(int, "world"), nargs="+", metavar="W", help="ranks (>= 2)")
+    o.add_argument("--batch", type=_field(int, "batch_per_rank"), metavar="B", help="samples per rank per step")
+    o.add_argument("--rows-cap", type=_field(int, "rows_cap"), metavar="N",
+                   help="cap on rows per table (Criteo-Kaggle cardinalities)")
+    o.add_argument("--dim", type=_field(int, "dim"), metavar="D", help="embedding dim (a multiple of 8)")
+    o.add_argument("--alpha", type=_field(float, "alpha"), nargs="+", metavar="A",
+                   help="Zipf exponent of the ids (0: uniform)")
+    hot = o.add_mutually_exclusive_group()
+    hot.add_argument("--multi-hot", dest="multi_hot", action="store_const", const=True,
+                     help="MLPerf DLRMv2 multi-hot bag sizes")
+    hot.add_argument("--one-hot", dest="multi_hot", action="store_const", const=False, help="one id per feature")
+    o.add_argument("--model", choices=["ebc", "dlrm"], nargs="+", help="EBC + loss, or a full DLRM")
+    o.add_argument("--hot-rows", type=_field(int, "hot_rows"), metavar="H",
+                   help="hot rows of the hybrid, over all tables (the hot-row sweep still varies it)")
+    o.add_argument("--steps", type=_field(int, "steps"), metavar="S", help="timed steps per model")
+    o.add_argument("--warmup", type=_field(int, "warmup"), metavar="S", help="untimed steps per model first")
+    return p
+
+
+FLAG_FIELDS = {"world": "world", "batch": "batch_per_rank", "rows_cap": "rows_cap", "dim": "dim",
+               "alpha": "alpha", "multi_hot": "multi_hot", "model": "model", "hot_rows": "hot_rows",
+               "steps": "steps", "warmup": "warmup"}
+
+
+def _field(kind, field: str):
+    """argparse type for a Workload field: parsed by `kind`, checked by config.check_override,
+    so argparse reports ``argument --flag: <field> must be ..., got <value>``."""
+    def parse(text: str):
+        try:
+            v = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{field} must be {kind.__name__}, got {text!r}") from None
+        try:
+            check_override(field, v)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(str(e)) from None
+        return v
+
+    parse.__name__ = field
+    return parse
+
+
+def overrides_of(args: argparse.Namespace) -> Dict[str, object]:
+    """The Workload fields the command line sets."""
+    return {field: getattr(args, flag) for flag, field in FLAG_FIELDS.items() if getattr(args, flag) is not None}
+
+
+def plan_run(mode: str, overrides: Dict[str, object], cuda: bool = False):
+    """(main configurations, hot-row sweep) of a mode with the overrides applied."""
+    main_w = apply_overrides(mode_workloads(mode, cuda=cuda), overrides)
+    sweep_w = apply_overrides(hot_row_sweep(mode), sweep_overrides(overrides))
+    return main_w, sweep_w
 
 
 def _reference(results: List[Dict], sweep: List[Dict]) -> Dict:
@@ -79,14 +167,7 @@ def _reference(results: List[Dict], sweep: List[Dict]) -> Dict:
 
 
 def main(argv=None) -> Dict:
-    p = argparse.ArgumentParser(description="frequency_hybrid vs stock TorchRec sharding benchmarks")
-    g = p.add_mutually_exclusive_group()
-    for m in ("tiny", "quick", "headline"):
-        g.add_argument(f"--{m}", dest="mode", action="store_const", const=m)
-    g.add_argument("--ci", dest="mode", action="store_const", const="tiny", help="same as --tiny")
-    p.add_argument("--out", default=RESULTS, help="results folder")
-    p.add_argument("--no-simulate", action="store_true")
-    a = p.parse_args(argv)
+    a = build_parser().parse_args(argv)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: no orphaned ranks
     mode = a.mode or "full"
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -94,7 +175,10 @@ def main(argv=None) -> Dict:
     os.makedirs(a.out, exist_ok=True)
     t0 = time.time()
     cuda = _cuda()
-    main_w, sweep_w = mode_workloads(mode, cuda=cuda), hot_row_sweep(mode)
+    overrides = overrides_of(a)
+    main_w, sweep_w = plan_run(mode, overrides, cuda=cuda)
+    logger.info("%s run: %d configurations + %d in the hot-row sweep%s; writing to %s", mode, len(main_w),
+                len(sweep_w), f", overrides {overrides}" if overrides else "", os.path.abspath(a.out))
     res = measure(main_w + sweep_w)
     results, sweep = res[:len(main_w)], res[len(main_w):]
 
@@ -105,7 +189,8 @@ def main(argv=None) -> Dict:
         files["bytes_vs_alpha"] = plots.bytes_vs_alpha(results, os.path.join(a.out, f"{mode}_bytes_vs_alpha.png"))
         files["bytes_vs_hot_rows"] = plots.bytes_vs_hot_rows(
             sweep, _reference(results, sweep), os.path.join(a.out, f"{mode}_bytes_vs_hot_rows.png"))
-    md = report.markdown(results + sweep, f"Benchmarks ({mode} run)")
+    title = f"Benchmarks ({mode} run" + (f", overrides {overrides})" if overrides else ")")
+    md = report.markdown(results + sweep, title)
     if mode in ("quick", "full") and not a.no_simulate:
         from benchmarks import simulate
 
@@ -116,7 +201,7 @@ def main(argv=None) -> Dict:
         md += "\n" + simulate.markdown(sim)
         files["projected_bytes_vs_W"] = os.path.join(a.out, "projected_bytes_vs_W.png")
     doc = {
-        "mode": mode, "subset": SUBSETS[mode], "runtime_s": time.time() - t0,
+        "mode": mode, "subset": SUBSETS[mode], "overrides": overrides, "runtime_s": time.time() - t0,
         "machine": {"cpus": os.cpu_count(), "cuda": cuda, "python": platform.python_version(),
                     "platform": platform.platform()},
         "definitions": {
@@ -132,8 +217,7 @@ def main(argv=None) -> Dict:
         },
         "targets": TARGETS, "configurations": results, "hot_row_sweep": sweep, "files": files,
     }
-    headline = [r for r in results if r["workload"]["name"] == mode_workloads("headline")[0].name
-                and len(r["workload"]["types"]) > 1]
+    headline = [r for r in results if r["workload"] == HEADLINE.as_dict()]  # every field, not just the name
     if headline:
         doc["headline"] = _headline(headline[0])
     name = "headline" if mode == "headline" else mode

@@ -15,14 +15,16 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def tiny(tmp_path_factory):
     out = tmp_path_factory.mktemp("bench")
-    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--tiny", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
+    # --warmup/--steps: tiny's own values, so the override path runs without changing the run
+    proc = subprocess.run([sys.executable, "-m", "benchmarks", "--tiny", "--out", str(out), "--warmup", "1",
+                           "--steps", "3"], cwd=ROOT, capture_output=True, text=True, timeout=240)
     assert proc.returncode == 0, proc.stderr[-4000:]
     return out, json.loads((out / "tiny.json").read_text())
 
 
 def test_every_promised_configuration_is_there(tiny):
     _, doc = tiny
+    assert doc["overrides"] == {"warmup": 1, "steps": 3}
     names = [c["workload"]["name"] for c in doc["configurations"]]
     assert names == [w.name for w in mode_workloads("tiny")]
     kinds = {(c["workload"]["model"], c["workload"]["multi_hot"]) for c in doc["configurations"]}

@@ -1,0 +1,89 @@
+"""`python -m benchmarks` flags: overrides reach every configuration, bad values are refused naming
+flag and value, output goes outside the committed results by default, plots stay readable (issue 17)."""
+
+import os
+
+import matplotlib.pyplot as plt
+import pytest
+
+from benchmarks import plots
+from benchmarks.config import SHARDING_TYPES, apply_overrides, hot_row_sweep, mode_workloads
+from benchmarks.run import DEFAULT_OUT, RESULTS, build_parser, overrides_of, plan_run
+
+
+def test_default_output_is_not_the_committed_results():
+    a = build_parser().parse_args([])
+    assert a.out == DEFAULT_OUT == os.path.join("out", "benchmarks")
+    assert os.path.abspath(a.out) != RESULTS and overrides_of(a) == {}
+
+
+@pytest.mark.parametrize("flag, value", [
+    ("--world", "1"), ("--world", "x"), ("--batch", "0"), ("--rows-cap", "0"), ("--dim", "12"), ("--dim", "0"),
+    ("--alpha", "-1"), ("--alpha", "inf"), ("--steps", "0"), ("--warmup", "-1"), ("--hot-rows", "-5"),
+    ("--model", "mlp"),
+])
+def test_bad_values_are_refused_naming_flag_and_value(capsys, flag, value):
+    with pytest.raises(SystemExit) as e:
+        build_parser().parse_args(["--tiny", flag, value])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"argument {flag}:" in err and value in err, err
+
+
+def test_overrides_reach_every_configuration():
+    a = build_parser().parse_args(["--tiny", "--world", "2", "3", "--batch", "32", "--rows-cap", "500", "--dim", "32",
+                                   "--alpha", "1.2", "--multi-hot", "--steps", "2", "--warmup", "0",
+                                   "--hot-rows", "50"])
+    ov = overrides_of(a)
+    assert ov == {"world": [2, 3], "batch_per_rank": 32, "rows_cap": 500, "dim": 32, "alpha": [1.2],
+                  "multi_hot": True, "hot_rows": 50, "steps": 2, "warmup": 0}
+    main_w, sweep_w = plan_run("tiny", ov)
+    # tiny's ebc Zipf 1.1 / ebc uniform / dlrm become ebc and dlrm at Zipf 1.2, multi-hot: 2 per world size
+    assert [(w.world, w.model) for w in main_w] == [(2, "ebc"), (3, "ebc"), (2, "dlrm"), (3, "dlrm")]
+    for w in main_w:
+        assert (w.batch_per_rank, w.rows_cap, w.dim, w.alpha, w.multi_hot, w.steps, w.warmup, w.hot_rows) == \
+            (32, 500, 32, 1.2, True, 2, 0, 50)
+        assert w.types == SHARDING_TYPES
+    # the sweep takes the first world size and keeps varying the hot-set size
+    assert [w.hot_rows for w in sweep_w] == [w.hot_rows for w in hot_row_sweep("tiny")]
+    assert {(w.world, w.dim, w.alpha, w.multi_hot) for w in sweep_w} == {(2, 32, 1.2, True)}
+
+
+def test_no_overrides_keep_the_modes():
+    for mode in ("tiny", "quick", "full", "headline"):
+        assert plan_run(mode, {}) == (mode_workloads(mode), hot_row_sweep(mode))
+    with pytest.raises(ValueError, match="dim must be a multiple of 8.*got 12"):
+        apply_overrides(mode_workloads("tiny"), {"dim": 12})
+
+
+def _result(w, alpha):
+    rs = {k: {"bytes_per_rank_per_step": (i + 1) * 1e5 * (1 + alpha), "expected_bytes_per_rank_per_step": 1e5}
+          for i, k in enumerate(SHARDING_TYPES)}
+    return {"workload": {**w.as_dict(), "alpha": alpha}, "results": rs,
+            "hot_set": {"hot_rows_total": w.hot_rows}}
+
+
+def test_plots_have_at_most_eight_series_and_labelled_log_axes(tmp_path, monkeypatch):
+    figs = []
+    monkeypatch.setattr(plots.plt, "close", figs.append)
+    base = mode_workloads("quick")[0]
+    results = [_result(base, a) for a in (0.0, 1.05, 1.1, 1.2)]
+    assert plots.bytes_vs_alpha(results, str(tmp_path / "a.png"))
+    sweep = [{**_result(w, 1.1), "results": {"frequency_hybrid": _result(w, 1.1)["results"]["frequency_hybrid"]}}
+             for w in hot_row_sweep("quick")]
+    assert plots.bytes_vs_hot_rows(sweep, results[2], str(tmp_path / "h.png"))
+    monkeypatch.undo()
+    assert len(figs) == 2
+    for fig in figs:
+        for ax in fig.axes:
+            if not ax.get_visible():
+                continue
+            lines = ax.get_lines()
+            assert 0 < len(lines) <= plots.MAX_SERIES
+            styles = [(ln.get_color(), ln.get_linestyle(), ln.get_marker()) for ln in lines]
+            assert len(set(styles)) == len(styles)  # no two series look alike
+            for axis, label in (("x", ax.get_xlabel()), ("y", ax.get_ylabel())):
+                if getattr(ax, f"get_{axis}scale")() == "log":
+                    assert "log" in label, label
+        plt.close(fig)
+    assert (tmp_path / "a.png").stat().st_size > 1000 and (tmp_path / "h.png").stat().st_size > 1000
