@@ -1,22 +1,32 @@
-"""Config for the DLRM example: one YAML file plus command-line overrides.
+"""Config for the DLRM example: a validated schema, one YAML file and command-line overrides.
 
-The YAML file is a nested mapping (see configs/dlrm.yaml for every key). Overrides:
+The schema is the dataclasses below (configs/dlrm.yaml documents every key). Loading checks
+every key and value: an unknown key, a value of the wrong type or out of range raises
+:class:`ConfigError` naming the key (``data.batch_size``) and the allowed keys or values.
+A key the file leaves out takes the default shown here.
+
+``sharding.hot_set`` and ``sharding.tables`` are the hybrid planner's own sections, with the
+same names and keys as in configs/planner.yaml, and are checked by the same functions
+(``torchrec_hybrid.planner.config.parse_hot_set`` / ``parse_table_constraints``).
+
+Overrides:
 
 - ``--set a.b=value`` (repeatable); the value is parsed as YAML (``--set train.steps=50``,
   ``--set model.dense_arch=[64,16]``, ``--set checkpoint.dir=null``);
 - shortcuts for the common ones: ``--steps``, ``--batch-size``, ``--planner``,
   ``--checkpoint-dir``, ``--resume``, ``--seed``.
-
-An override of a key the file does not have is an error (it is almost always a typo).
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
-from typing import Any, Dict, List, Optional, Sequence
+import dataclasses
+import typing
+from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
 import yaml
+
+from torchrec_hybrid.planner.config import parse_hot_set, parse_table_constraints
 
 SHORTCUTS = {  # --flag -> config key
     "steps": "train.steps",
@@ -27,53 +37,322 @@ SHORTCUTS = {  # --flag -> config key
 }
 
 
-class Config(dict):
-    """A nested dict whose keys also read as attributes (``cfg.train.steps``)."""
+class ConfigError(ValueError):
+    """A config key or value is not allowed; the message names the key."""
 
-    def __getattr__(self, name: str) -> Any:
-        try:
-            return self[name]
-        except KeyError as e:
-            raise AttributeError(name) from e
 
-    @staticmethod
-    def wrap(value: Any) -> Any:
-        if isinstance(value, dict):
-            return Config({k: Config.wrap(v) for k, v in value.items()})
-        if isinstance(value, list):
-            return [Config.wrap(v) for v in value]
+def _check(fn, text: str) -> Dict[str, Any]:
+    """Field metadata: ``fn(value)`` must hold, else ``text`` describes what is allowed."""
+    return {"check": fn, "allowed": text}
+
+
+def _positive(text: str = "a number > 0") -> Dict[str, Any]:
+    return _check(lambda v: v > 0, text)
+
+
+def _non_negative(text: str = "a number >= 0") -> Dict[str, Any]:
+    return _check(lambda v: v >= 0, text)
+
+
+@dataclasses.dataclass
+class DistConfig:
+    backend: Literal["auto", "gloo", "nccl"] = "auto"
+    timeout_s: float = dataclasses.field(default=300.0, metadata=_positive())
+
+
+@dataclasses.dataclass
+class LabelConfig:
+    base_ctr: float = dataclasses.field(default=0.25, metadata=_check(lambda v: 0 < v < 1, "a number in (0, 1)"))
+    dense_weight_std: float = dataclasses.field(default=1.0, metadata=_non_negative())
+    effect_features: List[str] = dataclasses.field(default_factory=list)
+    effect_std: float = dataclasses.field(default=0.7, metadata=_non_negative())
+
+
+@dataclasses.dataclass
+class DataConfig:
+    source: Literal["synthetic", "criteo_tsv", "criteo_npy"] = "synthetic"
+    paths: List[str] = dataclasses.field(default_factory=list)
+    dir: Optional[str] = None
+    validation_paths: List[str] = dataclasses.field(default_factory=list)  # criteo_tsv held-out files
+    validation_dir: Optional[str] = None  # criteo_npy held-out days
+    batch_size: int = dataclasses.field(default=2048, metadata=_positive("an integer > 0"))
+    cardinalities: Union[Literal["kaggle", "terabyte"], List[int]] = "kaggle"
+    scale: float = dataclasses.field(default=0.05, metadata=_positive())
+    max_rows: Optional[int] = dataclasses.field(default=None, metadata=_positive("null or an integer > 0"))
+    multi_hot: Union[bool, List[int]] = False
+    alpha: float = dataclasses.field(default=1.1, metadata=_non_negative())
+    label: LabelConfig = dataclasses.field(default_factory=LabelConfig)
+
+
+@dataclasses.dataclass
+class ModelConfig:
+    embedding_dim: int = dataclasses.field(default=16, metadata=_positive("an integer > 0"))
+    pooling: Literal["sum", "mean"] = "sum"
+    dense_arch: List[int] = dataclasses.field(default_factory=lambda: [64, 16])
+    over_arch: List[int] = dataclasses.field(default_factory=lambda: [64, 32, 1])
+
+
+@dataclasses.dataclass
+class EmbeddingOptimConfig:
+    optimizer: Literal["sgd", "adagrad", "rowwise_adagrad"] = "rowwise_adagrad"
+    lr: float = dataclasses.field(default=0.05, metadata=_positive())
+    eps: float = dataclasses.field(default=1e-8, metadata=_non_negative())
+
+
+@dataclasses.dataclass
+class DenseOptimConfig:
+    optimizer: Literal["sgd", "adagrad", "adam"] = "adagrad"
+    lr: float = dataclasses.field(default=0.05, metadata=_positive())
+    eps: float = dataclasses.field(default=1e-8, metadata=_non_negative())
+
+
+@dataclasses.dataclass
+class OptimConfig:
+    embedding: EmbeddingOptimConfig = dataclasses.field(default_factory=EmbeddingOptimConfig)
+    dense: DenseOptimConfig = dataclasses.field(default_factory=DenseOptimConfig)
+
+
+@dataclasses.dataclass
+class StatsConfig:
+    batches: int = dataclasses.field(default=20, metadata=_non_negative("an integer >= 0"))
+    file: Optional[str] = None
+    save: Optional[str] = None
+
+
+@dataclasses.dataclass
+class ManualHotSetConfig:
+    """``HotSetRule`` of the manual planner: exactly one of the three."""
+
+    coverage: Optional[float] = dataclasses.field(
+        default=None, metadata=_check(lambda v: 0 < v <= 1, "null or a number in (0, 1]"))
+    rows_per_table: Optional[int] = dataclasses.field(default=None, metadata=_non_negative("null or an integer >= 0"))
+    memory_budget_bytes: Optional[int] = dataclasses.field(default=None,
+                                                           metadata=_non_negative("null or an integer >= 0"))
+
+
+@dataclasses.dataclass
+class ShardingConfig:
+    planner: Literal["hybrid", "manual", "stock"] = "hybrid"
+    stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
+    # hybrid planner: the same keys as configs/planner.yaml's hot_set / tables
+    hot_set: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    tables: Dict[str, Any] = dataclasses.field(default_factory=dict)
+    manual_hot_set: ManualHotSetConfig = dataclasses.field(default_factory=lambda: ManualHotSetConfig(coverage=0.8))
+
+
+@dataclasses.dataclass
+class TrainConfig:
+    steps: int = dataclasses.field(default=1000, metadata=_non_negative("an integer >= 0"))
+    threads: int = dataclasses.field(default=1, metadata=_positive("an integer > 0"))
+    log_every: int = dataclasses.field(default=100, metadata=_non_negative("an integer >= 0"))
+    progress_bar: bool = True
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+
+
+@dataclasses.dataclass
+class MetricsConfig:
+    window: int = dataclasses.field(default=100, metadata=_positive("an integer > 0"))
+    warmup_steps: int = dataclasses.field(default=10, metadata=_non_negative("an integer >= 0"))
+    validation_every: int = dataclasses.field(default=0, metadata=_non_negative("an integer >= 0"))
+    validation_batches: int = dataclasses.field(default=0, metadata=_non_negative("an integer >= 0"))
+    jsonl: Optional[str] = None
+
+
+@dataclasses.dataclass
+class CheckpointConfig:
+    dir: Optional[str] = None
+    every: int = dataclasses.field(default=0, metadata=_non_negative("an integer >= 0"))
+    keep_last: int = dataclasses.field(default=0, metadata=_non_negative("an integer >= 0"))
+    resume: bool = False
+    load_optimizer: bool = True
+    on_signal: bool = True
+
+
+@dataclasses.dataclass
+class Config:
+    seed: int = 0
+    dist: DistConfig = dataclasses.field(default_factory=DistConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    sharding: ShardingConfig = dataclasses.field(default_factory=ShardingConfig)
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    metrics: MetricsConfig = dataclasses.field(default_factory=MetricsConfig)
+    checkpoint: CheckpointConfig = dataclasses.field(default_factory=CheckpointConfig)
+
+    def to_dict(self) -> Dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+# ---------------------------------------------------------------------------- validation
+
+def _type_name(tp: Any) -> str:
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if origin is Union:
+        return " or ".join("null" if a is type(None) else _type_name(a) for a in typing.get_args(tp))
+    if origin in (list, List):
+        return f"a list of {_type_name(typing.get_args(tp)[0])}"
+    if origin in (dict, Dict):
+        return "a mapping"
+    if dataclasses.is_dataclass(tp):
+        return "a mapping"
+    return {int: "an integer", float: "a number", bool: "true/false", str: "a string"}.get(tp, str(tp))
+
+
+def _convert(value: Any, tp: Any, where: str) -> Any:
+    """``value`` as type ``tp``, or ConfigError naming ``where`` and what is allowed."""
+    origin = typing.get_origin(tp)
+    fail = ConfigError(f"{where}: expected {_type_name(tp)}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        return _build(tp, value, where)
+    if origin is Union:
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise fail
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _convert(value, arg, where)
+            except ConfigError:
+                continue
+        raise fail
+    if origin is Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise fail
+    if origin in (list, List):
+        if not isinstance(value, list):
+            raise fail
+        (item,) = typing.get_args(tp)
+        return [_convert(v, item, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin in (dict, Dict):
+        if value is None:
+            return {}
+        if not isinstance(value, dict):
+            raise fail
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise fail
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise fail
         return value
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise fail
+        return float(value)
+    if tp is str:
+        if isinstance(value, str):
+            return value
+        raise fail
+    if tp is Any:
+        return value
+    raise TypeError(f"{where}: unsupported schema type {tp!r}")
+
+
+def _build(cls: Any, raw: Any, where: str = "") -> Any:
+    label = where or "config"
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{label}: expected a mapping, got {raw!r}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(raw) - set(fields))
+    if unknown:
+        key = f"{where}.{unknown[0]}" if where else str(unknown[0])
+        raise ConfigError(f"unknown config key {key!r}; allowed keys{' in ' + where if where else ''}: "
+                          f"{sorted(fields)}")
+    hints = typing.get_type_hints(cls)
+    kwargs = {}
+    for name, value in raw.items():
+        key = f"{where}.{name}" if where else name
+        converted = _convert(value, hints[name], key)
+        check = fields[name].metadata.get("check")
+        if check is not None and converted is not None and not check(converted):
+            raise ConfigError(f"{key}: expected {fields[name].metadata['allowed']}, got {value!r}")
+        kwargs[name] = converted
+    return cls(**kwargs)
+
+
+def _validate(cfg: Config) -> None:
+    """Checks that span keys, and the planner sections (same parser as configs/planner.yaml)."""
+    m = cfg.model
+    if m.dense_arch and m.dense_arch[-1] != m.embedding_dim:
+        raise ConfigError(f"model.dense_arch: the last size must equal model.embedding_dim "
+                          f"({m.embedding_dim}), got {m.dense_arch}")
+    if not m.over_arch or m.over_arch[-1] != 1:
+        raise ConfigError(f"model.over_arch: the last size must be 1 (one logit), got {m.over_arch}")
+    if any(v <= 0 for v in m.dense_arch + m.over_arch):
+        raise ConfigError(f"model.dense_arch/over_arch: sizes must be > 0, got {m.dense_arch} / {m.over_arch}")
+    rule = {k: v for k, v in dataclasses.asdict(cfg.sharding.manual_hot_set).items() if v is not None}
+    if len(rule) != 1:
+        raise ConfigError(f"sharding.manual_hot_set: give exactly one of ['coverage', 'memory_budget_bytes', "
+                          f"'rows_per_table'], got {rule}")
+    parse_hot_set(cfg.sharding.hot_set, "sharding.hot_set")  # PlannerConfigError (a ValueError) names the key
+    parse_table_constraints(cfg.sharding.tables, "sharding.tables")
+    if cfg.data.source == "criteo_tsv" and not cfg.data.paths:
+        raise ConfigError("data.paths: data.source 'criteo_tsv' needs at least one file")
+    if cfg.data.source == "criteo_npy" and not cfg.data.dir:
+        raise ConfigError("data.dir: data.source 'criteo_npy' needs a directory")
+
+
+def config_from_dict(raw: Dict[str, Any]) -> Config:
+    """The validated :class:`Config` of a nested mapping (raises :class:`ConfigError`)."""
+    cfg = _build(Config, raw)
+    _validate(cfg)
+    return cfg
 
 
 def set_key(cfg: Dict[str, Any], dotted: str, value: Any) -> None:
-    """``cfg[a][b] = value`` for ``dotted == "a.b"``; the key must already exist."""
-    node = cfg
+    """``cfg[a][b] = value`` for ``dotted == "a.b"``; the key must be in the schema."""
+    node, cls = cfg, Config
     parts = dotted.split(".")
     for i, part in enumerate(parts):
-        if not isinstance(node, dict) or part not in node:
-            raise KeyError(f"unknown config key {'.'.join(parts[: i + 1])!r} in override {dotted!r}")
+        fields = {f.name: f for f in dataclasses.fields(cls)} if cls is not None else None
+        where = ".".join(parts[: i + 1])
+        if fields is not None and part not in fields:
+            raise ConfigError(f"unknown config key {where!r} in override {dotted!r}; allowed: {sorted(fields)}")
         if i == len(parts) - 1:
             node[part] = value
-        else:
-            node = node[part]
+            return
+        tp = typing.get_type_hints(cls)[part] if cls is not None else None
+        cls = tp if tp is not None and dataclasses.is_dataclass(tp) else None
+        child = node.get(part)
+        if child is None:
+            child = node[part] = {}
+        if not isinstance(child, dict):
+            raise ConfigError(f"override {dotted!r}: {where} is not a mapping")
+        node = child
 
 
 def parse_override(text: str) -> tuple:
     if "=" not in text:
-        raise ValueError(f"override {text!r} is not key=value")
+        raise ConfigError(f"override {text!r} is not key=value")
     key, raw = text.split("=", 1)
     return key.strip(), yaml.safe_load(raw) if raw.strip() else None
 
 
 def load_config(path: str, overrides: Sequence[str] = (), values: Optional[Dict[str, Any]] = None) -> Config:
     """The YAML file, then ``key=value`` overrides (parsed as YAML), then typed ``values``."""
-    with open(path) as f:
-        cfg = copy.deepcopy(yaml.safe_load(f) or {})
+    try:
+        with open(path) as f:
+            raw = yaml.safe_load(f) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file {path!r} does not exist") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{path}: not valid YAML: {e}") from e
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top, got {type(raw).__name__}")
     for text in overrides:
-        set_key(cfg, *parse_override(text))
+        set_key(raw, *parse_override(text))
     for key, value in (values or {}).items():
-        set_key(cfg, key, value)
-    return Config.wrap(cfg)
+        set_key(raw, key, value)
+    return config_from_dict(raw)
 
 
 def build_arg_parser() -> argparse.ArgumentParser:

@@ -64,7 +64,7 @@ def table_sizes_from_config(data_cfg) -> List[int]:
     cards = CARDINALITIES[cards] if isinstance(cards, str) else list(cards)
     if len(cards) != CAT_FEATURE_COUNT:
         raise ValueError(f"need {CAT_FEATURE_COUNT} cardinalities, got {len(cards)}")
-    return criteo_table_sizes(cards, scale=float(data_cfg.scale), max_rows=data_cfg.get("max_rows"))
+    return criteo_table_sizes(cards, scale=float(data_cfg.scale), max_rows=data_cfg.max_rows)
 
 
 def _seed_for(*parts: int) -> int:
@@ -231,11 +231,36 @@ class CriteoNpyBatches:
                         labels=b.labels.float())
 
 
+# synthetic held-out batches: indices no training run reaches (batch i has its own seed)
+VALIDATION_OFFSET = 1 << 40
+
+
+def build_validation(cfg, rank: int, world_size: int):
+    """Held-out batches for the validation pass, or None when the config names none.
+
+    synthetic: the same generator at indices from ``VALIDATION_OFFSET`` (never trained on);
+    criteo_tsv / criteo_npy: ``data.validation_paths`` / ``data.validation_dir``.
+    Returns a callable giving a fresh iterator (every pass sees the same batches).
+    """
+    d = cfg.data
+    if d.source == "synthetic":
+        src, _ = build_data(cfg, rank, world_size)
+        return lambda: src.batches(VALIDATION_OFFSET)
+    sizes = table_sizes_from_config(d)
+    if d.source == "criteo_tsv" and d.validation_paths:
+        tsv = CriteoTSVBatches(d.validation_paths, sizes, d.batch_size, rank, world_size)
+        return lambda: tsv.batches(0)
+    if d.source == "criteo_npy" and d.validation_dir:
+        npy = CriteoNpyBatches(d.validation_dir, sizes, d.batch_size, rank, world_size)
+        return lambda: npy.batches(0)
+    return None
+
+
 def build_data(cfg, rank: int, world_size: int):
     """(source, tables) for the config's ``data`` section; tables are ``t_cat_i`` configs."""
     d = cfg.data
     sizes = table_sizes_from_config(d)
-    pooling = PoolingType[str(cfg.model.get("pooling", "sum")).upper()]
+    pooling = PoolingType[str(cfg.model.pooling).upper()]
     tables: List[EmbeddingBagConfig] = [dataclasses.replace(t, pooling=pooling)
                                         for t in criteo_tables(sizes, embedding_dim=cfg.model.embedding_dim)]
     if d.source == "synthetic":

@@ -8,15 +8,23 @@
               each hybrid table (options under ``sharding.hybrid``);
   ``manual``  every table ``frequency_hybrid`` (hot rows replicated, cold rows row-wise);
   ``stock``   TorchRec's ``EmbeddingShardingPlanner`` with the stock sharder (comparison).
-- ``build_optimizer``: embeddings use FBGEMM's fused optimizer (applied in backward); the
-  dense parameters get a torch optimizer; both are combined as in TorchRec's DLRM example.
+- ``build_optimizer``: every embedding table gets the same optimizer whatever its sharding:
+  FBGEMM's fused one (applied in backward) for sharded tables, the same algorithm as a torch
+  optimizer (``torchrec.optim.RowWiseAdagrad`` for ``rowwise_adagrad``) for data-parallel
+  tables (DDP gives them the gradient a sharded table's kernel sees: the same state after
+  the same steps, ``tests/examples``). The MLPs get ``optim.dense``. So a table trains the same way under
+  any plan, and its optimizer state (one accumulator per row) maps between plans.
+- ``init_embeddings``: every table's initial weights are a function of (seed, table, row,
+  column) only, so two plans start from the same model.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
+import math
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -31,8 +39,11 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
 from torchrec.optim.optimizers import in_backward_optimizer_filter
+from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
+from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder, frequency_hybrid
+from torchrec_hybrid.planner.config import parse_hot_set, parse_table_constraints
 from torchrec_hybrid.stats import FrequencyStats, HotSetRule
 
 logger = logging.getLogger(__name__)
@@ -44,6 +55,10 @@ EMB_OPTIMIZERS = {
     "adagrad": EmbOptimType.EXACT_ADAGRAD,
     "rowwise_adagrad": EmbOptimType.EXACT_ROWWISE_ADAGRAD,
 }
+# the same algorithms as torch optimizers, for data-parallel tables (FBGEMM's fused kernels
+# need a sharded table); their per-row state is named as the fused optimizer names it
+REPLICATED_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "rowwise_adagrad": RowWiseAdagrad}
+TORCH_TO_FUSED_STATE = {"sum": "momentum1"}
 DENSE_OPTIMIZERS = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "adam": torch.optim.Adam}
 
 
@@ -67,10 +82,10 @@ def fused_params(cfg) -> Dict:
 
 
 def hot_set_rule(cfg) -> HotSetRule:
-    h = dict(cfg.sharding.hot_set)
-    opt = cfg.optim.embedding.optimizer
+    """The manual planner's rule (``sharding.manual_hot_set``: exactly one key is set)."""
+    h = {k: v for k, v in dataclasses.asdict(cfg.sharding.manual_hot_set).items() if v is not None}
     if "memory_budget_bytes" in h:
-        h.setdefault("optimizer", opt)
+        h.setdefault("optimizer", cfg.optim.embedding.optimizer)
     return HotSetRule(**h)
 
 
@@ -97,8 +112,8 @@ def _topology(world_size: int, device: torch.device) -> Topology:
 
 def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot_ids: Dict[str, torch.Tensor],
                world_size: int, device: torch.device, pg: dist.ProcessGroup
-               ) -> Tuple[ShardingPlan, ModuleSharder, str]:
-    """(plan, sharder, planner actually used).
+               ) -> Tuple[ShardingPlan, ModuleSharder, str, Any]:
+    """(plan, sharder, planner actually used, the planner object or None for ``manual``).
 
     ``hybrid``: the planner picks each table's type and, for hybrid tables, its hot set
     (carried in the plan) from the statistics. ``manual``: every table ``frequency_hybrid``
@@ -107,25 +122,40 @@ def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot
     kind = cfg.sharding.planner
     fp = fused_params(cfg)
     topology = _topology(world_size, device)
+    constraints = parse_table_constraints(cfg.sharding.tables, "sharding.tables") or None
     if kind == "stock":
         sharder = EmbeddingBagCollectionSharder(fused_params=fp)
-        planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size)
-        return planner.collective_plan(model, [sharder], pg), sharder, "stock"
+        planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size,
+                                           constraints=_without_hybrid(constraints))
+        return planner.collective_plan(model, [sharder], pg), sharder, "stock", planner
     if kind not in ("hybrid", "manual"):
         raise ValueError(f"sharding.planner must be hybrid, stock or manual, got {kind!r}")
     sharder = HybridEmbeddingBagCollectionSharder(hot_ids=hot_ids, fused_params=fp)
     if kind == "hybrid":
         planner_cls = _hybrid_planner_class()
         if planner_cls is not None:
-            opts = {k: v for k, v in dict(cfg.sharding.hybrid).items() if v is not None}
-            planner = planner_cls(topology=topology, batch_size=cfg.data.batch_size, frequency_stats=stats, **opts)
-            return planner.collective_plan(model, [sharder], pg), sharder, "hybrid"
+            opts = parse_hot_set(cfg.sharding.hot_set, "sharding.hot_set")  # same keys as configs/planner.yaml
+            planner = planner_cls(topology=topology, batch_size=cfg.data.batch_size, frequency_stats=stats,
+                                  constraints=constraints, **opts)
+            return planner.collective_plan(model, [sharder], pg), sharder, "hybrid", planner
         logger.warning("torchrec_hybrid.planner is not available; using the manual plan")
     ebc = model.model.sparse_arch.embedding_bag_collection
     gens = {c.name: frequency_hybrid() for c in ebc.embedding_bag_configs()}
     plan = construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=world_size,
                                           world_size=world_size, device_type=device.type)
-    return ShardingPlan({EBC_PATH: plan}), sharder, "manual"
+    return ShardingPlan({EBC_PATH: plan}), sharder, "manual", None
+
+
+def _without_hybrid(constraints: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The constraints without ``frequency_hybrid`` (TorchRec's planner does not know it)."""
+    if not constraints:
+        return constraints
+    out = {}
+    for name, c in constraints.items():
+        if c.sharding_types and FREQUENCY_HYBRID in c.sharding_types:
+            c = dataclasses.replace(c, sharding_types=[t for t in c.sharding_types if t != FREQUENCY_HYBRID] or None)
+        out[name] = c
+    return out
 
 
 def planned_hot_ids(plan: ShardingPlan, sharder_hot_ids: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -144,18 +174,136 @@ def shard_model(model: torch.nn.Module, plan: ShardingPlan, sharder: ModuleShard
     return DistributedModelParallel(module=model, device=device, plan=plan, sharders=[sharder])
 
 
-def build_optimizer(cfg, model: DistributedModelParallel) -> CombinedOptimizer:
-    """The fused embedding optimizer plus a torch optimizer over every other parameter."""
+@dataclasses.dataclass
+class Optimizers:
+    """The training optimizer (``combined``, what the pipeline steps) and its parts."""
+
+    combined: CombinedOptimizer
+    fused: CombinedOptimizer                 # FBGEMM, sharded tables (DMP's fused_optimizer)
+    dense: KeyedOptimizerWrapper             # optim.dense over the MLPs
+    replicated: Optional[KeyedOptimizerWrapper]  # optim.embedding over data-parallel tables
+    embedding_optimizer: str
+
+
+def _embedding_kwargs(cfg) -> Dict[str, float]:
+    o = cfg.optim.embedding
+    kwargs = {"lr": float(o.lr)}
+    if o.optimizer != "sgd":
+        kwargs["eps"] = float(o.eps)
+    return kwargs
+
+
+def build_optimizer(cfg, model: DistributedModelParallel) -> Optimizers:
+    """The fused embedding optimizer, the same algorithm over data-parallel tables, and the
+    dense optimizer over the MLPs, combined as in TorchRec's DLRM example."""
     o = cfg.optim.dense
     if o.optimizer not in DENSE_OPTIMIZERS:
-        raise ValueError(f"optim.dense.optimizer must be one of {list(DENSE_OPTIMIZERS)}")
-    dense = dense_parameters(model)
-    kwargs = {"lr": float(o.lr)}
+        raise ValueError(f"optim.dense.optimizer must be one of {list(DENSE_OPTIMIZERS)}, got {o.optimizer!r}")
+    emb = cfg.optim.embedding.optimizer
+    if emb not in REPLICATED_OPTIMIZERS:
+        raise ValueError(f"optim.embedding.optimizer must be one of {list(REPLICATED_OPTIMIZERS)}, got {emb!r}")
+    params = dense_parameters(model)
+    mlp = {n: p for n, p in params.items() if "embedding_bag_collection" not in n}
+    tables = {n: p for n, p in params.items() if "embedding_bag_collection" in n}
+    kwargs: Dict[str, Any] = {"lr": float(o.lr)}
     if o.optimizer == "adagrad":
-        kwargs["eps"] = float(o.get("eps", 1e-8))
+        kwargs["eps"] = float(o.eps)
     opt_cls = DENSE_OPTIMIZERS[o.optimizer]
-    dense_opt = KeyedOptimizerWrapper(dense, lambda params: opt_cls(params, **kwargs))
-    return CombinedOptimizer([model.fused_optimizer, dense_opt])
+    dense_opt = KeyedOptimizerWrapper(mlp, lambda ps: opt_cls(ps, **kwargs))
+    parts: List[Any] = [model.fused_optimizer, dense_opt]
+    replicated = None
+    if tables:
+        # measured: the gradient DDP gives a data-parallel table equals the one a sharded
+        # table's fused optimizer sees (the same optimizer state after the same steps)
+        rep_cls = REPLICATED_OPTIMIZERS[emb]
+        emb_kwargs = _embedding_kwargs(cfg)
+        replicated = KeyedOptimizerWrapper(tables, lambda ps: rep_cls(ps, **emb_kwargs))
+        parts.append(replicated)
+    return Optimizers(CombinedOptimizer(parts), model.fused_optimizer, dense_opt, replicated, emb)
+
+
+def _init_values(rows: torch.Tensor, cols: torch.Tensor, dim: int, num_rows: int, salt: int) -> torch.Tensor:
+    """Uniform(-1/sqrt(rows), 1/sqrt(rows)) (TorchRec's default), from a hash of the position."""
+    from examples.dlrm.data import _hash_uniform
+
+    pos = rows.view(-1, 1) * dim + cols.view(1, -1)
+    bound = math.sqrt(1.0 / num_rows)
+    return ((2.0 * _hash_uniform(pos, salt) - 1.0) * bound).float()
+
+
+def init_embeddings(model: DistributedModelParallel, tables: List[EmbeddingBagConfig], seed: int) -> None:
+    """Sets every table's weights to a function of (seed, table, row, column): plan-independent.
+
+    Each rank computes only its own shards (vectorised), then loads them the way a
+    checkpoint is loaded (``load_state_dict``), so any sharding type takes them.
+    """
+    sd = model.state_dict()
+    for i, t in enumerate(tables):
+        key = f"{EBC_PATH}.embedding_bags.{t.name}.weight"
+        value = sd[key]
+        salt = (int(seed) + 1) * 1_000_003 + i
+        pieces = ([(s.tensor, s.metadata.shard_offsets) for s in value.local_shards()]
+                  if isinstance(value, ShardedTensor) else [(value, [0, 0])])
+        for tensor, (r0, c0) in pieces:
+            if tensor.numel() == 0:
+                continue
+            rows = torch.arange(r0, r0 + tensor.shape[0], dtype=torch.int64)
+            cols = torch.arange(c0, c0 + tensor.shape[1], dtype=torch.int64)
+            with torch.no_grad():
+                tensor.copy_(_init_values(rows, cols, t.embedding_dim, t.num_embeddings, salt).to(tensor.device))
+    model.load_state_dict(sd)
+
+
+def replicated_tables(plan: ShardingPlan) -> List[str]:
+    return [n for mp in plan.plan.values() for n, ps in mp.items()  # type: ignore[union-attr]
+            if ps.sharding_type == "data_parallel"]
+
+
+STATE_BYTES_PER_ROW = {"sgd": lambda dim: 0, "adagrad": lambda dim: 4 * dim, "rowwise_adagrad": lambda dim: 4}
+
+
+def plan_table(plan: ShardingPlan, tables: List[EmbeddingBagConfig], hot_ids: Dict[str, torch.Tensor],
+               stats: Optional[FrequencyStats], world_size: int, optimizer: str,
+               rank_bytes: Optional[List[float]] = None) -> List[str]:
+    """Lines of a table of the plan: per table its type, ranks, hot rows and the share of
+    the counted lookups they serve; per rank the weight + optimizer memory of its shards
+    (hot replicas included) and, where the planner gives it, its modelled bytes per step."""
+    by_name = {t.name: t for t in tables}
+    memory = [0.0] * world_size
+    lines = [f"{'table':<10} {'type':<17} {'rows':>9} {'ranks':<10} {'hot rows':>8} {'hot cover':>9}"]
+    for module_plan in plan.plan.values():
+        for name, ps in sorted(module_plan.items(), key=lambda kv: int(kv[0].rsplit("_", 1)[-1])  # type: ignore
+                               if kv[0].rsplit("_", 1)[-1].isdigit() else 0):
+            t = by_name.get(name)
+            if t is None:
+                continue
+            row_bytes = 4 * t.embedding_dim + STATE_BYTES_PER_ROW[optimizer](t.embedding_dim)
+            if ps.sharding_type == "data_parallel" or ps.sharding_spec is None:
+                for r in (ps.ranks or range(world_size)):
+                    memory[r] += t.num_embeddings * row_bytes
+            else:
+                for shard in ps.sharding_spec.shards:  # type: ignore[attr-defined]
+                    r = shard.placement.rank()
+                    memory[r] += shard.shard_sizes[0] * shard.shard_sizes[1] / t.embedding_dim * row_bytes
+            hot = hot_ids.get(name)
+            n_hot = int(hot.numel()) if hot is not None else 0
+            if n_hot:  # hot replicas: weights on every rank
+                for r in range(world_size):
+                    memory[r] += n_hot * 4 * t.embedding_dim
+            cover = "-"
+            if stats is not None and stats.is_exact(name) and stats.lookups(name):
+                if ps.sharding_type == "data_parallel":
+                    cover = "1.000"
+                elif n_hot:
+                    cover = f"{float(stats.counts(name)[hot].sum()) / stats.lookups(name):.3f}"
+            ranks = ps.ranks or []
+            rank_text = "all" if len(ranks) == world_size else ",".join(map(str, ranks))
+            lines.append(f"{name:<10} {ps.sharding_type:<17} {t.num_embeddings:>9} {rank_text:<10} "
+                         f"{n_hot:>8} {cover:>9}")
+    for r in range(world_size):
+        est = f", modelled {rank_bytes[r] / 1e6:.3f} MB sent/step" if rank_bytes and r < len(rank_bytes) else ""
+        lines.append(f"rank {r}: {memory[r] / 2**20:.2f} MiB embedding weights + optimizer state{est}")
+    return lines
 
 
 def describe_plan(plan: ShardingPlan) -> Dict[str, int]:

@@ -3,12 +3,14 @@
     .venv/bin/torchrun --nproc_per_node 2 examples/dlrm/train.py --config configs/dlrm.yaml
 
 Wiring (each piece is a small module next to this file):
-  config.py      YAML config + ``--set key=value`` / ``--steps N`` overrides
+  config.py      validated config schema, YAML + ``--set key=value`` / ``--steps N`` overrides
   data.py        synthetic Criteo-like batches, or Criteo TSV / .npy files
   (stats)        frequency statistics of the first N batches (all-reduced), or a file
   model.py       DLRM -> plan (hybrid planner | manual | stock) -> DMP -> optimizers
-  checkpoint.py  torch.distributed.checkpoint save / resume (model, optimizer, progress)
-  metrics.py     loss, AUC, samples/s, embedding bytes sent per step
+  checkpoint.py  torch.distributed.checkpoint save / resume under any plan (model, optimizer, progress)
+  metrics.py     loss, AUC and NE (torchrec.metrics), validation, samples/s, embedding bytes per step
+
+SIGTERM/SIGINT: every rank stops at the same step (checkpointing first, ``checkpoint.on_signal``).
 
 Rank 0 shows a tqdm bar and logs to stderr; at the end it prints ONE JSON line to stdout.
 """
@@ -20,9 +22,10 @@ import itertools
 import json
 import logging
 import os
+import signal
 import sys
 import warnings
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 if __package__ in (None, ""):  # run as a script: make `examples.dlrm` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
@@ -33,13 +36,13 @@ import tqdm  # noqa: E402
 
 from examples.dlrm import checkpoint  # noqa: E402
 from examples.dlrm.config import Config, config_from_args  # noqa: E402
-from examples.dlrm.data import build_data  # noqa: E402
+from examples.dlrm.data import build_data, build_validation  # noqa: E402
 from examples.dlrm.metrics import (  # noqa: E402
-    JsonlLog, StepTimer, TrainMetrics, measure_dense_sync_bytes)
+    JsonlLog, StepTimer, TrainMetrics, evaluate, json_safe, measure_dense_sync_bytes)
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa: E402
 from examples.dlrm.model import (  # noqa: E402
-    build_model, build_optimizer, build_plan, describe_plan, hot_set_rule, mlp_numel,
-    planned_hot_ids, shard_model)
+    build_model, build_optimizer, build_plan, describe_plan, hot_set_rule, init_embeddings, mlp_numel,
+    plan_table, planned_hot_ids, replicated_tables, shard_model)
 from torchrec_hybrid.stats import FrequencyStats  # noqa: E402
 
 logger = logging.getLogger("dlrm")
@@ -58,6 +61,23 @@ def setup_logging(rank: int, level: str) -> None:
     for handler in logging.getLogger().handlers:  # torchrec warns on the root logger for DP tables
         handler.addFilter(lambda r: not r.getMessage().startswith("Sharding spec not found"))
     warnings.filterwarnings("ignore")
+
+
+class StopRequest:
+    """SIGTERM/SIGINT set a flag; ``agreed`` (collective) stops every rank at the same step."""
+
+    def __init__(self) -> None:
+        self.signum = 0
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.signum = signum
+
+    def agreed(self, group) -> int:
+        flag = torch.tensor([self.signum], dtype=torch.int64)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)
+        return int(flag)
 
 
 def setup_distributed(cfg: Config):
@@ -108,19 +128,44 @@ def local_share(stats: FrequencyStats, hot_ids: Dict[str, torch.Tensor], replica
     return hit / total if total else float("nan")
 
 
-def train(cfg: Config) -> Optional[Dict[str, float]]:
+def validation_pass(dmp, pipeline, make_batches, cfg: Config, device, world: int, rank: int,
+                    group) -> Dict[str, float]:
+    """Held-out batches scored outside the pipeline (its in-flight batch is kept)."""
+    n = int(cfg.metrics.validation_batches)
+    batches = list(itertools.islice(make_batches(), n))
+    count = torch.tensor([len(batches)])
+    dist.all_reduce(count, op=dist.ReduceOp.MIN, group=group)  # finite files: the same count everywhere
+    batches = batches[: int(count)]
+    model = pipeline.detach()
+    try:
+        return evaluate(model, batches, device, world, rank, cfg.data.batch_size, len(batches), group)
+    finally:
+        pipeline.attach(model)
+
+
+def train(cfg: Config) -> Optional[Dict[str, Any]]:
+    stop = StopRequest()  # before the process group: a signal from here on stops cleanly
     rank, world, device = setup_distributed(cfg)
     setup_logging(rank, cfg.train.log_level)
     torch.set_num_threads(int(cfg.train.threads))
     side_group = dist.new_group(backend="gloo")  # metrics + checkpoint planning, off the step's PG
     logger.info("world %d, backend %s, device %s", world, dist.get_backend(), device)
+    steps = int(cfg.train.steps)
 
-    source, tables = build_data(cfg, rank, world)
     resume_from = checkpoint.latest(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
     if cfg.checkpoint.resume and resume_from is None:
         logger.warning("checkpoint.resume is set but %s holds no checkpoint: starting fresh",
                        cfg.checkpoint.dir)
+    if resume_from is not None and checkpoint.step_of(resume_from) >= steps:
+        done = checkpoint.step_of(resume_from)
+        logger.warning("nothing to do: %s is at step %d and train.steps is %d (the run has finished; "
+                       "raise train.steps to continue)", resume_from, done, steps)
+        dist.barrier(group=side_group)
+        dist.destroy_process_group()
+        return {"status": "already_finished", "step": done, "start_step": done,
+                "checkpoint": resume_from} if rank == 0 else None
 
+    source, tables = build_data(cfg, rank, world)
     rule_hot_ids: Dict[str, torch.Tensor] = {}
     stats = None
     if cfg.sharding.planner != "stock":
@@ -129,33 +174,43 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
 
     torch.manual_seed(cfg.seed)
     model = build_model(cfg, tables)
-    plan, sharder, planner_used = build_plan(cfg, model, stats, rule_hot_ids, world, device, dist.group.WORLD)
+    plan, sharder, planner_used, planner = build_plan(cfg, model, stats, rule_hot_ids, world, device,
+                                                      dist.group.WORLD)
     hot_ids = planned_hot_ids(plan, rule_hot_ids)
     logger.info("planner %s: %s", planner_used, describe_plan(plan))
+    rank_bytes = planner.estimated_rank_bytes() if hasattr(planner, "estimated_rank_bytes") else None
+    for line in planner.comparison_table() if hasattr(planner, "comparison_table") else []:
+        logger.info("%s", line)
+    for line in plan_table(plan, tables, hot_ids, stats, world, cfg.optim.embedding.optimizer, rank_bytes):
+        logger.info("plan: %s", line)
     if stats is not None:
-        replicated = [n for mp in plan.plan.values() for n, ps in mp.items() if ps.sharding_type == "data_parallel"]
         logger.info("hot set: %d rows of %d; %.1f%% of the counted lookups are local (hot rows + "
                     "data-parallel tables)", sum(int(v.numel()) for v in hot_ids.values()),
-                    sum(t.num_embeddings for t in tables), 100 * local_share(stats, hot_ids, replicated))
+                    sum(t.num_embeddings for t in tables), 100 * local_share(stats, hot_ids, replicated_tables(plan)))
     dmp = shard_model(model, plan, sharder, device)
-    optimizer = build_optimizer(cfg, dmp)
+    init_embeddings(dmp, tables, cfg.seed)  # the same initial tables under every plan
+    opt = build_optimizer(cfg, dmp)
 
     start, data_position = 0, 0
     if resume_from is not None:
-        progress = checkpoint.load(resume_from, dmp, optimizer, group=side_group,
+        progress = checkpoint.load(resume_from, dmp, opt, group=side_group,
                                    with_optimizer=cfg.checkpoint.load_optimizer)
         start, data_position = progress["step"], progress["data_position"]
 
-    steps = int(cfg.train.steps)
     if source.num_batches is not None:  # finite files: every rank must run the same steps
         n = torch.tensor(data_position + source.num_batches - start)
         dist.all_reduce(n, op=dist.ReduceOp.MIN, group=side_group)
         steps = min(steps, start + int(n))
     batches = itertools.islice(source.batches(data_position), max(0, steps - start))
-    pipeline = TrainPipelineSparseDist(dmp, optimizer, device)
+    pipeline = TrainPipelineSparseDist(dmp, opt.combined, device)
+    validation = build_validation(cfg, rank, world) if cfg.metrics.validation_batches else None
+    if cfg.metrics.validation_batches and validation is None:
+        logger.warning("metrics.validation_batches is set but data.source %r names no held-out data "
+                       "(data.validation_paths / data.validation_dir): no validation", cfg.data.source)
 
-    metrics = TrainMetrics(global_batch=world * cfg.data.batch_size, auc_window=cfg.metrics.auc_window,
-                           warmup_steps=cfg.metrics.warmup_steps,
+    metrics = TrainMetrics(global_batch=world * cfg.data.batch_size, window=cfg.metrics.window,
+                           warmup_steps=cfg.metrics.warmup_steps, world_size=world, rank=rank,
+                           batch_size=cfg.data.batch_size,
                            dense_sync_bytes=measure_dense_sync_bytes(mlp_numel(dmp), device),
                            group=side_group)
     jsonl = JsonlLog(cfg.metrics.jsonl if rank == 0 else None, append=start > 0)
@@ -163,9 +218,17 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
     bar = tqdm.tqdm(total=steps, initial=start, disable=rank != 0 or not cfg.train.progress_bar,
                     file=sys.stderr, desc="train", dynamic_ncols=True)
     every = int(cfg.checkpoint.every or 0)
+    val_every = int(cfg.metrics.validation_every or 0)
+    ckpt_kw = dict(group=side_group, keep_last=int(cfg.checkpoint.keep_last))
+    val: Dict[str, float] = {}
+    stopped_by = 0
     dmp.train()
     step = saved_at = start
     while step < steps:
+        stopped_by = stop.agreed(side_group)
+        if stopped_by:
+            logger.warning("%s: every rank stops at step %d", signal.Signals(stopped_by).name, step)
+            break
         try:
             with StepTimer() as t:  # nothing may print or log inside
                 loss, logits, labels = pipeline.progress(batches)
@@ -180,31 +243,42 @@ def train(cfg: Config) -> Optional[Dict[str, float]]:
         if cfg.train.log_every and step % cfg.train.log_every == 0:
             s = metrics.summary(step)
             bar.clear()
-            logger.info("step %d loss %.4f auc %.4f samples/s %.0f embedding bytes/step %.0f",
-                        step, s["loss"], s["auc"], s["samples_per_s"], s["bytes_per_step"])
+            logger.info("step %d loss %.4f auc %.4f ne %.4f samples/s %.0f embedding bytes/step %.0f",
+                        step, s["loss"], s["auc"], s["ne"], s["samples_per_s"], s["bytes_per_step"])
+        if validation is not None and val_every and step % val_every == 0 and step < steps:
+            val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
+            bar.clear()
+            logger.info("step %d validation loss %.4f auc %.4f ne %.4f (%d samples)", step,
+                        val["val_loss"], val["val_auc"], val["val_ne"], val["val_samples"])
         if cfg.checkpoint.dir and every and step % every == 0:
             saved_at = step
-            checkpoint.save(cfg.checkpoint.dir, step, dmp, optimizer,
-                            data_position=data_position + step - start, group=side_group)
+            checkpoint.save(cfg.checkpoint.dir, step, dmp, opt, data_position=data_position + step - start,
+                            **ckpt_kw)
     bar.close()
     jsonl.close()
-    if cfg.checkpoint.dir and saved_at != step:  # always leave a checkpoint of the last step
-        checkpoint.save(cfg.checkpoint.dir, step, dmp, optimizer,
-                        data_position=data_position + step - start, group=side_group)
+    if cfg.checkpoint.dir and saved_at != step and (cfg.checkpoint.on_signal or not stopped_by):
+        checkpoint.save(cfg.checkpoint.dir, step, dmp, opt, data_position=data_position + step - start,
+                        **ckpt_kw)  # always leave a checkpoint of the last step
+    if validation is not None and not stopped_by:
+        val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
+        logger.info("final validation loss %.4f auc %.4f ne %.4f (%d samples)",
+                    val["val_loss"], val["val_auc"], val["val_ne"], val["val_samples"])
 
-    final = metrics.summary(step)
-    final.update(planner=planner_used, world_size=world, global_batch=world * cfg.data.batch_size,
+    final: Dict[str, Any] = dict(metrics.summary(step))
+    final.update(val)
+    final.update(status=f"stopped by {signal.Signals(stopped_by).name}" if stopped_by else "completed",
+                 planner=planner_used, world_size=world, global_batch=world * cfg.data.batch_size,
                  hot_rows=int(sum(int(v.numel()) for v in hot_ids.values())), start_step=start)
     dist.barrier(group=side_group)
     dist.destroy_process_group()
-    return final if rank == 0 else None
+    return json_safe(final) if rank == 0 else None
 
 
 def main(argv=None) -> None:
     cfg = config_from_args(argv)
     final = train(cfg)
     if final is not None:
-        print(json.dumps(final), flush=True)
+        print(json.dumps(final, allow_nan=False), flush=True)
 
 
 if __name__ == "__main__":

@@ -4,14 +4,16 @@ import numpy as np
 import pytest
 import torch
 
-from examples.dlrm.config import load_config
+from examples.dlrm.config import ConfigError, load_config
 from examples.dlrm.data import (
     CriteoNpyBatches,
     CriteoTSVBatches,
     SyntheticCriteoBatches,
     table_sizes_from_config,
 )
-from examples.dlrm.metrics import auc
+from torchmetrics.functional.classification import binary_auroc
+
+from torchrec_hybrid.planner.config import HOT_SET_KEYS
 from torchrec_hybrid.stats.synthetic import DLRMV2_MULTI_HOT_SIZES, criteo_table_sizes
 
 SIZES = criteo_table_sizes(scale=0.001)
@@ -65,18 +67,7 @@ def test_synthetic_labels_follow_hidden_model():
     src = SyntheticCriteoBatches(SIZES, 4096, effect_features=["cat_2", "cat_3", "cat_11"])
     b = src.batch(0)
     z = (torch.log(torch.expm1(b.dense_features.double()) + 0.5) - src.dense_mu) / src.dense_sigma
-    assert auc(z @ src.dense_w, b.labels) > 0.6
-
-
-def test_auc_matches_pairwise_definition():
-    g = torch.Generator().manual_seed(0)
-    scores = torch.randint(0, 20, (300,), generator=g).float()  # many ties
-    labels = (torch.rand(300, generator=g) < 0.4).float()
-    pos, neg = scores[labels == 1], scores[labels == 0]
-    diff = pos[:, None] - neg[None, :]
-    expected = float(((diff > 0).double() + 0.5 * (diff == 0).double()).mean())
-    assert auc(scores, labels) == pytest.approx(expected, abs=1e-12)
-    assert np.isnan(auc(scores, torch.zeros(300)))
+    assert float(binary_auroc(z @ src.dense_w, b.labels.long())) > 0.6
 
 
 def test_criteo_tsv_batches(tmp_path):
@@ -122,7 +113,38 @@ def test_criteo_npy_batches(tmp_path):
 
 
 def test_config_overrides(tmp_path):
-    cfg = load_config("configs/dlrm_tiny.yaml", ["train.steps=50", "model.dense_arch=[32, 8]"],
+    cfg = load_config("configs/dlrm_tiny.yaml", ["train.steps=50", "model.dense_arch=[32, 16]"],
                       {"sharding.planner": "stock"})
-    assert cfg.train.steps == 50 and cfg.model.dense_arch == [32, 8] and cfg.sharding.planner == "stock"
+    assert cfg.train.steps == 50 and cfg.model.dense_arch == [32, 16] and cfg.sharding.planner == "stock"
     assert table_sizes_from_config(cfg.data) == SIZES
+
+
+def test_config_files_validate_and_share_the_planner_keys():
+    import yaml
+
+    for path in ("configs/dlrm.yaml", "configs/dlrm_tiny.yaml"):
+        cfg = load_config(path)
+        assert set(cfg.sharding.hot_set) == set(HOT_SET_KEYS)  # the planner.yaml names
+    with open("configs/planner.yaml") as f:
+        assert set(yaml.safe_load(f)["hot_set"]) == set(HOT_SET_KEYS)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("data: {batch_sz: 4}\n", ["data.batch_sz", "batch_size"]),
+    ("bogus: 1\n", ["'bogus'", "checkpoint"]),
+    ("train: {progress_bar: 3}\n", ["train.progress_bar", "true/false"]),
+    ("metrics: {window: 0}\n", ["metrics.window", "> 0"]),
+    ("data: {cardinalities: huge}\n", ["data.cardinalities", "'kaggle'"]),
+    ("sharding: {manual_hot_set: {coverage: 0.5, rows_per_table: 3}}\n", ["sharding.manual_hot_set", "exactly one"]),
+    ("sharding: {hot_set: {min_saving: 2}}\n", ["sharding.hot_set.min_saving"]),
+    ("- 1\n", ["mapping"]),
+])
+def test_bad_config_file_names_the_key(tmp_path, text, words):
+    p = tmp_path / "c.yaml"
+    p.write_text(text)
+    with pytest.raises(ValueError) as e:
+        load_config(str(p))
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+    if "hot_set" not in text:  # the planner's own sections raise PlannerConfigError (a ValueError)
+        assert isinstance(e.value, ConfigError)

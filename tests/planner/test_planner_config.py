@@ -70,3 +70,21 @@ def test_bad_configs_name_the_problem(tmp_path, text, words):
 def test_missing_file():
     with pytest.raises(PlannerConfigError, match="does not exist"):
         load_planner_config("/nonexistent/planner.yaml")
+
+
+def test_shared_sections_name_their_prefix_and_take_nulls():
+    # the DLRM example reads the same sections under sharding.*: errors carry that prefix
+    from torchrec_hybrid.planner.config import HOT_SET_KEYS, parse_hot_set, parse_table_constraints
+
+    assert parse_hot_set({"budget_mb": None, "max_rows": None, "min_saving": None}) == {}
+    assert parse_hot_set({"budget_mb": 2, "max_rows": 10}, "sharding.hot_set") == {
+        "hot_budget_bytes": 2 * 1024 * 1024, "max_hot_rows": 10}
+    with pytest.raises(PlannerConfigError, match=r"sharding\.hot_set: unknown key\(s\) \['budget'\]"):
+        parse_hot_set({"budget": 1}, "sharding.hot_set")
+    with pytest.raises(PlannerConfigError, match=r"sharding\.hot_set\.max_rows"):
+        parse_hot_set({"max_rows": 0}, "sharding.hot_set")
+    assert set(HOT_SET_KEYS) == {"budget_mb", "max_rows", "min_saving"}
+    c = parse_table_constraints({"t": {"sharding_types": ["table_wise"]}}, "sharding.tables")
+    assert c["t"].sharding_types == ["table_wise"]
+    with pytest.raises(PlannerConfigError, match=r"sharding\.tables\.t\.sharding_types"):
+        parse_table_constraints({"t": {"sharding_types": ["hybrid"]}}, "sharding.tables")

@@ -14,7 +14,7 @@ Schema (see configs/planner.yaml for a documented example)::
       inter_host_bw_gbps: 12.5     # torchrec: per-NIC bandwidth (all-reduce, cross host)
     batch_size: 1024               # local batch per rank
     statistics: stats.pt           # FrequencyStats file (relative to this YAML), optional
-    hot_set:                       # optional
+    hot_set:                       # optional; a null value keeps the planner's default
       budget_mb: 256               # per-rank memory for all hot replicas
       max_rows: 1048576            # cap on hot rows per table
       min_saving: 0.05             # saving over the best stock type needed to go hybrid
@@ -22,12 +22,16 @@ Schema (see configs/planner.yaml for a documented example)::
       t_cat_0: {sharding_types: [frequency_hybrid]}
 
 Every problem raises :class:`PlannerConfigError` naming the offending key.
+
+The ``hot_set`` and ``tables`` sections are shared with the DLRM example's config
+(``sharding.hot_set`` / ``sharding.tables`` in configs/dlrm.yaml): :func:`parse_hot_set` and
+:func:`parse_table_constraints` read them for both, so the same knob has the same name.
 """
 
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, List
+from typing import AbstractSet, Any, Dict, List
 
 import yaml
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
@@ -40,16 +44,18 @@ KNOWN_SHARDING_TYPES = {t.value for t in ShardingType} | {FREQUENCY_HYBRID}
 _TOP_KEYS = {"topology", "batch_size", "statistics", "hot_set", "tables"}
 _TOPOLOGY_KEYS = {"world_size", "compute_device", "local_world_size", "hbm_gb", "ddr_gb", "comms",
                   "bandwidth_gbps", "intra_host_bw_gbps", "inter_host_bw_gbps"}
-_HOT_KEYS = {"budget_mb", "max_rows", "min_saving"}
-_TABLE_KEYS = {"sharding_types", "compute_kernels", "pooling_factors", "num_poolings", "batch_sizes",
-               "min_partition"}
+HOT_SET_KEYS = frozenset({"budget_mb", "max_rows", "min_saving"})
+_HOT_KEYS = HOT_SET_KEYS
+TABLE_KEYS = frozenset({"sharding_types", "compute_kernels", "pooling_factors", "num_poolings", "batch_sizes",
+               "min_partition"})
+_TABLE_KEYS = TABLE_KEYS
 
 
 class PlannerConfigError(ValueError):
     """The planner YAML is missing something or holds a bad value."""
 
 
-def _check_keys(section: Dict[str, Any], allowed: set, where: str) -> None:
+def _check_keys(section: Dict[str, Any], allowed: AbstractSet[str], where: str) -> None:
     unknown = sorted(set(section) - allowed)
     if unknown:
         raise PlannerConfigError(f"{where}: unknown key(s) {unknown}; allowed: {sorted(allowed)}")
@@ -109,10 +115,15 @@ def _float_list(value: Any, where: str) -> List[float]:
     return [float(v) for v in value]
 
 
-def _constraints(sec: Dict[str, Any]) -> Dict[str, ParameterConstraints]:
+def parse_table_constraints(sec: Any, where: str = "tables") -> Dict[str, ParameterConstraints]:
+    """``{table: {sharding_types: [...], ...}}`` -> ``{table: ParameterConstraints}``."""
+    return _constraints(_mapping(sec, where), where)
+
+
+def _constraints(sec: Dict[str, Any], prefix: str = "tables") -> Dict[str, ParameterConstraints]:
     out = {}
     for name, spec in sec.items():
-        where = f"tables.{name}"
+        where = f"{prefix}.{name}"
         spec = _mapping(spec, where)
         _check_keys(spec, _TABLE_KEYS, where)
         kw: Dict[str, Any] = {}
@@ -154,6 +165,24 @@ def _statistics(path: Any, base_dir: str) -> Any:
         raise PlannerConfigError(f"statistics: cannot read {full!r}: {e}") from e
 
 
+def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
+    """``{budget_mb, max_rows, min_saving}`` -> planner kwargs (``hot_budget_bytes``,
+    ``max_hot_rows``, ``min_saving``); a missing or null value keeps the planner's default."""
+    hot = _mapping(sec, where)
+    _check_keys(hot, set(HOT_SET_KEYS), where)
+    out: Dict[str, Any] = {}
+    if hot.get("budget_mb") is not None:
+        out["hot_budget_bytes"] = int(_positive(hot["budget_mb"], f"{where}.budget_mb") * 1024 * 1024)
+    if hot.get("max_rows") is not None:
+        out["max_hot_rows"] = _positive(hot["max_rows"], f"{where}.max_rows", int)
+    if hot.get("min_saving") is not None:
+        ms = hot["min_saving"]
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1:
+            raise PlannerConfigError(f"{where}.min_saving: expected a number in [0, 1), got {ms!r}")
+        out["min_saving"] = float(ms)
+    return out
+
+
 def load_planner_config(path: str) -> Dict[str, Any]:
     """Read the YAML at ``path``; returns ``HybridEmbeddingShardingPlanner(**kwargs)`` kwargs.
 
@@ -177,17 +206,7 @@ def load_planner_config(path: str) -> Dict[str, Any]:
     out["constraints"] = _constraints(_mapping(cfg.get("tables"), "tables")) or None
     if cfg.get("statistics") is not None:
         out["frequency_stats"] = _statistics(cfg["statistics"], os.path.dirname(os.path.abspath(path)))
-    hot = _mapping(cfg.get("hot_set"), "hot_set")
-    _check_keys(hot, _HOT_KEYS, "hot_set")
-    if "budget_mb" in hot:
-        out["hot_budget_bytes"] = int(_positive(hot["budget_mb"], "hot_set.budget_mb") * 1024 * 1024)
-    if "max_rows" in hot:
-        out["max_hot_rows"] = _positive(hot["max_rows"], "hot_set.max_rows", int)
-    if "min_saving" in hot:
-        ms = hot["min_saving"]
-        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1:
-            raise PlannerConfigError(f"hot_set.min_saving: expected a number in [0, 1), got {ms!r}")
-        out["min_saving"] = float(ms)
+    out.update(parse_hot_set(cfg.get("hot_set"), "hot_set"))
     return out
 
 
@@ -200,4 +219,5 @@ def planner_from_config(path: str, **overrides: Any):
     return HybridEmbeddingShardingPlanner(**kwargs)
 
 
-__all__ = ["PlannerConfigError", "load_planner_config", "planner_from_config"]
+__all__ = ["HOT_SET_KEYS", "TABLE_KEYS", "PlannerConfigError", "load_planner_config", "parse_hot_set",
+           "parse_table_constraints", "planner_from_config"]

@@ -1,0 +1,131 @@
+"""Regenerates the DLRM example's README figures: the default config under each planner.
+
+    .venv/bin/python -m examples.dlrm.results            # writes examples/dlrm/results/default_w2.json
+    .venv/bin/python -m examples.dlrm.results --out /tmp/r.json --set train.steps=100
+
+Runs ``train.py`` under torchrun (2 ranks, gloo on CPU) once per planner, one after the
+other, and stores each run's final JSON line plus its wall time (start-up included), the
+command and the commit. ``examples/dlrm/README.md`` quotes this file; the test
+``tests/examples/test_dlrm_readme.py`` fails when a quoted figure drifts from it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import logging
+import os
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List, Optional
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEFAULT_OUT = os.path.join(REPO, "examples", "dlrm", "results", "default_w2.json")
+logger = logging.getLogger("examples.dlrm.results")
+
+
+def run_once(planner: str, config: str, nproc: int, overrides: List[str], timeout: float) -> Dict[str, Any]:
+    torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    cmd = [torchrun, "--nproc_per_node", str(nproc), "examples/dlrm/train.py", "--config", config,
+           "--planner", planner, "--set", "train.progress_bar=false"]
+    for o in overrides:
+        cmd += ["--set", o]
+    t0 = time.perf_counter()
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    wall = time.perf_counter() - t0
+    if proc.returncode != 0:
+        raise RuntimeError(f"planner {planner}: train.py exited {proc.returncode}:\n{proc.stderr[-3000:]}")
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
+    if len(lines) != 1:
+        raise RuntimeError(f"planner {planner}: expected one JSON line, got {lines!r}")
+    plan = [ln.split("plan: ", 1)[1] for ln in proc.stderr.splitlines() if " plan: " in ln]
+    return {"result": json.loads(lines[0]), "wall_s": round(wall, 1), "plan_table": plan,
+            "command": " ".join(cmd[1:])}
+
+
+README = os.path.join(REPO, "examples", "dlrm", "README.md")
+START, END = "<!-- results table: python -m examples.dlrm.results --readme -->", "<!-- end results table -->"
+
+
+def _fmt(v: Any, spec: str) -> str:
+    return "n/a" if v is None else format(v, spec)
+
+
+def readme_table(results: Dict[str, Any]) -> str:
+    """The README's comparison table, rendered from a results file."""
+    rows = ["| planner | plan | hot rows | embedding bytes / rank / step | final loss | AUC | NE "
+            "| validation AUC / NE | samples/s | wall |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for planner, run in results["runs"].items():
+        r = run["result"]
+        types: Dict[str, int] = {}
+        for line in run.get("plan_table", [])[1:]:
+            parts = line.split()
+            if len(parts) > 1 and parts[0].startswith("t_"):
+                types[parts[1]] = types.get(parts[1], 0) + 1
+        plan = " + ".join(f"{n} {t}" for t, n in sorted(types.items(), key=lambda kv: -kv[1]))
+        rows.append(f"| {planner} | {plan} | {r.get('hot_rows', 0):,} | {_fmt(r.get('bytes_per_step'), ',.0f')} "
+                    f"| {_fmt(r.get('loss'), '.4f')} | {_fmt(r.get('auc'), '.4f')} | {_fmt(r.get('ne'), '.4f')} "
+                    f"| {_fmt(r.get('val_auc'), '.4f')} / {_fmt(r.get('val_ne'), '.4f')} "
+                    f"| {_fmt(r.get('samples_per_s'), ',.0f')} | {run['wall_s']:.0f} s |")
+    return "\n".join(rows)
+
+
+def write_readme(results: Dict[str, Any], path: str = README) -> None:
+    with open(path) as f:
+        text = f.read()
+    if START not in text or END not in text:
+        raise ValueError(f"{path}: no results table markers ({START!r} ... {END!r})")
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    with open(path, "w") as f:
+        f.write(f"{head}{START}\n{readme_table(results)}\n{END}{tail}")
+
+
+def commit() -> Optional[str]:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True,
+                              check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return None
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--config", default="configs/dlrm.yaml")
+    p.add_argument("--planners", nargs="+", default=["hybrid", "stock"], choices=["hybrid", "stock", "manual"])
+    p.add_argument("--nproc", type=int, default=2)
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--out", default=DEFAULT_OUT)
+    p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--readme", action="store_true",
+                   help="only re-render the README table from --out (no runs)")
+    args = p.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    if args.readme:
+        with open(args.out) as f:
+            write_readme(json.load(f))
+        logger.info("re-rendered the table in %s from %s", README, args.out)
+        return
+    runs = {}
+    for planner in args.planners:
+        logger.info("running planner %s ...", planner)
+        runs[planner] = run_once(planner, args.config, args.nproc, args.overrides, args.timeout)
+        logger.info("planner %s: %s (%.0f s wall)", planner, runs[planner]["result"], runs[planner]["wall_s"])
+    out = {"config": args.config, "overrides": args.overrides, "nproc": args.nproc,
+           "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit(),
+           "cpu_count": os.cpu_count(), "runs": runs}
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+        f.write("\n")
+    logger.info("wrote %s", args.out)
+    if os.path.abspath(args.out) == os.path.abspath(DEFAULT_OUT):
+        write_readme(out)
+        logger.info("re-rendered the table in %s", README)
+
+
+if __name__ == "__main__":
+    main()
