@@ -80,3 +80,20 @@ def test_whole_model_plan_with_two_collections():
     # a table of the model missing from the plan (an unsharded module) counts as not hybrid
     with pytest.warns(UserWarning, match="c_t0: not in the plan"):
         check_hot_ids(_ids("c_t0"), plan, tables=embedding_table_names(model) + ["c_t0"])
+
+
+def test_the_planner_refuses_hot_ids_of_unknown_tables_and_warns_once_for_unplanned_ones():
+    from torchrec.distributed.planner import ParameterConstraints
+
+    from tests.planner.planner_testutils import exact_stats, plan_for, tables, zipf_probs
+
+    cfg = tables({"small": 2000, "big": 100_000})
+    st = exact_stats(cfg, {"big": zipf_probs(100_000, 1.1)})
+    with pytest.raises(HotSetError, match="nosuch"):
+        plan_for(cfg, st, sharder=HybridEmbeddingBagCollectionSharder(hot_ids={"nosuch": torch.arange(3)}))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _, plan = plan_for(cfg, st, constraints={"small": ParameterConstraints(sharding_types=["table_wise"])},
+                           sharder=HybridEmbeddingBagCollectionSharder(hot_ids={"small": torch.arange(3)}))
+    assert plan["small"].sharding_type == "table_wise"
+    assert len([w for w in caught if "small" in str(w.message)]) == 1

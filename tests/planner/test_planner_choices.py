@@ -49,7 +49,7 @@ def test_hot_set_grows_with_skew():
 def test_chosen_h_is_the_brute_force_optimum_of_the_cost_model():
     cfg = tables({"t": 50_000}, dim=32)
     probs = zipf_probs(50_000, 1.2)
-    planner, plan = plan_for(cfg, exact_stats(cfg, {"t": probs}))
+    planner, plan = plan_for(cfg, exact_stats(cfg, {"t": probs}), compute_costs=None)  # the byte model alone
     counts = planner.frequency_stats.counts("t").to(torch.float64)
     tr = cm.TableTraffic(rows=50_000, dim=32, features=1, pooling=1.0, batch=1024, world=4)
     cov = cm.coverage_from_counts(counts)
@@ -93,16 +93,19 @@ def test_plan_pickles_to_the_same_sharding():
 
 
 def test_multi_hot_bags_pick_table_wise_cold():
-    """Long bags: row-wise cold would return a partial sum per owner a bag touches."""
+    """Long bags: row-wise cold would return a partial sum per owner a bag touches.
+
+    Priced for a network-bound cluster (bytes and collectives, ``compute_costs=None``): with
+    this CPU box's compute prices no table pays for hybrid at all (test_planner_compute_costs)."""
     cfg = tables({f"m{i}": 100_000 for i in range(4)})
     st = exact_stats(cfg, {c.name: zipf_probs(100_000, 1.1) for c in cfg})
     cons = {c.name: ParameterConstraints(pooling_factors=[30.0]) for c in cfg}
-    planner, plan = plan_for(cfg, st, constraints=cons, batch=512)
+    planner, plan = plan_for(cfg, st, constraints=cons, batch=512, compute_costs=None)
     assert all(ps.sharding_type == FREQUENCY_HYBRID and ps.cold_layout == "table_wise" for ps in plan.values())
     owners = {max(range(4), key=lambda r: ps.sharding_spec.shards[r].shard_sizes[0]) for ps in plan.values()}
     assert owners == {0, 1, 2, 3}  # identical tables spread over the ranks
     # one-hot, the same tables: both layouts cost the same bytes, and every table gets the same choice
-    _, plan1 = plan_for(cfg, st)
+    _, plan1 = plan_for(cfg, st, compute_costs=None)
     assert len({(ps.sharding_type, ps.hot_rows) for ps in plan1.values()}) == 1
 
 

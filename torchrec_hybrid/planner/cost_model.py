@@ -339,3 +339,132 @@ def module_overhead_rank_bytes(world: int, stock_input_dists: int, hybrid_featur
     else:
         per_peer = 3 * INT64 if validate_ids else 0
     return _rank_vector(world) + (world - 1) * (per_peer + stock_input_dists * splits_per_dist * INT64)
+
+
+# -- compute per rank: what a rank does besides sending bytes ---------------------------
+#
+# A rank's step time is priced as bytes / bandwidth + a linear function of the work below
+# (``ComputeCosts``, fitted from measured steps by ``benchmarks/calibrate.py``). Each work
+# function returns ``[W, len(WORK_TERMS)]`` float64: per rank, forward + backward,
+# - lookup: embedding elements gathered by a TBE (ids x dim; backward and the fused update
+#   scale with it);
+# - vector_stock / vector_hybrid: pooled-vector elements moved by the sharding's own ops
+#   (stock: the pooled all-to-all's send and receive buffers, data-parallel: the dense
+#   gradient; hybrid: partial sums packed, unpacked and added, hot rows copied W times and
+#   the replica assembled);
+# - ids_stock / ids_hybrid: ids handled outside the TBE (permutes, bucketize; hybrid: the
+#   hot/cold split and the owner's received cold ids);
+# - group_stock / group_hybrid: one per sharding group per step (the fixed cost of its
+#   dispatched ops and host syncs; added per plan by ``plan_cost.plan_rank_work``).
+WORK_TERMS = ("lookup", "vector_stock", "vector_hybrid", "ids_stock", "ids_hybrid", "group_stock", "group_hybrid")
+_W = {name: i for i, name in enumerate(WORK_TERMS)}
+
+
+def _work(world: int) -> torch.Tensor:
+    return torch.zeros(world, len(WORK_TERMS), dtype=torch.float64)
+
+
+def table_wise_rank_work(t: TableTraffic, owner: int, dim: Optional[int] = None) -> torch.Tensor:
+    """TW on ``owner`` (or a column shard of width ``dim``): the owner looks up every rank's
+    ids and sends W pooled blocks; every rank permutes its ids and receives its block."""
+    d, w = (t.dim if dim is None else dim), t.world
+    out = _work(w)
+    out[:, _W["vector_stock"]] = t.bags * d
+    out[:, _W["ids_stock"]] = t.lookups
+    out[owner, _W["lookup"]] += w * t.lookups * d
+    out[owner, _W["vector_stock"]] += w * t.bags * d
+    out[owner, _W["ids_stock"]] += w * t.lookups
+    return out
+
+
+def column_wise_rank_work(t: TableTraffic, owners: Sequence[int], dims: Sequence[int]) -> torch.Tensor:
+    out = _work(t.world)
+    for owner, d in zip(owners, dims):  # plan-time loop over a table's column shards
+        out += table_wise_rank_work(t, owner, dim=d)
+    return out
+
+
+def row_wise_rank_work(t: TableTraffic) -> torch.Tensor:
+    """RW: each rank looks up its block's share of every rank's ids and reduce-scatters
+    ``[W*B, D]``; every rank alike."""
+    out = _work(t.world)
+    out[:, _W["lookup"]] = t.lookups * t.dim
+    out[:, _W["vector_stock"]] = (t.world + 1) * t.bags * t.dim
+    out[:, _W["ids_stock"]] = 2 * t.lookups
+    return out
+
+
+def data_parallel_rank_work(t: TableTraffic) -> torch.Tensor:
+    """DP: local lookups, and the whole table's dense gradient (all-reduce, update)."""
+    out = _work(t.world)
+    out[:, _W["lookup"]] = t.lookups * t.dim
+    out[:, _W["vector_stock"]] = t.rows * t.dim
+    out[:, _W["ids_stock"]] = t.lookups
+    return out
+
+
+def hybrid_rank_work(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_owner: torch.Tensor) -> torch.Tensor:
+    """Frequency-hybrid with any cold layout (``shares`` / ``hot_per_owner`` as for
+    :func:`hybrid_rank_bytes`): every rank splits its ids, pools its hot lookups, assembles
+    the replica and unpacks the partial sums it gets back; owner j looks up its share of
+    every rank's cold ids and its hot rows, and packs partial sums and W copies of the rows."""
+    w, d = t.world, t.dim
+    cov = float(coverage)
+    cold = max(0.0, 1.0 - cov)
+    hit = hybrid_owner_hit(t, coverage, shares)  # [W]
+    m = shares.to(torch.float64)
+    hot = hot_per_owner.to(torch.float64)
+    out = _work(w)
+    out[:, _W["lookup"]] = cov * t.lookups * d + cold * m * w * t.lookups * d + hot * d
+    out[:, _W["vector_hybrid"]] = (float(hit.sum()) + 1.0) * t.bags * d + float(hot.sum()) * d \
+        + w * t.bags * hit * d + w * hot * d
+    out[:, _W["ids_hybrid"]] = t.lookups + cold * m * w * t.lookups
+    return out
+
+
+def hybrid_mean_work(t: TableTraffic, coverage, hot_rows, shares: torch.Tensor,
+                     share_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean over ranks of :func:`hybrid_rank_work` with hot rows spread as the cold lookups
+    (for hot-set sizing; ``coverage`` and ``hot_rows`` may be curves): ``[..., len(WORK_TERMS)]``."""
+    cov = torch.as_tensor(coverage, dtype=torch.float64)
+    h = torch.as_tensor(hot_rows, dtype=torch.float64)
+    cold = (1.0 - cov).clamp(min=0.0)
+    m = shares.to(torch.float64)
+    n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
+    hit_sum = ((1.0 - torch.pow(1.0 - cold.unsqueeze(-1) * m, t.pooling)) * n).sum(-1)
+    out = torch.zeros(cov.shape + (len(WORK_TERMS),), dtype=torch.float64)
+    out[..., _W["lookup"]] = t.lookups * t.dim + h * t.dim / t.world
+    out[..., _W["vector_hybrid"]] = (2.0 * hit_sum + 1.0) * t.bags * t.dim + 2.0 * h * t.dim
+    out[..., _W["ids_hybrid"]] = t.lookups * (1.0 + cold)
+    return out
+
+
+@dataclass(frozen=True)
+class ComputeCosts:
+    """Prices of the work terms (``WORK_TERMS``): ns per unit, and ms per sharding group.
+
+    ``ns_per_byte`` is the CPU cost of a byte sent beyond the topology's bandwidth (0 when
+    the bandwidth alone prices it). All zero: bytes and collectives only.
+    """
+
+    lookup: float = 0.0
+    vector_stock: float = 0.0
+    vector_hybrid: float = 0.0
+    ids_stock: float = 0.0
+    ids_hybrid: float = 0.0
+    group_stock_ms: float = 0.0
+    group_hybrid_ms: float = 0.0
+    ns_per_byte: float = 0.0
+    source: str = "none"
+
+    def vector(self) -> torch.Tensor:
+        """ms per unit of each work term, in ``WORK_TERMS`` order."""
+        ns = [self.lookup, self.vector_stock, self.vector_hybrid, self.ids_stock, self.ids_hybrid]
+        return torch.tensor([x * 1e-6 for x in ns] + [self.group_stock_ms, self.group_hybrid_ms], dtype=torch.float64)
+
+    def ms(self, work: torch.Tensor, sent_bytes: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Compute time (ms) of ``work`` (``[..., len(WORK_TERMS)]``), plus the extra per-byte cost."""
+        out = work @ self.vector()
+        if sent_bytes is not None and self.ns_per_byte:
+            out = out + sent_bytes * self.ns_per_byte * 1e-6
+        return out

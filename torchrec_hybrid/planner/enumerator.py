@@ -100,13 +100,15 @@ class HybridEnumerator(EmbeddingEnumerator):
             default ``DEFAULT_HOT_BUDGET_FRACTION`` of a rank's memory.
         max_hot_rows: cap on H per table (bounds the curves evaluated).
         min_saving: relative step-cost saving over the best stock type needed to offer hybrid.
+        compute_costs: prices of compute work (cost_model.ComputeCosts; None: bytes only).
     """
 
     def __init__(self, topology: Topology, batch_size: int,
                  constraints: Optional[Dict[str, ParameterConstraints]] = None,
                  estimator=None, use_exact_enumerate_order: Optional[bool] = False,
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
-                 max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05) -> None:
+                 max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
+                 compute_costs: Optional[cm.ComputeCosts] = None) -> None:
         super().__init__(topology, batch_size, _stock_constraints(constraints), estimator,
                          use_exact_enumerate_order)
         self._topology = topology
@@ -120,7 +122,9 @@ class HybridEnumerator(EmbeddingEnumerator):
         self._max_hot_rows = max_hot_rows
         self._min_saving = min_saving
         self._hybrid_storage = HybridStorageEstimator(topology, constraints)
-        self._perf = BytesPerfEstimator(topology, TrafficTable({}, gloo=topology.compute_device == "cpu"))
+        self._compute = compute_costs
+        self._perf = BytesPerfEstimator(topology, TrafficTable({}, gloo=topology.compute_device == "cpu"),
+                                        compute_costs)
         self.choices: Dict[str, Dict[str, HotSetChoice]] = {}
         self.offered: set = set()  # tables with a hybrid option left after the gate
 
@@ -166,7 +170,8 @@ class HybridEnumerator(EmbeddingEnumerator):
                 n: dataclasses.replace(p, shares=_layout_shares(layout, world)) for n, (_, p) in candidates.items()
             }
             bw = bandwidths(self._topology)
-            hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed)
+            hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed,
+                                               self._compute)
             for name, (template, _) in candidates.items():
                 choice = self._choice(name, profiles[name], hot_rows[name], layout)
                 self.choices.setdefault(name, {})[layout] = choice

@@ -53,24 +53,34 @@ def profile_uniform(traffic: cm.TableTraffic, bytes_per_hot_row: int, max_rows: 
     return TableProfile(traffic, cm.uniform_coverage(traffic.rows, k), ranked_ids, bytes_per_hot_row, source)
 
 
-def cost_curve(p: TableProfile, a2a_bw: float, hot_bw: float) -> torch.Tensor:
-    """Bytes / bandwidth per step for H = 0..K: the layout's if the profile names owner
-    shares (``p.shares``), else the even row-wise one."""
-    if p.shares is None:
-        return cm.hybrid_cost_curve(p.traffic, p.coverage, a2a_bw, hot_bw)
+def cost_curve(p: TableProfile, a2a_bw: float, hot_bw: float,
+               compute: Optional[cm.ComputeCosts] = None) -> torch.Tensor:
+    """Step cost (ms) per step for H = 0..K: bytes / bandwidth of the layout if the profile
+    names owner shares (``p.shares``), else of the even row-wise one; plus, with
+    ``compute`` prices, the mean rank's compute work."""
     h = torch.arange(p.coverage.numel(), dtype=torch.float64)
-    return cm.hybrid_layout_bytes(p.traffic, p.coverage, h, p.shares) / a2a_bw
+    if p.shares is None:
+        curve = cm.hybrid_cost_curve(p.traffic, p.coverage, a2a_bw, hot_bw)
+        shares = torch.full((p.traffic.world,), 1.0 / p.traffic.world, dtype=torch.float64)
+    else:
+        curve = cm.hybrid_layout_bytes(p.traffic, p.coverage, h, p.shares) / a2a_bw
+        shares = p.shares
+    if compute is not None:
+        sent = cm.hybrid_layout_bytes(p.traffic, p.coverage, h, shares)
+        curve = curve + compute.ms(cm.hybrid_mean_work(p.traffic, p.coverage, h, shares), sent)
+    return curve
 
 
 def choose_hot_rows(profiles: Dict[str, TableProfile], budget_bytes: Optional[float],
                     a2a_bw: float = 1.0, hot_bw: float = 1.0,
-                    fixed: Optional[Dict[str, int]] = None) -> Dict[str, int]:
+                    fixed: Optional[Dict[str, int]] = None,
+                    compute: Optional[cm.ComputeCosts] = None) -> Dict[str, int]:
     """H per table minimising the summed step cost within ``budget_bytes`` (per rank).
 
     ``fixed`` tables keep the given H (e.g. the sharder's explicit hot ids) and use budget.
     """
     fixed = dict(fixed or {})
-    curves = {n: cost_curve(p, a2a_bw, hot_bw) for n, p in profiles.items() if n not in fixed}
+    curves = {n: cost_curve(p, a2a_bw, hot_bw, compute) for n, p in profiles.items() if n not in fixed}
     sizes = {n: float(p.bytes_per_hot_row) for n, p in profiles.items()}
     used_fixed = sum(fixed[n] * sizes[n] for n in fixed)
 

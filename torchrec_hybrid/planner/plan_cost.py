@@ -3,16 +3,19 @@
 TorchRec's partitioner balances ranks by ``shard.perf`` and picks the plan whose busiest
 rank is cheapest. If hybrid options were priced by our model and stock ones by TorchRec's
 estimators, the comparison would mix units. Here every option is priced from the same
-byte model (``cost_model``), in the same unit (ms at the topology's all-to-all bandwidth):
+byte and compute models (``cost_model``), in the same unit (ms):
 
 - :class:`BytesPerfEstimator` sets ``shard.perf`` for every option: the bytes that flow
   through the shard's owner per step (what it sends and what the others send it for this
   table), so the per-rank sums the partitioner balances add up to the plan's traffic;
 - :func:`plan_rank_bytes` gives, for a partitioned plan, the bytes each rank sends per step
   (what ``/proc/self/io`` measures), module overheads included;
-- :func:`plan_cost` turns that into a step cost: the busiest rank's bytes / bandwidth plus
-  a fixed cost per collective (:data:`COLLECTIVES_PER_STEP`), which is what makes a plan
-  that mixes types pay for the extra collectives of each sharding it adds.
+- :func:`plan_rank_work` gives each rank's compute work (TBE lookups, the sharding's own
+  vector and id work, a fixed term per sharding group), priced by ``cm.ComputeCosts``
+  (fitted from measured steps, ``compute_costs.py``);
+- :func:`plan_cost` turns both into a step cost: the busiest rank's bytes / bandwidth +
+  compute, plus a fixed cost per collective (:data:`COLLECTIVES_PER_STEP`), which is what
+  makes a plan that mixes types pay for the extra collectives of each sharding it adds.
 """
 
 from __future__ import annotations
@@ -109,6 +112,39 @@ def plan_rank_bytes(options: List[ShardingOption], traffic: TrafficTable, world:
     return total
 
 
+def option_rank_work(so: ShardingOption, t: cm.TableTraffic, world: int, owner: Optional[int] = None
+                     ) -> torch.Tensor:
+    """Compute work of each rank per step for this option's table (``[W, len(WORK_TERMS)]``,
+    cost_model.py), owners as in :func:`option_rank_bytes`."""
+    st = so.sharding_type
+    if st == FREQUENCY_HYBRID:
+        ch = so.hybrid_choice
+        shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, _hybrid_bounds(so, world, owner))
+        return cm.hybrid_rank_work(t, ch.coverage, shares, hot)
+    if st == cm.TABLE_WISE:
+        return cm.table_wise_rank_work(t, owner if owner is not None else (so.shards[0].rank or 0))
+    if st in (cm.COLUMN_WISE, "table_column_wise"):
+        owners = [owner if s.rank is None else s.rank for s in so.shards]
+        return cm.column_wise_rank_work(t, [o or 0 for o in owners], [s.size[1] for s in so.shards])
+    if st in (cm.ROW_WISE, "table_row_wise", "grid_shard"):
+        return cm.row_wise_rank_work(t)
+    if st == cm.DATA_PARALLEL:
+        return cm.data_parallel_rank_work(t)
+    raise ValueError(f"table {so.name!r}: no compute model for sharding type {st!r}")
+
+
+def plan_rank_work(options: List[ShardingOption], traffic: TrafficTable, world: int) -> torch.Tensor:
+    """Compute work of each rank per step under a partitioned plan, ``[W, len(WORK_TERMS)]``:
+    its tables' work plus one fixed term per sharding group (stock types, hybrid)."""
+    total = torch.zeros(world, len(cm.WORK_TERMS), dtype=torch.float64)
+    for so in options:
+        total += option_rank_work(so, traffic.of(so, world), world)
+    for types in _groups(options).values():
+        total[:, cm.WORK_TERMS.index("group_stock")] += len(types - {FREQUENCY_HYBRID})
+        total[:, cm.WORK_TERMS.index("group_hybrid")] += int(FREQUENCY_HYBRID in types)
+    return total
+
+
 def collectives_per_step(options: List[ShardingOption]) -> int:
     """Collectives a plan issues per step (per module: each sharding group's own)."""
     n = 0
@@ -120,28 +156,38 @@ def collectives_per_step(options: List[ShardingOption]) -> int:
 
 
 def plan_cost(options: List[ShardingOption], traffic: TrafficTable, topology: Topology,
-              collective_ms: float = DEFAULT_COLLECTIVE_MS) -> Dict[str, float]:
-    """Step cost of a partitioned plan: busiest rank's bytes / bandwidth + collectives."""
+              collective_ms: float = DEFAULT_COLLECTIVE_MS, compute: Optional[cm.ComputeCosts] = None
+              ) -> Dict[str, float]:
+    """Step cost of a partitioned plan: the busiest rank's bytes / bandwidth + its compute
+    (``compute`` prices, cost_model.py; None: none), + a fixed cost per collective."""
     from torchrec_hybrid.planner.estimators import bandwidths
 
-    per_rank = plan_rank_bytes(options, traffic, topology.world_size)
+    w = topology.world_size
+    per_rank = plan_rank_bytes(options, traffic, w)
     n = collectives_per_step(options)
     bw = bandwidths(topology)["a2a"]
-    return {"cost_ms": float(per_rank.max()) / bw + n * collective_ms, "busiest_bytes": float(per_rank.max()),
-            "mean_bytes": float(per_rank.mean()), "collectives": float(n)}
+    work_ms = compute.ms(plan_rank_work(options, traffic, w), per_rank) if compute else torch.zeros(w)
+    rank_ms = per_rank / bw + work_ms
+    busiest = int(torch.argmax(rank_ms))
+    return {"cost_ms": float(rank_ms[busiest]) + n * collective_ms, "busiest_bytes": float(per_rank.max()),
+            "mean_bytes": float(per_rank.mean()), "collectives": float(n),
+            "compute_ms": float(work_ms[busiest]), "bytes_ms": float(per_rank[busiest]) / bw}
 
 
 class BytesPerfEstimator(ShardEstimator):
-    """``shard.perf`` of every option from the byte model (see the module docstring).
+    """``shard.perf`` of every option from the byte and compute models (module docstring).
 
-    A shard's cost is the traffic of its table that passes through its owner: what the
-    owner sends plus what the other ranks send it. One-shard options (table_wise, hybrid
-    with table-wise cold) are priced as if on rank 0: by symmetry any owner costs the same.
+    A shard's comms are the traffic of its table that passes through its owner: what the
+    owner sends plus what the other ranks send it; its compute, the work of its table on its
+    owner (and, for one-shard options, on every rank: it all exists because of this shard).
+    One-shard options (table_wise, hybrid with table-wise cold) are priced as if on rank 0:
+    by symmetry any owner costs the same.
     """
 
-    def __init__(self, topology: Topology, traffic: TrafficTable) -> None:
+    def __init__(self, topology: Topology, traffic: TrafficTable, compute: Optional[cm.ComputeCosts] = None) -> None:
         self._topology = topology
         self._traffic = traffic
+        self._compute = compute
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
         from torchrec_hybrid.planner.estimators import bandwidths
@@ -150,9 +196,15 @@ class BytesPerfEstimator(ShardEstimator):
         bw = bandwidths(self._topology)["a2a"]
         for so in sharding_options:
             t = self._traffic.of(so, w)
+            work = None
+            if self._compute is not None:
+                single = len(so.shards) == 1
+                work = self._compute.ms(option_rank_work(so, t, w, owner=0 if single else None),
+                                        option_rank_bytes(so, t, w, self._traffic.gloo, owner=0 if single else None))
             for i, shard in enumerate(so.shards):
                 through = shard_traffic(so, t, w, i, self._traffic.gloo)
-                shard.perf = Perf(fwd_compute=0.0, fwd_comms=through / bw, bwd_compute=0.0, bwd_comms=0.0)
+                fwd = 0.0 if work is None else float(work.sum() if len(so.shards) == 1 else work[i])
+                shard.perf = Perf(fwd_compute=fwd, fwd_comms=through / bw, bwd_compute=0.0, bwd_comms=0.0)
 
 
 def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int, gloo: bool = True) -> float:

@@ -24,6 +24,8 @@ from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, Sha
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly
+from torchrec_hybrid.planner.compute_costs import default_compute_costs
+from torchrec_hybrid.planner.cost_model import ComputeCosts
 from torchrec_hybrid.planner.estimators import traffic_of
 from torchrec_hybrid.planner.plan_cost import DEFAULT_COLLECTIVE_MS, TrafficTable, plan_cost, plan_rank_bytes
 from torchrec_hybrid.sharding import row_blocks
@@ -84,6 +86,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             cheapest stock option a hybrid option (and over the stock plan a plan with
             hybrid tables) must show to be chosen.
         collective_ms: fixed cost of one collective in the plan comparison (plan_cost.py).
+        compute_costs: prices of each rank's compute work (``cost_model.ComputeCosts``, fitted
+            by ``benchmarks/calibrate.py``); "default": the fit for the topology's compute
+            device (``compute_costs.py``); None: bytes and collectives only.
         compare_plans: also plan with TorchRec's own planner and with every eligible table
             hybrid, price the three with the same model and return the cheapest (default).
 
@@ -98,13 +103,20 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                  debug: bool = True, callbacks=None, timeout_seconds=None, plan_loader=None, *,
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
                  max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
-                 collective_ms: float = DEFAULT_COLLECTIVE_MS, compare_plans: bool = True) -> None:
+                 collective_ms: float = DEFAULT_COLLECTIVE_MS, compare_plans: bool = True,
+                 compute_costs: Any = "default") -> None:
         if stats is not None and _is_frequency_stats(stats):
             frequency_stats, stats = stats, None
         self._user_constraints = constraints
+        if isinstance(compute_costs, str):
+            if compute_costs != "default":
+                raise ValueError(f"compute_costs={compute_costs!r}: pass a ComputeCosts, None or 'default'")
+            compute_costs = default_compute_costs(topology.compute_device if topology is not None else "cuda")
+        elif compute_costs is not None and not isinstance(compute_costs, ComputeCosts):
+            raise TypeError(f"compute_costs must be a ComputeCosts, None or 'default', not {type(compute_costs)}")
         self._args = dict(topology=topology, batch_size=batch_size, frequency_stats=frequency_stats,
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
-                          collective_ms=collective_ms)
+                          collective_ms=collective_ms, compute_costs=compute_costs)
         constraints = constraints_with_measured_pooling(constraints, frequency_stats)
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
@@ -115,18 +127,26 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._hybrid_enumerator = enumerator or HybridEnumerator(
             _compat.planner_topology(self), _compat.planner_batch_size(self), constraints,
             frequency_stats=frequency_stats, hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows,
-            min_saving=min_saving)
+            min_saving=min_saving, compute_costs=compute_costs)
         _compat.set_planner_enumerator(self, self._hybrid_enumerator)
         self.frequency_stats = frequency_stats
         self._min_saving = min_saving
         self._collective_ms = collective_ms
+        self.compute_costs: Optional[ComputeCosts] = compute_costs
         self._compare = compare_plans
         self.candidates: List[PlanCandidate] = []
         self._chosen: Optional[PlanCandidate] = None
         self._traffic_table: Optional[TrafficTable] = None
 
     # -- planning ----------------------------------------------------------------------------
+    def collective_plan(self, module, sharders=None, pg=None) -> ShardingPlan:
+        # on every rank: TorchRec plans on rank 0 and broadcasts, so an error raised only
+        # there would leave the other ranks waiting in the broadcast
+        _check_sharder_hot_ids(module, sharders)
+        return super().collective_plan(module, sharders, pg)
+
     def plan(self, module, sharders) -> ShardingPlan:
+        _check_sharder_hot_ids(module, sharders)
         mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
                                 _compat.planner_best_plan(self))
         self.candidates = [mixed]
@@ -139,12 +159,14 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._chosen = best
         for line in self.comparison_table():
             logger.info(line)
+        if self._compare:  # the inner all-hybrid planner does not warn a second time
+            _check_sharder_hot_ids(module, sharders, best.plan)
         return best.plan
 
     def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption]) -> PlanCandidate:
         plan = self._attach_hot_ids(plan, options)
         traffic = self._traffic(options)
-        cost = plan_cost(options, traffic, _compat.planner_topology(self), self._collective_ms)
+        cost = plan_cost(options, traffic, _compat.planner_topology(self), self._collective_ms, self.compute_costs)
         per_rank = plan_rank_bytes(options, traffic, _compat.planner_topology(self).world_size)
         return PlanCandidate(name, plan, list(options), cost, per_rank.tolist())
 
@@ -232,6 +254,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                          f"{int(c.cost['collectives'])} collectives, {c.cost['cost_ms']:.3f} ms; {types}")
         return lines
 
+    def traffic_table(self) -> Optional[TrafficTable]:
+        """The workload the last plan was priced on (per table: rows, dim, pooling, batch)."""
+        return self._traffic_table
+
     def estimated_rank_bytes(self) -> List[float]:
         """The model's bytes sent per rank per step under the last returned plan."""
         return list(self._chosen.rank_bytes) if self._chosen else []
@@ -243,6 +269,17 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def planned_options(self) -> List[Any]:
         """The sharding options of the last returned plan (``hybrid_choice`` on hybrid ones)."""
         return list(self._chosen.options) if self._chosen else list(_compat.planner_best_plan(self) or [])
+
+
+def _check_sharder_hot_ids(module, sharders, plan: Optional[ShardingPlan] = None) -> None:
+    """Sharders' hot ids naming no table of ``module`` raise; with ``plan``, those of tables
+    it does not make frequency_hybrid get one warning (sharding_plan.check_hot_ids)."""
+    from torchrec_hybrid.sharding_plan import check_hot_ids, embedding_table_names
+
+    tables = embedding_table_names(module)
+    for s in sharders or []:
+        if getattr(s, "hot_ids", None):
+            check_hot_ids(s.hot_ids, plan, tables=tables)
 
 
 def _without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]]):

@@ -1,0 +1,234 @@
+"""Fit the planner's compute prices (``cost_model.ComputeCosts``) from measured steps.
+
+The byte model prices what crosses the network; what a rank computes besides (TBE lookups,
+the sharding's own packing and index work, the fixed ops of each sharding group) is priced
+by a linear model of the work terms ``cost_model.WORK_TERMS``. This script measures it the
+way a user's job runs: W gloo ranks, the Criteo tables of the product benchmark, several
+workloads, and per workload several plans (TorchRec's planner's, ours planned on bytes alone,
+and table_wise, column_wise, small-tables-data_parallel and frequency_hybrid plans, so every
+term varies), trained step by step with the
+order of the plans rotated. Per rank and plan it records the CPU time of a step (process
+time: immune to the other ranks sharing the cores) and the model's work and bytes for that
+rank, then fits non-negative prices by least squares:
+
+    cpu_ms[rank] - bytes[rank] / bandwidth = work[rank] . prices + bytes[rank] * ns_per_byte
+
+Results: ``<out>.json`` (every measurement and the fit) and ``<out>.md`` (fit and
+per-plan error). The CPU defaults in ``torchrec_hybrid/planner/compute_costs.py`` are the
+committed fit (a test checks they match ``benchmarks/results/calibration.json``).
+
+    python -m benchmarks.calibrate --out /tmp/calibration        # ~10 minutes, 2 cores
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+import torch
+
+from benchmarks.product import WORKLOADS, _data
+from torchrec_hybrid.spawn import spawn_ranks
+
+logger = logging.getLogger(__name__)
+
+PLANS = ("stock_planner", "hybrid_planner", "table_wise", "column_wise", "small_data_parallel", "all_hybrid")
+SMALL_ROWS = 10_000  # "small_data_parallel": tables below this many rows data_parallel, the rest table_wise
+
+
+def _plans(tables, stats, spec, world: int, pg):
+    """Every plan of :data:`PLANS` with its sharding options and the traffic it was priced on."""
+    import torchrec
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
+    from torchrec_hybrid import _compat
+    from torchrec_hybrid.planner import cost_model as cm
+    from torchrec_hybrid.types import FREQUENCY_HYBRID
+
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    topo = Topology(world_size=world, compute_device="cpu")
+    hyb = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
+    stock = EmbeddingBagCollectionSharder(fused_params=dict(fused))
+
+    def ebc():
+        return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+    def only(sharding_type: str) -> Dict[str, ParameterConstraints]:
+        """Every table of at least 1,000 rows this type (smaller ones: the planner's choice)."""
+        return {t.name: ParameterConstraints(sharding_types=[sharding_type]) for t in tables
+                if t.num_embeddings >= 1000}
+
+    out: Dict[str, Any] = {}
+    hp = HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
+                                        compute_costs=cm.ComputeCosts())
+    out["hybrid_planner"] = (hp.collective_plan(ebc(), [hyb], pg), hp.planned_options(), hyb)
+    traffic = hp.traffic_table()
+    small_dp = {t.name: ParameterConstraints(sharding_types=["data_parallel" if t.num_embeddings < SMALL_ROWS
+                                                             else "table_wise"]) for t in tables}
+    for name, cons in (("stock_planner", None), ("table_wise", only("table_wise")),
+                       ("column_wise", only("column_wise")), ("small_data_parallel", small_dp)):
+        sp = EmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], constraints=cons)
+        out[name] = (sp.collective_plan(ebc(), [stock], pg), _compat.planner_best_plan(sp), stock)
+    ap = HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
+                                        constraints=only(FREQUENCY_HYBRID), compare_plans=False,
+                                        compute_costs=cm.ComputeCosts())
+    out["all_hybrid"] = (ap.collective_plan(ebc(), [hyb], pg), ap.planned_options(), hyb)
+    return out, traffic, topo
+
+
+def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, warmup: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from torchrec_hybrid.planner.estimators import bandwidths
+    from torchrec_hybrid.planner.plan_cost import plan_rank_bytes, plan_rank_work
+
+    tables, stats, batches = _data(spec, world, rank, rows_cap, 8, warmup + steps)
+    plans, traffic, topo = _plans(tables, stats, spec, world, dist.GroupMember.WORLD)
+    models = {n: DistributedModelParallel(torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+                                          device=torch.device("cpu"), plan=p, sharders=[s])
+              for n, (p, _, s) in plans.items()}
+    logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
+    cpu: Dict[str, List[float]] = {n: [] for n in models}
+    names = list(models)
+    for i, kjt in enumerate(batches):
+        k = i % len(names)
+        for name in names[k:] + names[:k]:  # rotated order: no plan always runs first
+            dist.barrier()
+            c0 = time.process_time()
+            models[name](kjt).wait().values().sum().backward()
+            if i >= warmup:
+                cpu[name].append((time.process_time() - c0) * 1e3)
+    out = {"cpu_ms": {n: statistics.median(v) for n, v in cpu.items()}}
+    if rank == 0:
+        out["work"] = {n: plan_rank_work(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
+        out["bytes"] = {n: plan_rank_bytes(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
+        out["a2a_bytes_per_ms"] = bandwidths(topo)["a2a"]
+    emit(out)
+
+
+def measure(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
+    per_rank = [r[0] for r in spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[workload],
+                                          rows_cap=rows_cap, warmup=warmup, steps=steps)]
+    r0 = per_rank[0]
+    return {"workload": workload, "world": world, "a2a_bytes_per_ms": r0["a2a_bytes_per_ms"],
+            "plans": {n: {"cpu_ms": [r["cpu_ms"][n] for r in per_rank], "work": r0["work"][n],
+                          "bytes": r0["bytes"][n]} for n in r0["work"]}}
+
+
+def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Non-negative least squares (Lawson-Hanson active set; small problems)."""
+    n = a.shape[1]
+    x, passive = np.zeros(n), np.zeros(n, dtype=bool)
+    for _ in range(3 * n):
+        grad = a.T @ (b - a @ x)
+        if passive.all() or grad[~passive].max(initial=0.0) <= 1e-12:
+            break
+        passive[np.argmax(np.where(passive, -np.inf, grad))] = True
+        while True:
+            z = np.zeros(n)
+            z[passive] = np.linalg.lstsq(a[:, passive], b, rcond=None)[0]
+            if (z[passive] > 0).all():
+                x = z
+                break
+            neg = passive & (z <= 0)
+            alpha = np.min(x[neg] / (x[neg] - z[neg]))
+            x = x + alpha * (z - x)
+            passive &= x > 1e-15
+    return x
+
+
+def fit(results: List[Dict[str, Any]]) -> Dict[str, Any]:
+    """Non-negative prices of the work terms (and a per-byte CPU cost) from every rank of
+    every plan and workload; and per plan the mean and busiest rank, measured vs fitted."""
+    from torchrec_hybrid.planner import cost_model as cm
+
+    rows, ys, keys = [], [], []
+    for res in results:
+        bw = res["a2a_bytes_per_ms"]
+        for name, p in res["plans"].items():
+            for r, (w, b, y) in enumerate(zip(p["work"], p["bytes"], p["cpu_ms"])):
+                rows.append(list(w) + [b])
+                ys.append(y - b / bw)
+                keys.append((res["workload"], name, r))
+    a, y = np.array(rows), np.array(ys)
+    scale = np.maximum(np.abs(a).max(0), 1e-30)  # column scaling for a well-conditioned fit
+    x = nnls(a / scale, y) / scale
+    # ns per unit for the element/id terms, ms per group, ns per byte
+    prices = dict(zip(cm.WORK_TERMS, x[:-1].tolist()))
+    costs = {t: prices[t] * 1e6 for t in cm.WORK_TERMS if not t.startswith("group")}
+    costs.update(group_stock_ms=prices["group_stock"], group_hybrid_ms=prices["group_hybrid"],
+                 ns_per_byte=float(x[-1]) * 1e6)
+    pred = a @ x
+    per_plan = []
+    for res in results:
+        bw = res["a2a_bytes_per_ms"]
+        for name, p in res["plans"].items():
+            idx = [i for i, k in enumerate(keys) if k[0] == res["workload"] and k[1] == name]
+            meas = np.array(p["cpu_ms"])
+            model = pred[idx] + np.array(p["bytes"]) / bw
+            per_plan.append({"workload": res["workload"], "plan": name, "measured_mean_ms": float(meas.mean()),
+                             "model_mean_ms": float(model.mean()), "measured_busiest_ms": float(meas.max()),
+                             "model_busiest_ms": float(model.max())})
+    resid = y - pred
+    return {"costs": costs, "rms_ms": float(np.sqrt((resid ** 2).mean())), "per_plan": per_plan}
+
+
+def report(fitted: Dict[str, Any], world: int) -> List[str]:
+    c = fitted["costs"]
+    lines = [f"# Compute prices fitted from measured steps ({world} gloo ranks, CPU)", "",
+             "| term | price |", "|---|---:|"]
+    for k, v in c.items():
+        unit = "ms per group" if k.endswith("_ms") else ("ns per byte" if k == "ns_per_byte" else "ns per unit")
+        lines.append(f"| {k} | {v:.4g} {unit} |")
+    lines += ["", f"RMS error per rank: {fitted['rms_ms']:.2f} ms", "",
+              "| workload | plan | CPU ms per step, mean rank: measured / model | busiest rank: measured / model |",
+              "|---|---|---:|---:|"]
+    for p in fitted["per_plan"]:
+        lines.append(f"| {p['workload']} | {p['plan']} | {p['measured_mean_ms']:.1f} / {p['model_mean_ms']:.1f} "
+                     f"| {p['measured_busiest_ms']:.1f} / {p['model_busiest_ms']:.1f} |")
+    return lines
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--workloads", nargs="+", default=["onehot", "multihot", "uniform"], choices=list(WORKLOADS))
+    ap.add_argument("--rows-cap", type=int, default=100_000)
+    ap.add_argument("--warmup", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=12)
+    ap.add_argument("--out", default=os.path.join("out", "calibration"), help="path prefix of the .json/.md")
+    ap.add_argument("--refit", action="store_true", help="fit again from <out>.json without measuring")
+    args = ap.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.refit:
+        with open(args.out + ".json") as f:
+            results = json.load(f)["measurements"]
+    else:
+        from tqdm import tqdm
+
+        results = [measure(w, args.world, args.rows_cap, args.warmup, args.steps)
+                   for w in tqdm(args.workloads, desc="workloads")]
+    fitted = fit(results)
+    os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+    with open(args.out + ".json", "w") as f:
+        json.dump({"args": vars(args), "measurements": results, "fit": fitted}, f, indent=1)
+    lines = report(fitted, args.world)
+    with open(args.out + ".md", "w") as f:
+        f.write("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

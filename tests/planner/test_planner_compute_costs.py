@@ -1,0 +1,112 @@
+"""The compute side of the cost model: work per rank, its prices, and what the planner does with them."""
+
+import dataclasses
+import json
+import pathlib
+
+import pytest
+import torch
+
+from torchrec_hybrid import FREQUENCY_HYBRID
+from torchrec_hybrid.planner import compute_costs
+from torchrec_hybrid.planner import cost_model as cm
+from tests.planner.planner_testutils import exact_stats, plan_for, tables, zipf_probs
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+def _traffic(pooling: float = 1.0, world: int = 4) -> cm.TableTraffic:
+    return cm.TableTraffic(rows=50_000, dim=32, features=2, pooling=pooling, batch=512, world=world)
+
+
+@pytest.mark.parametrize("pooling", [1.0, 12.0])
+def test_mean_work_is_the_mean_of_the_rank_work(pooling):
+    t = _traffic(pooling)
+    shares = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    hot = 400
+    per_rank = cm.hybrid_rank_work(t, 0.6, shares, shares * hot)  # hot rows spread as the cold lookups
+    mean = cm.hybrid_mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares)
+    torch.testing.assert_close(per_rank.mean(0), mean)
+
+
+def test_table_wise_work_sits_on_the_owner_and_sums_like_row_wise():
+    t = _traffic(3.0)
+    tw = cm.table_wise_rank_work(t, owner=2)
+    lookup = cm.WORK_TERMS.index("lookup")
+    assert tw[2, lookup] == t.world * t.lookups * t.dim and tw[[0, 1, 3], lookup].eq(0).all()
+    # the same lookups in total as a row-wise table, spread instead of on one rank
+    torch.testing.assert_close(tw[:, lookup].sum(), cm.row_wise_rank_work(t)[:, lookup].sum())
+
+
+def test_prices_are_linear_and_zero_prices_cost_nothing():
+    work = torch.rand(4, len(cm.WORK_TERMS), dtype=torch.float64) * 1e6
+    sent = torch.rand(4, dtype=torch.float64) * 1e6
+    assert cm.ComputeCosts().ms(work, sent).eq(0).all()
+    c = cm.ComputeCosts(lookup=1.0, vector_hybrid=2.0, group_hybrid_ms=0.5, ns_per_byte=0.1)
+    torch.testing.assert_close(c.ms(2 * work, 2 * sent), 2 * c.ms(work, sent))
+    i, j, g = (cm.WORK_TERMS.index(n) for n in ("lookup", "vector_hybrid", "group_hybrid"))
+    expect = (work[:, i] * 1.0 + work[:, j] * 2.0 + sent * 0.1) * 1e-6 + work[:, g] * 0.5
+    torch.testing.assert_close(c.ms(work, sent), expect)
+
+
+def _skewed():
+    cfg = tables({"small": 2_000, "big": 100_000})
+    return cfg, exact_stats(cfg, {"big": zipf_probs(100_000, 1.1), "small": zipf_probs(2_000, 1.1)})
+
+
+def test_the_plan_cost_adds_the_busiest_ranks_compute():
+    cfg, st = _skewed()
+    free, _ = plan_for(cfg, st, compute_costs=None)
+    priced, _ = plan_for(cfg, st, compute_costs=cm.ComputeCosts(lookup=1.0, vector_stock=1.0, vector_hybrid=1.0))
+    for c in priced.candidates:
+        assert c.cost["compute_ms"] > 0
+        assert c.cost["cost_ms"] >= c.cost["bytes_ms"] + c.cost["compute_ms"] - 1e-9
+    assert all(c.cost["compute_ms"] == 0 for c in free.candidates)
+
+
+def test_expensive_hybrid_compute_makes_the_planner_keep_stock_types():
+    cfg, st = _skewed()
+    _, cheap = plan_for(cfg, st, compute_costs=None)
+    assert cheap["big"].sharding_type == FREQUENCY_HYBRID
+    # the same workload on a machine where the hybrid's own work is dear
+    _, dear = plan_for(cfg, st, compute_costs=cm.ComputeCosts(vector_hybrid=1e3, ids_hybrid=1e3))
+    assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in dear.values())
+
+
+def test_compute_prices_shrink_the_hot_set():
+    cfg, st = _skewed()
+    free, _ = plan_for(cfg, st, compute_costs=None, compare_plans=False)
+    # every hot row is looked up by its owner each step: dear lookups make hot rows dearer
+    dear_rows, _ = plan_for(cfg, st, compute_costs=cm.ComputeCosts(lookup=200.0), compare_plans=False)
+    h_free = free._hybrid_enumerator.choices["big"]["row_wise"].hot_rows
+    h_dear = dear_rows._hybrid_enumerator.choices["big"]["row_wise"].hot_rows
+    assert 0 < h_dear < h_free
+
+
+def test_bad_compute_costs_are_refused():
+    cfg, st = _skewed()
+    with pytest.raises(ValueError, match="compute_costs='fast'"):
+        plan_for(cfg, st, compute_costs="fast")
+    with pytest.raises(TypeError, match="compute_costs"):
+        plan_for(cfg, st, compute_costs={"lookup": 1.0})
+
+
+def test_cpu_defaults_are_the_committed_calibration():
+    fitted = compute_costs.load_calibration(str(ROOT / "benchmarks" / "results" / "calibration.json"))
+    cpu = compute_costs.default_compute_costs("cpu")
+    assert cpu is not None and cpu.source == "benchmarks/results/calibration.json"
+    for f in dataclasses.fields(cm.ComputeCosts):
+        if f.name != "source":  # the code keeps 4 significant digits
+            assert getattr(cpu, f.name) == pytest.approx(getattr(fitted, f.name), rel=1e-3, abs=1e-9), f.name
+    assert compute_costs.default_compute_costs("cuda") is None
+
+
+def test_a_bad_calibration_file_names_itself(tmp_path):
+    bad = tmp_path / "cal.json"
+    bad.write_text(json.dumps({"fit": {"costs": {"lookup": 1.0}}}))
+    with pytest.raises(ValueError, match="cal.json.*missing"):
+        compute_costs.load_calibration(str(bad))
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="not a calibration file"):
+        compute_costs.load_calibration(str(bad))
+    assert compute_costs.default_compute_costs("cuda") is None

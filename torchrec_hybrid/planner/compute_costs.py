@@ -1,0 +1,54 @@
+"""Default compute prices for the planner's cost model, per compute device.
+
+The planner prices a plan as bytes / bandwidth + compute work (``cost_model.ComputeCosts``)
++ collectives. The prices depend on the machine, so they are measured, not guessed:
+``python -m benchmarks.calibrate`` trains several plans on the user's own ranks and fits
+them (``docs/architecture.md``, "cost model"). The CPU defaults below are that fit on the
+development machine (4 gloo ranks on 2 cores, ``benchmarks/results/calibration.json``; a
+test keeps them equal). No GPU fit exists yet: on CUDA the default prices are zero (bytes and
+collectives only, as before compute was priced) until a user passes their own fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Dict, Optional
+
+from torchrec_hybrid.planner.cost_model import ComputeCosts
+
+CPU_GLOO = ComputeCosts(
+    lookup=0.3116,
+    vector_stock=3.463,
+    vector_hybrid=5.775,
+    ids_stock=0.0,
+    ids_hybrid=22.34,
+    group_stock_ms=1.208,
+    group_hybrid_ms=0.0,
+    ns_per_byte=1.29,
+    source="benchmarks/results/calibration.json",
+)
+
+
+def load_calibration(path: str) -> ComputeCosts:
+    """The prices fitted by ``python -m benchmarks.calibrate --out PREFIX`` (``PREFIX.json``),
+    to pass as ``HybridEmbeddingShardingPlanner(compute_costs=...)`` on the machine measured."""
+    try:
+        with open(path) as f:
+            costs: Dict[str, Any] = json.load(f)["fit"]["costs"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"{path}: not a calibration file of benchmarks/calibrate.py ({e!r})") from e
+    known = {f.name for f in dataclasses.fields(ComputeCosts)} - {"source"}
+    unknown, missing = set(costs) - known, known - set(costs)
+    if unknown or missing:
+        raise ValueError(f"{path}: calibration terms differ from ComputeCosts: unknown {sorted(unknown)}, "
+                         f"missing {sorted(missing)}")
+    bad = {k: v for k, v in costs.items() if not isinstance(v, (int, float)) or not v >= 0}
+    if bad:
+        raise ValueError(f"{path}: prices must be numbers >= 0, got {bad}")
+    return ComputeCosts(**{k: float(v) for k, v in costs.items()}, source=path)
+
+
+def default_compute_costs(compute_device: str) -> Optional[ComputeCosts]:
+    """The prices the planner uses when the user passes none."""
+    return CPU_GLOO if compute_device == "cpu" else None
