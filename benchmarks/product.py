@@ -5,8 +5,11 @@ Per workload and world size, in one gloo process group: frequency statistics are
 ``EmbeddingShardingPlanner`` each plan the same EBC (26 Criteo-Kaggle tables capped at
 ``--rows-cap``, dim 64, EXACT_ROWWISE_ADAGRAD) for the same topology
 (``Topology(world_size=W, compute_device="cpu")``); both plans train on the same, other,
-batches, step by step, the order of the two alternating every step, each step behind a
-barrier. Per model: bytes each rank sends (``wchar`` of ``/proc/self/io``) - the mean over
+batches, step by step, the order of the plans rotating every step, each step behind a
+barrier. The hybrid planner plans twice: as a user of this machine gets it (``hybrid_planner``:
+compute priced by the CPU calibration, ``planner/compute_costs.py``) and as it plans for a
+network-bound cluster (``hybrid_planner_bytes``: bytes and collectives only, the default on
+CUDA). Per model: bytes each rank sends (``wchar`` of ``/proc/self/io``) - the mean over
 ranks and the busiest rank - and the median over steps of the slowest rank's step time;
 next to them the hybrid planner's own per-rank estimate of both plans.
 
@@ -38,7 +41,10 @@ WORKLOADS = {
     "sorted-multihot": dict(multi_hot=True, alpha=1.1, sorted_ids=True, batch=512),
     "uniform": dict(multi_hot=False, alpha=0.0, sorted_ids=False, batch=1024),
 }
-MODELS = ("hybrid_planner", "stock_planner")
+MODELS = ("hybrid_planner", "hybrid_planner_bytes", "stock_planner")
+# the hybrid planner as a user on this machine gets it (compute priced by the CPU calibration,
+# planner/compute_costs.py) and as it plans for a network-bound cluster (bytes and collectives)
+HYBRID_MODELS = {"hybrid_planner": "default", "hybrid_planner_bytes": None}
 
 
 def _data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batches: int, steps: int):
@@ -93,20 +99,21 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
         return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
     hyb_sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
-    hybrid_planner = HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats)
-    plans = {"hybrid_planner": hybrid_planner.collective_plan(ebc(), [hyb_sharder], pg)}
+    planners = {m: HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
+                                                  compute_costs=costs) for m, costs in HYBRID_MODELS.items()}
+    plans = {m: p.collective_plan(ebc(), [hyb_sharder], pg) for m, p in planners.items()}
     stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))
     plans["stock_planner"] = EmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"]).collective_plan(
         ebc(), [stock_sharder], pg)
     models = {name: DistributedModelParallel(ebc(), device=torch.device("cpu"), plan=plans[name],
-                                             sharders=[hyb_sharder if name == "hybrid_planner" else stock_sharder])
+                                             sharders=[hyb_sharder if name in HYBRID_MODELS else stock_sharder])
               for name in MODELS}
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
-    sent = {m: [] for m in MODELS}
-    times = {m: [] for m in MODELS}
+    sent: Dict[str, List[int]] = {m: [] for m in MODELS}
+    times: Dict[str, List[float]] = {m: [] for m in MODELS}
     for i, kjt in enumerate(batches):
-        order = MODELS if i % 2 == 0 else MODELS[::-1]
-        for name in order:
+        k = i % len(MODELS)
+        for name in MODELS[k:] + MODELS[:k]:  # rotated: no plan always runs first
             dist.barrier()
             b0, t0 = sent_bytes(), time.perf_counter()
             models[name](kjt).wait().values().sum().backward()
@@ -122,12 +129,13 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
                            "counts": counts}
     if rank == 0:
-        est = {c.name.split(":")[0]: c.rank_bytes for c in hybrid_planner.candidates}
-        chosen = [c.name for c in hybrid_planner.candidates if c.plan is plans["hybrid_planner"]]
-        out["estimate"] = {"hybrid_planner": hybrid_planner.estimated_rank_bytes(),
-                           "stock_planner": est.get("stock")}
-        out["chosen"] = chosen[0] if chosen else "?"
-        out["comparison"] = hybrid_planner.comparison_table()
+        first = planners["hybrid_planner"]
+        est = {c.name.split(":")[0]: c.rank_bytes for c in first.candidates}
+        out["estimate"] = {m: p.estimated_rank_bytes() for m, p in planners.items()}
+        out["estimate"]["stock_planner"] = est.get("stock")
+        out["chosen"] = {m: [c.name for c in p.candidates if c.plan is plans[m]][:1] or ["?"]
+                         for m, p in planners.items()}
+        out["comparison"] = {m: p.comparison_table() for m, p in planners.items()}
         out["types"] = {m: _types(p) for m, p in plans.items()}
     emit(out)
 
@@ -158,26 +166,29 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
                   "estimate_error_per_rank": None if not est else [e / s - 1 for e, s in zip(est, sent)],
                   # per step, the busiest rank's count (collectives are the same on every rank)
                   "counts": {k: max(o["counts"][m][k] for o in outs) for k in r0["counts"][m]}}
-    h, s = res["hybrid_planner"], res["stock_planner"]
-    res["busiest_ratio"] = h["busiest_bytes"] / s["busiest_bytes"]
-    res["mean_ratio"] = h["mean_bytes"] / s["mean_bytes"]
-    res["step_ratio"] = h["median_step_s"] / s["median_step_s"]
-    res["hybrid_busiest_over_mean"] = h["busiest_bytes"] / h["mean_bytes"]
+    s = res["stock_planner"]
+    res["ratios"] = {m: {"busiest": res[m]["busiest_bytes"] / s["busiest_bytes"],
+                         "mean": res[m]["mean_bytes"] / s["mean_bytes"],
+                         "step": res[m]["median_step_s"] / s["median_step_s"],
+                         "busiest_over_mean": res[m]["busiest_bytes"] / res[m]["mean_bytes"]}
+                     for m in HYBRID_MODELS}
     return res
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
-    lines = ["| workload | W | hybrid planner's plan | busiest-rank MB: hybrid / stock | ratio | mean ratio "
-             "| busiest/mean (hybrid) | median step ratio | estimate error per rank (hybrid; stock) |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---|"]
+    lines = ["| workload | W | plan | its types | busiest-rank MB: plan / stock | ratio | mean ratio "
+             "| busiest/mean | median step ratio | estimate error per rank (plan; stock) |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+    err = lambda e: "-" if not e else f"{min(e) * 100:+.0f}..{max(e) * 100:+.0f}%"  # noqa: E731
     for r in results:
-        h, s = r["hybrid_planner"], r["stock_planner"]
-        err = lambda e: "-" if not e else f"{min(e) * 100:+.0f}..{max(e) * 100:+.0f}%"  # noqa: E731
-        types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"]["hybrid_planner"].items()))
-        lines.append(f"| {r['workload']} | {r['world']} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
-                     f"{s['busiest_bytes'] / 1e6:.2f} | **{r['busiest_ratio']:.2f}x** | {r['mean_ratio']:.2f}x | "
-                     f"{r['hybrid_busiest_over_mean']:.2f} | {r['step_ratio']:.2f}x | "
-                     f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
+        s = r["stock_planner"]
+        for m in HYBRID_MODELS:
+            h, q = r[m], r["ratios"][m]
+            types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"][m].items()))
+            lines.append(f"| {r['workload']} | {r['world']} | {m} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
+                         f"{s['busiest_bytes'] / 1e6:.2f} | **{q['busiest']:.2f}x** | {q['mean']:.2f}x | "
+                         f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | "
+                         f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
     lines += ["", "Per training step (forward / backward), counted by a dispatch hook "
               "(`benchmarks/step_counts.py`), busiest rank:", "",
               "| workload | W | plan | collectives | host syncs | ops dispatched |", "|---|---:|---|---:|---:|---:|"]
@@ -207,8 +218,9 @@ def main(argv=None) -> List[Dict[str, Any]]:
             t = time.time()
             results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps))
             r = results[-1]
-            logger.info("%s W=%d: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, r["busiest_ratio"],
-                        r["mean_ratio"], r["step_ratio"], time.time() - t)
+            for m, q in r["ratios"].items():
+                logger.info("%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, m,
+                            q["busiest"], q["mean"], q["step"], time.time() - t)
             with open(os.path.join(a.out, "product.json"), "w") as f:
                 json.dump({"args": vars(a), "results": results}, f, indent=1)
     with open(os.path.join(a.out, "product.md"), "w") as f:
