@@ -147,6 +147,11 @@ class TrainConfig:
     log_every: int = dataclasses.field(default=100, metadata=_non_negative("an integer >= 0"))
     progress_bar: bool = True
     log_level: Literal["debug", "info", "warning", "error"] = "info"
+    # torch.profiler chrome traces (one per rank) of `profile_steps` steps after the first
+    # `profile_after`, written to `profile_dir` (null: no profiling)
+    profile_dir: Optional[str] = None
+    profile_after: int = dataclasses.field(default=5, metadata=_non_negative("an integer >= 0"))
+    profile_steps: int = dataclasses.field(default=3, metadata=_positive("an integer > 0"))
 
 
 @dataclasses.dataclass

@@ -17,6 +17,7 @@ Rank 0 shows a tqdm bar and logs to stderr; at the end it prints ONE JSON line t
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import itertools
 import json
@@ -143,6 +144,38 @@ def validation_pass(dmp, pipeline, make_batches, cfg: Config, device, world: int
         pipeline.attach(model)
 
 
+class StepProfiler:
+    """``torch.profiler`` over steps ``first .. first + count - 1``: a chrome trace per rank
+    (``<dir>/trace_rank<r>.json``, open in chrome://tracing or Perfetto) showing where each
+    collective starts and is waited for; no-op without a directory."""
+
+    def __init__(self, directory: Optional[str], first: int, count: int, rank: int) -> None:
+        self._dir, self._first, self._last, self._rank = directory, first, first + count - 1, rank
+        self._prof: Optional[torch.profiler.profile] = None
+
+    @contextlib.contextmanager
+    def step(self, step: int):
+        if self._dir and step == self._first and self._prof is None:
+            self._prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]
+                                                + ([torch.profiler.ProfilerActivity.CUDA]
+                                                   if torch.cuda.is_available() else []))
+            self._prof.__enter__()
+        with torch.profiler.record_function(f"## step {step} ##") if self._prof else contextlib.nullcontext():
+            yield
+        if self._prof is not None and step == self._last:
+            self.close()
+
+    def close(self) -> None:
+        if self._prof is None or not self._dir:
+            return
+        self._prof.__exit__(None, None, None)
+        os.makedirs(self._dir, exist_ok=True)
+        path = os.path.join(self._dir, f"trace_rank{self._rank}.json")
+        self._prof.export_chrome_trace(path)
+        self._prof = None
+        logger.info("profiler trace of steps %d-%d: %s", self._first + 1, self._last + 1, path)
+
+
 def train(cfg: Config) -> Optional[Dict[str, Any]]:
     stop = StopRequest()  # before the process group: a signal from here on stops cleanly
     rank, world, device = setup_distributed(cfg)
@@ -224,13 +257,14 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
     stopped_by = 0
     dmp.train()
     step = saved_at = start
+    profiler = StepProfiler(cfg.train.profile_dir, start + cfg.train.profile_after, cfg.train.profile_steps, rank)
     while step < steps:
         stopped_by = stop.agreed(side_group)
         if stopped_by:
             logger.warning("%s: every rank stops at step %d", signal.Signals(stopped_by).name, step)
             break
         try:
-            with StepTimer() as t:  # nothing may print or log inside
+            with profiler.step(step), StepTimer() as t:  # nothing may print or log inside
                 loss, logits, labels = pipeline.progress(batches)
         except StopIteration:
             logger.warning("data ran out after %d steps", step)
@@ -256,6 +290,7 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
                             **ckpt_kw)
     bar.close()
     jsonl.close()
+    profiler.close()
     if cfg.checkpoint.dir and saved_at != step and (cfg.checkpoint.on_signal or not stopped_by):
         checkpoint.save(cfg.checkpoint.dir, step, dmp, opt, data_position=data_position + step - start,
                         **ckpt_kw)  # always leave a checkpoint of the last step

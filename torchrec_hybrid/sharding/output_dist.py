@@ -6,18 +6,21 @@ same all-to-all carries each owner's hot rows to every replica (hot_replica.py),
 sync costs no collective of its own. Both sides know the split sizes from what they already
 hold (the owner from what it received, the sample's rank from what it sent, and both the
 hot-row layout): no metadata round-trip. The backward runs the same all-to-all in reverse
-and, like TorchRec's pooled all-to-all, divides by W. MEAN features are pooled as SUM on
-both paths and divided by the full bag length here.
+and, like TorchRec's pooled all-to-all, divides by W. Both directions are asynchronous in
+TorchRec's request/wait pattern: ``forward`` starts the all-to-all and returns an awaitable
+(the model's dense part runs while it is in flight); the gradient's all-to-all starts as
+soon as autograd reaches the wait node and is waited for only where its result is needed.
+MEAN features are pooled as SUM on both paths and divided by the full bag length here.
 """
 
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.types import Awaitable, NoWait
+from torchrec.distributed.types import Awaitable
 
 from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
@@ -28,24 +31,71 @@ from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_position
 ReceivePlan = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (replica_dst, units per owner, order)
 
 
-class _VariableAllToAll(torch.autograd.Function):
-    """``all_to_all_single`` with split sizes, differentiable (reverse splits in backward)."""
+class _Request:
+    """One variable all-to-all in flight, shared by its request and wait nodes (and their
+    backward: the reverse all-to-all starts in the wait's backward, ends in the request's)."""
+
+    def __init__(self, pg: dist.ProcessGroup, send_splits: List[int], recv_splits: List[int]) -> None:
+        self.pg, self.send, self.recv = pg, send_splits, recv_splits
+        self.work: Optional[dist.Work] = None
+        self.out: Optional[torch.Tensor] = None
+        self.grad_work: Optional[dist.Work] = None
+        self.grad_out: Optional[torch.Tensor] = None
+
+
+class _AllToAllRequest(torch.autograd.Function):
+    """Starts ``all_to_all_single`` (async) and returns a token for :class:`_AllToAllWait`;
+    backward waits for the reverse all-to-all the wait's backward started (TorchRec's
+    ``All2Allv_Req`` pattern) and, like TorchRec's pooled all-to-all, divides by W."""
 
     @staticmethod
-    def forward(ctx, values, send_splits, recv_splits, pg):
-        ctx.splits, ctx.pg = (send_splits, recv_splits), pg
-        out = values.new_empty(sum(recv_splits))
-        dist.all_to_all_single(out, values.contiguous(), recv_splits, send_splits, group=pg)
-        return out
+    def forward(ctx, values, req: _Request):
+        ctx.req = req
+        req.out = values.new_empty(sum(req.recv))
+        req.work = dist.all_to_all_single(req.out, values.contiguous(), req.recv, req.send, group=req.pg,
+                                          async_op=True)
+        return values.new_empty(0)
+
+    @staticmethod
+    def backward(ctx, _token_grad):
+        req = ctx.req
+        assert req.grad_work is not None and req.grad_out is not None  # started by _AllToAllWait.backward
+        req.grad_work.wait()
+        grad = req.grad_out
+        if get_gradient_division():
+            grad.div_(req.pg.size())
+        return grad, None
+
+
+class _AllToAllWait(torch.autograd.Function):
+    """Waits for the request's all-to-all and returns what arrived; backward starts the
+    reverse all-to-all of the gradient (async) and hands the token its (empty) gradient."""
+
+    @staticmethod
+    def forward(ctx, token, req: _Request):
+        ctx.req = req
+        assert req.work is not None and req.out is not None
+        req.work.wait()
+        return req.out
 
     @staticmethod
     def backward(ctx, grad):
-        send_splits, recv_splits = ctx.splits
-        out = grad.new_empty(sum(send_splits))
-        dist.all_to_all_single(out, grad.contiguous(), send_splits, recv_splits, group=ctx.pg)
-        if get_gradient_division():
-            out.div_(ctx.pg.size())
-        return out, None, None, None
+        req = ctx.req
+        req.grad_out = grad.new_empty(sum(req.send))
+        req.grad_work = dist.all_to_all_single(req.grad_out, grad.contiguous(), req.send, req.recv, group=req.pg,
+                                               async_op=True)
+        return grad.new_empty(0), None
+
+
+class HybridPooledAwaitable(Awaitable[torch.Tensor]):
+    """The output all-to-all in flight; ``wait`` receives it and adds up the pooled output."""
+
+    def __init__(self, finish: Callable[[], torch.Tensor]) -> None:
+        super().__init__()
+        self._finish = finish
+
+    def _wait_impl(self) -> torch.Tensor:
+        return self._finish()
 
 
 def _interleave(a: torch.Tensor, b: torch.Tensor, total_a: int, total_b: int):
@@ -222,12 +272,19 @@ class HybridPooledEmbeddingDist(nn.Module):
         cold = out.cold.reshape(-1, D) if D else out.cold.reshape(-1)
         send = _Pack.apply(cold, index, row_pos, row_dst, W)
         splits = (torch.cat([send_units, recv_units]) * unit).tolist()  # the one host sync here
-        recv = _VariableAllToAll.apply(send.reshape(-1), splits[:W], splits[W:], self._pg)
-        partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
-                                          replica_src, self._replica_units)
-        pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
-        if self._any_mean:
-            per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
-            divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
-            pooled = pooled / divisor.to(pooled.dtype)
-        return NoWait(pooled)
+        req = _Request(self._pg, splits[:W], splits[W:])
+        token = _AllToAllRequest.apply(send.reshape(-1), req)
+
+        @record_function("## hybrid:output_dist_wait ##")
+        def finish() -> torch.Tensor:
+            recv = _AllToAllWait.apply(token, req)
+            partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
+                                              replica_src, self._replica_units)
+            pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
+            if self._any_mean:
+                per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
+                divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
+                pooled = pooled / divisor.to(pooled.dtype)
+            return pooled
+
+        return HybridPooledAwaitable(finish)
