@@ -43,8 +43,9 @@ def read_losses(path) -> List[Tuple[int, float]]:
         return [(r["step"], r["loss"]) for r in map(json.loads, f)]
 
 
-def test_smoke_two_ranks():
-    out, err = run_train("--steps", "6", "--set", "train.log_level=info")
+def test_smoke_two_ranks(tmp_path):
+    out, err = run_train("--steps", "6", "--set", "train.log_level=info", "--set", f"train.profile_dir={tmp_path}",
+                         "--set", "train.profile_after=2", "--set", "train.profile_steps=2")
     for k in KEYS + ("ne", "val_auc", "val_ne", "val_loss"):
         assert k in out, f"missing {k} in {out}"
         assert out[k] is not None and math.isfinite(out[k]), f"{k} = {out[k]}"
@@ -55,6 +56,12 @@ def test_smoke_two_ranks():
     # per rank memory and modelled bytes
     assert "plan: table" in err and "frequency_hybrid" in err and "hot cover" in err
     assert "plan: rank 1:" in err and "modelled" in err and "plan candidates" in err
+    # a chrome trace per rank of steps 3-4, with the hybrid's asynchronous output all-to-all in it
+    for r in (0, 1):
+        with open(tmp_path / f"trace_rank{r}.json") as f:
+            names = {e.get("name") for e in json.load(f)["traceEvents"]}
+        assert {"## step 2 ##", "## step 3 ##", "_AllToAllRequest", "_AllToAllWait"} <= names
+        assert "## step 4 ##" not in names
 
 
 def test_multi_hot_mean_pooling():
