@@ -5,7 +5,7 @@ import pytest
 import torch
 from stats_testutils import feature_values, one_feature_kjts, random_kjt, table, zipf_stream
 
-from torchrec_hybrid.stats import FrequencyStats
+from torchrec_hybrid.stats import FORMAT_VERSION, FrequencyStats
 
 TABLES = [table("small", 50, ["f_a", "f_b"]),  # two features share a table
           table("medium", 3000, ["f_c"]),
@@ -122,7 +122,7 @@ def test_save_load_round_trip(tmp_path):
     path = tmp_path / "stats.pt"
     stats.save(path)
     raw = torch.load(path, weights_only=True)
-    assert raw["format_version"] == 1 and [t["name"] for t in raw["tables"]] == stats.table_names
+    assert raw["format_version"] == FORMAT_VERSION and [t["name"] for t in raw["tables"]] == stats.table_names
     for loaded in (FrequencyStats.load(path), FrequencyStats.load(path, tables=TABLES)):
         for name in ("small", "medium"):
             assert torch.equal(loaded.counts(name), stats.counts(name))

@@ -42,7 +42,7 @@ def profile_from_stats(stats, table: str, traffic: cm.TableTraffic, bytes_per_ho
     ids, counts = stats.top_counts(table, max_rows)
     if total <= 0:
         ids, counts = ids[:0], counts[:0]
-    cov = cm.coverage_from_counts(counts.cpu(), total=max(total, 1))  # already ranked
+    cov = cm.coverage_from_counts(counts.cpu(), total=total if total > 0 else 1.0)  # ranked; decayed totals may be < 1
     return TableProfile(traffic, cov, ids.cpu().to(torch.int64), bytes_per_hot_row, "stats")
 
 

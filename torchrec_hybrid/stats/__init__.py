@@ -2,9 +2,12 @@
 
 Count lookups with `FrequencyStats` (exact, or a `CountMinTopK` sketch for huge tables),
 combine them across ranks, save/load them, and turn them into hot ids per table with
-`select_hot_ids` or a `HotSetRule`.
+`select_hot_ids` or a `HotSetRule`. For drifting data: decay (`FrequencyStats.decay_`),
+merging on a schedule (`all_reduce_`), per-batch coverage of a hot set (`HotSetCoverage`)
+and a drifting synthetic stream (`SyntheticCriteo(drift=...)`).
 """
 
+from torchrec_hybrid.stats.coverage import HotSetCoverage
 from torchrec_hybrid.stats.frequency import FORMAT_VERSION, FrequencyStats, StatsFileError
 from torchrec_hybrid.stats.selection import (
     HotSetRule,
@@ -20,6 +23,7 @@ __all__ = [
     "FORMAT_VERSION",
     "CountMinTopK",
     "FrequencyStats",
+    "HotSetCoverage",
     "HotSetRule",
     "StatsFileError",
     "SyntheticCriteo",

@@ -12,24 +12,34 @@ KeyedJaggedTensors:
 Statistics merge across workers (`merge_`, `merged`, `all_reduce_`) and persist to one
 versioned file (`save`, `load`), so they can be computed once, offline or on all ranks,
 and every rank derives the same hot set from them.
+
+For hot sets that follow drifting data, counts can decay (`decay_`, or the ``decay``
+option of `update`): old popularity fades exponentially, in O(1) per decay. Ranks merge
+on a schedule with `all_reduce_` (one collective, plus one all-gather with sketches; each
+lookup is merged once however often it is called). `HotSetCoverage` measures the share of
+a batch's lookups a given hot set serves, per table, vectorised (for a per-step check).
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import zlib
-from typing import Any, Dict, List, Optional, Sequence, Tuple, TypeGuard, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TypeGuard, Union
 
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid.stats.sketch import CountMinTopK, sketch_shape, top_by_count
+from torchrec_hybrid.stats.coverage import HotSetCoverage
+from torchrec_hybrid.stats.sketch import CountMinTopK, check_decay, sketch_shape, top_by_count
 
 logger = logging.getLogger(__name__)
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: counters may be float64 (decayed); "count_dtype", "decay", "merged" keys
+READABLE_VERSIONS = (1, 2)
+COUNT_DTYPES = {"int64": torch.int64, "float64": torch.float64}
 DEFAULT_EXACT_MAX_ROWS = 1 << 24  # 16.8M rows = 128 MiB of int64 counters
 
 
@@ -64,7 +74,21 @@ class FrequencyStats:
         seed: seed of the sketch hashes (must match to merge statistics); each table's
             sketch hashes with seed + crc32(table name).
         device: where the counters live (cpu, or cuda for NCCL all-reduce).
+        decay: if set (a factor in (0, 1]), every `update` first multiplies all counts by it,
+            so a lookup ``a`` batches old weighs ``decay ** a`` (see `decay_`).
+
+    Decay. ``decay_(f)`` multiplies every count, the lookups and ``num_samples`` by ``f``; the
+    counters become float64 on the first decay (int64 until then, bit for bit as without
+    decay). It costs O(1): counters are stored divided by one running scale, which new
+    lookups are weighted by and which is folded into the counters (one vectorised multiply)
+    before they are read, merged or saved.
+
+    Layout. Batches, samples, lookups per table, the exact counts and every sketch's
+    Count-Min table are views into one flat buffer, so `all_reduce_` merges all of them in
+    one collective (plus one all-gather of the sketches' candidates, if any).
     """
+
+    _HEAD = 2  # flat buffer: [num_batches, num_samples, lookups (T), exact counts, sketch tables]
 
     def __init__(
         self,
@@ -75,11 +99,15 @@ class FrequencyStats:
         sketch_delta: float = 0.05,
         seed: int = 0,
         device: Union[torch.device, str] = "cpu",
+        decay: Optional[float] = None,
     ) -> None:
+        if decay is not None:
+            check_decay(decay)
         self.tables: List[EmbeddingBagConfig] = list(tables)
         self.exact_max_rows = exact_max_rows
         self.sketch_capacity = sketch_capacity
         self.sketch_eps, self.sketch_delta, self.seed = sketch_eps, sketch_delta, seed
+        self.decay = decay
         self.device = torch.device(device)
         self._index: Dict[str, int] = {}
         self._feature_table: Dict[str, int] = {}
@@ -109,14 +137,33 @@ class FrequencyStats:
                                    "counts (%d B); raise exact_max_rows", cfg.name,
                                    sk.memory_bound_bytes(), 8 * cfg.num_embeddings)
                 self._sketches[cfg.name] = sk
-        self._counts = torch.zeros(total, dtype=torch.int64, device=self.device)
-        self._lookups = torch.zeros(len(self.tables), dtype=torch.int64, device=self.device)
-        self.num_batches = 0
-        self.num_samples = 0
+        self._num_exact = total
+        size = self._HEAD + len(self.tables) + total + sum(sk.table.numel() for sk in self._sketches.values())
+        self._flat = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self._bind()
+        self._scale = 1.0  # logical counters = stored * _scale (float mode only)
+        self._merged: Optional[torch.Tensor] = None  # the flat buffer at the last all_reduce_
+
+    def _bind(self) -> None:
+        """(Re)make the views into the flat buffer (after it is allocated or changes dtype)."""
+        T, h = len(self.tables), self._HEAD
+        self._lookups = self._flat[h : h + T]
+        self._counts = self._flat[h + T : h + T + self._num_exact]
+        at = h + T + self._num_exact
+        for name in self.table_names:
+            if name in self._sketches:
+                sk = self._sketches[name]
+                n = sk.table.numel()
+                sk._bind_table(self._flat[at : at + n])
+                at += n
 
     # -- counting ----------------------------------------------------------------------
     def update(self, kjt: KeyedJaggedTensor) -> None:
-        """Count the lookups of one batch (weights, if any, are ignored)."""
+        """Count the lookups of one batch (weights, if any, are ignored).
+
+        With the ``decay`` option the existing counts are decayed first, so this batch
+        counts 1 per lookup and the previous one ``decay``.
+        """
         values = kjt.values()
         bounds = kjt.offset_per_key()
         exact: List[torch.Tensor] = []
@@ -141,28 +188,93 @@ class FrequencyStats:
                 exact.append(ids + off if off else ids)
             else:
                 sketched.setdefault(cfg.name, []).append(ids)
+        if self.decay is not None:
+            self.decay_(self.decay)
+        w = 1.0 / self._scale if self.is_float else 1  # lookups are stored divided by the scale
         if exact:
-            self._count_exact(torch.cat(exact) if len(exact) > 1 else exact[0])
+            self._count_exact(torch.cat(exact) if len(exact) > 1 else exact[0], w)
         for name, parts in sketched.items():
-            self._sketches[name].update(torch.cat(parts) if len(parts) > 1 else parts[0])
-        self._lookups += torch.tensor(lookups, dtype=torch.int64, device=self.device)
-        self.num_batches += 1
-        self.num_samples += kjt.stride()
+            self._sketches[name].update(torch.cat(parts) if len(parts) > 1 else parts[0], w)
+        head = [1, kjt.stride() * w] + [n * w for n in lookups]  # batches are never decayed
+        self._flat[: len(head)] += torch.tensor(head, dtype=self._flat.dtype, device=self.device)
 
-    def _count_exact(self, flat_ids: torch.Tensor) -> None:
+    def _count_exact(self, flat_ids: torch.Tensor, weight: float = 1) -> None:
         # bincount writes a dense vector of minlength: cheap when the batch is large
         # relative to the counters, otherwise scatter only the touched rows.
         n = self._counts.numel()
         if flat_ids.numel() * 4 >= n:
-            self._counts += torch.bincount(flat_ids, minlength=n)
+            self._counts.add_(torch.bincount(flat_ids, minlength=n), alpha=weight)
         else:
-            one = torch.ones(1, dtype=torch.int64, device=self.device)
-            self._counts.scatter_add_(0, flat_ids, one.expand(flat_ids.numel()))
+            w = torch.full((1,), weight, dtype=self._counts.dtype, device=self.device)
+            self._counts.scatter_add_(0, flat_ids, w.expand(flat_ids.numel()))
+
+    # -- decay -------------------------------------------------------------------------
+    @property
+    def is_float(self) -> bool:
+        """Counters are float64 (after a decay, or loaded so); int64 otherwise."""
+        return self._flat.is_floating_point()
+
+    def to_float_(self) -> "FrequencyStats":
+        """Hold the counters as float64 (a no-op if they already are); views are remade."""
+        if not self.is_float:
+            self._flat = self._flat.to(torch.float64)
+            if self._merged is not None:
+                self._merged = self._merged.to(torch.float64)
+            self._bind()
+        return self
+
+    def decay_(self, factor: float) -> "FrequencyStats":
+        """Multiply every count, every table's lookups and ``num_samples`` by ``factor``.
+
+        ``factor`` in (0, 1]; 1 changes nothing. O(1) after the first call (which turns the
+        counters float64): the factor goes into a running scale that is folded into the
+        counters before any read. Counts a ``decay_`` happened after are unaffected by it,
+        so calling ``decay_(f)`` once per batch gives a lookup ``a`` batches old weight
+        ``f ** a``. ``num_batches`` (batches seen) is not decayed.
+        """
+        check_decay(factor)
+        if factor == 1:
+            return self
+        self.to_float_()
+        self._scale *= factor
+        if self._scale < 1e-150:  # keep stored counts (logical / scale) far from overflow
+            self._fold()
+        return self
+
+    def _fold(self) -> None:
+        """Multiply the running scale into the stored counters (then scale == 1)."""
+        if self._scale == 1.0:
+            return
+        s, self._scale = self._scale, 1.0
+        self._flat[1:].mul_(s)  # everything but num_batches
+        if self._merged is not None:
+            self._merged[1:].mul_(s)
+        for sk in self._sketches.values():
+            sk._scale_estimates_(s)
 
     # -- reading -----------------------------------------------------------------------
     @property
     def table_names(self) -> List[str]:
         return [c.name for c in self.tables]
+
+    @property
+    def num_batches(self) -> int:
+        """Batches counted (summed over ranks by `all_reduce_`; never decayed)."""
+        return int(self._flat[0])
+
+    @num_batches.setter
+    def num_batches(self, value: int) -> None:
+        self._flat[0] = value
+
+    @property
+    def num_samples(self) -> float:
+        """Samples counted, decayed like the counts (an int until the first decay)."""
+        v = self._flat[1]
+        return float(v) * self._scale if self.is_float else int(v)
+
+    @num_samples.setter
+    def num_samples(self, value: float) -> None:
+        self._flat[1] = value / self._scale if self.is_float else value
 
     def config(self, table: str) -> EmbeddingBagConfig:
         return self.tables[self._table_index(table)]
@@ -177,10 +289,14 @@ class FrequencyStats:
         return table in self._offset
 
     def counts(self, table: str) -> torch.Tensor:
-        """Exact per-row counts (a view, length num_embeddings) of an exactly counted table."""
+        """Exact per-row counts (a view, length num_embeddings) of an exactly counted table.
+
+        int64, or float64 once decayed. The view is valid until the next update or decay.
+        """
         cfg = self.config(table)
         if table not in self._offset:
             raise ValueError(f"table {table!r} is sketched; use top_counts()")
+        self._fold()
         off = self._offset[table]
         return self._counts[off : off + cfg.num_embeddings]
 
@@ -188,11 +304,15 @@ class FrequencyStats:
         self._table_index(table)
         if table not in self._sketches:
             raise ValueError(f"table {table!r} is counted exactly; use counts()")
+        self._fold()
         return self._sketches[table]
 
-    def lookups(self, table: str) -> int:
-        """Total lookups of a table (exact, also for sketched tables)."""
-        return int(self._lookups[self._table_index(table)])
+    def lookups(self, table: str) -> float:
+        """Total lookups of a table (exact, also for sketched tables); an int until decayed."""
+        i = self._table_index(table)
+        if self.is_float:
+            return float(self._lookups[i]) * self._scale
+        return int(self._lookups[i])
 
     def top_counts(
         self, table: str, k: Optional[int] = None
@@ -200,15 +320,53 @@ class FrequencyStats:
         """(ids, counts) of rows with nonzero count, most frequent first, ties by id.
 
         For a sketched table these are its candidates and their Count-Min estimates.
+        Counts are int64, or float64 once decayed.
         """
+        self._fold()
         if table in self._sketches:
             return self._sketches[table].top(k)
         c = self.counts(table)
         ids = torch.nonzero(c).view(-1)
         return top_by_count(ids, c[ids], k)
 
+    def hot_share(self, hot_ids: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+        """Share of each table's counted (decayed) lookups that rows ``hot_ids[table]`` take.
+
+        Exact tables: sum of their counts / lookups; sketched tables: the same with
+        Count-Min estimates (an upper bound). Tables absent from ``hot_ids`` have none (0.0);
+        a table without lookups gives nan.
+        """
+        self._fold()
+        out = {}
+        for name in self.table_names:
+            total = self.lookups(name)
+            ids = hot_ids.get(name)
+            if not total:
+                out[name] = float("nan")
+            elif ids is None or ids.numel() == 0:
+                out[name] = 0.0
+            else:
+                ids = torch.unique(ids.to(self.device, torch.int64))
+                if name in self._offset:
+                    hit = self.counts(name)[ids].sum()
+                else:
+                    hit = self._sketches[name].estimate(ids).sum()
+                out[name] = min(1.0, float(hit) / total)
+        return out
+
+    def coverage_meter(self, hot_ids: Mapping[str, torch.Tensor], validate: bool = True) -> HotSetCoverage:
+        """A `HotSetCoverage` of these tables for ``hot_ids``: build once, call per batch."""
+        return HotSetCoverage(self.tables, hot_ids, device=self.device, validate=validate)
+
+    def batch_coverage(self, kjt: KeyedJaggedTensor, hot_ids: Mapping[str, torch.Tensor]) -> Dict[str, float]:
+        """Per table, the share of this batch's lookups in ``hot_ids`` (one-off `coverage_meter`)."""
+        return self.coverage_meter(hot_ids)(kjt)
+
     def memory_bytes(self) -> Dict[str, int]:
-        """Bytes of counters held per table (8 per row exact, the sketch's otherwise)."""
+        """Bytes of counters held per table (8 per row exact, the sketch's otherwise).
+
+        After `all_reduce_` the merged copy doubles the counters' bytes (not listed here).
+        """
         out = {}
         for cfg in self.tables:
             if cfg.name in self._offset:
@@ -226,16 +384,24 @@ class FrequencyStats:
         other.check_compatible(self.tables)
         if set(self._offset) != set(other._offset):
             raise ValueError("statistics differ in which tables are counted exactly")
+        for name, sk in self._sketches.items():
+            sk.check_same_shape(other._sketches[name])
 
     def merge_(self, other: "FrequencyStats") -> "FrequencyStats":
-        """Add another statistics object of the same tables into this one."""
+        """Add another statistics object of the same tables into this one.
+
+        Decayed statistics add as they are (each already decayed to "now").
+        """
         self._check_same_layout(other)
-        self._counts += other._counts.to(self.device)
-        self._lookups += other._lookups.to(self.device)
+        other._fold()
+        if other.is_float:
+            self.to_float_()
+        self._fold()
+        self._flat += other._flat.to(self.device, self._flat.dtype)
         for name, sk in self._sketches.items():
-            sk.merge_(other._sketches[name])
-        self.num_batches += other.num_batches
-        self.num_samples += other.num_samples
+            o = other._sketches[name]
+            o._flush()
+            sk._flush(o.cand_ids)
         return self
 
     @classmethod
@@ -244,40 +410,81 @@ class FrequencyStats:
         out = cls.from_state(a.state_dict(), tables=a.tables, device=a.device)
         return out.merge_(b)
 
-    def all_reduce_(self, group=None) -> "FrequencyStats":
-        """Sum statistics over the ranks of `group`; every rank ends identical.
+    def _signature(self) -> List[int]:
+        return [len(self.tables), self._counts.numel(), len(self._sketches),
+                sum(c.num_embeddings for c in self.tables), self.sketch_capacity,
+                self._flat.numel(), int(self.is_float), int(self._merged is not None)]
 
-        Exact counts, lookups and sample counters are all-reduced with SUM; each sketch
-        sums its Count-Min tables and unions its candidates (sketch.all_reduce_). A
-        layout signature is checked first so mismatched tables fail loudly instead of
-        hanging or mixing tables.
+    def all_reduce_(self, group=None, check: bool = True) -> "FrequencyStats":
+        """Merge every rank's statistics; every rank ends identical (bit for bit).
+
+        The first call sums all counters over the ranks of `group`. Later calls add what
+        each rank counted since the previous call to the merged statistics, so merging on a
+        schedule never counts a lookup twice; decay applied since then (the same on every
+        rank) applies to merged and new counts alike. For this every rank keeps a copy of
+        the merged counters (as many bytes as the counters); rank 0's copy is the one
+        kept, so every rank receives the same sum.
+
+        Collectives: one SUM all-reduce of the flat buffer (batches, samples, lookups, exact
+        counts, every sketch table) plus, with sketched tables, one all-gather of all their
+        candidates (unioned and re-estimated from the summed tables). With ``check`` (the
+        default) one tiny all-reduce first compares the layouts, counter dtypes and merge
+        history of the ranks, so mismatched statistics fail loudly instead of hanging or
+        mixing tables.
         """
         import torch.distributed as dist
 
-        sig = torch.tensor(
-            [len(self.tables), self._counts.numel(), len(self._sketches),
-             sum(c.num_embeddings for c in self.tables), self.sketch_capacity],
-            dtype=torch.int64, device=self.device,
-        )
-        lo, hi = sig.clone(), sig.clone()
-        dist.all_reduce(lo, op=dist.ReduceOp.MIN, group=group)
-        dist.all_reduce(hi, op=dist.ReduceOp.MAX, group=group)
-        if not torch.equal(lo, hi):
-            raise ValueError("ranks hold statistics of different tables/layouts")
-        dist.all_reduce(self._counts, op=dist.ReduceOp.SUM, group=group)
-        dist.all_reduce(self._lookups, op=dist.ReduceOp.SUM, group=group)
-        seen = torch.tensor([self.num_batches, self.num_samples], device=self.device)
-        dist.all_reduce(seen, op=dist.ReduceOp.SUM, group=group)
-        self.num_batches, self.num_samples = (int(v) for v in seen)
-        for name in sorted(self._sketches):  # same order on every rank
-            self._sketches[name].all_reduce_(group)
+        self._fold()
+        if check:
+            sig = torch.tensor(self._signature(), dtype=torch.int64, device=self.device)
+            both = torch.cat([sig, -sig])
+            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+            if not torch.equal(both[: sig.numel()], -both[sig.numel():]):
+                raise ValueError("ranks hold statistics of different tables/layouts, counter "
+                                 "dtypes (decayed on some ranks only?) or merge histories "
+                                 "(all_reduce_ or a load of merged statistics on some ranks only?)")
+        for sk in self._sketches.values():
+            sk._flush()
+        if self._merged is not None and dist.get_rank(group) != 0:
+            self._flat -= self._merged  # only what this rank counted since the last merge
+        dist.all_reduce(self._flat, op=dist.ReduceOp.SUM, group=group)
+        if self._sketches:
+            names = sorted(self._sketches)  # same order on every rank
+            cap = self.sketch_capacity
+            padded = torch.full((len(names) * cap,), -1, dtype=torch.int64, device=self.device)
+            for i, name in enumerate(names):
+                c = self._sketches[name].cand_ids
+                padded[i * cap : i * cap + c.numel()] = c
+            world = dist.get_world_size(group)
+            gathered = torch.empty(world * padded.numel(), dtype=torch.int64, device=self.device)
+            dist.all_gather_into_tensor(gathered, padded, group=group)
+            gathered = gathered.view(world, len(names), cap)
+            for i, name in enumerate(names):
+                ids = gathered[:, i].reshape(-1)
+                self._sketches[name]._union_candidates(ids[ids >= 0])
+        if self._merged is None:
+            self._merged = self._flat.clone()
+        else:
+            self._merged.copy_(self._flat)
         return self
+
+    @property
+    def is_merged(self) -> bool:
+        """Nothing was counted, decayed or added since the last `all_reduce_` (or merged load)."""
+        if self._merged is None:
+            return False
+        self._fold()
+        return torch.equal(self._flat, self._merged)
 
     # -- persistence -------------------------------------------------------------------
     def state_dict(self) -> Dict[str, Any]:
         """A plain dict (tensors on cpu) describing everything; what save() writes."""
+        self._fold()
         return {
             "format_version": FORMAT_VERSION,
+            "count_dtype": "float64" if self.is_float else "int64",
+            "decay": self.decay,
+            "merged": self.is_merged,
             "tables": [
                 {"name": c.name, "num_embeddings": c.num_embeddings,
                  "embedding_dim": c.embedding_dim, "feature_names": list(c.feature_names)}
@@ -307,11 +514,14 @@ class FrequencyStats:
         The state is checked against its schema first (keys, types, tensor shapes and dtypes,
         which tables are exact or sketched, counts adding up to the lookups), so a damaged or
         foreign state fails with a message naming the field instead of deep inside.
+        A state marked ``merged`` (saved right after `all_reduce_`, identical on every rank)
+        loads as merged: a later `all_reduce_` on ranks that all loaded it adds only what
+        they count after the load.
         """
         if isinstance(state, dict) and "format_version" in state \
-                and state["format_version"] != FORMAT_VERSION:
+                and state["format_version"] not in READABLE_VERSIONS:
             raise ValueError(f"unsupported statistics format_version {state['format_version']!r} "
-                             f"(this code reads version {FORMAT_VERSION})")
+                             f"(this code reads versions {list(READABLE_VERSIONS)})")
         problems = state_problems(state)
         if problems:
             raise ValueError("not valid frequency statistics: " + "; ".join(problems))
@@ -327,16 +537,20 @@ class FrequencyStats:
             tables if tables is not None else saved,
             exact_max_rows=state["exact_max_rows"], sketch_capacity=state["sketch_capacity"],
             sketch_eps=state["sketch_eps"], sketch_delta=state["sketch_delta"],
-            seed=state["seed"], device=device,
+            seed=state["seed"], device=device, decay=state.get("decay"),
         )
         if set(out._offset) != set(state["counts"]):
             raise ValueError("statistics file: exactly counted tables do not match its config")
+        if state.get("count_dtype", "int64") == "float64":
+            out.to_float_()
         for name, c in state["counts"].items():
             out.counts(name).copy_(c)
         for name, sk in state["sketches"].items():
-            out._sketches[name] = CountMinTopK.from_state_dict(sk, device=out.device)
-        out._lookups.copy_(torch.tensor([state["lookups"][n] for n in out.table_names]))
+            out._sketches[name].load_state_(sk)
+        out._lookups.copy_(torch.tensor([state["lookups"][n] for n in out.table_names], dtype=out._flat.dtype))
         out.num_batches, out.num_samples = state["num_batches"], state["num_samples"]
+        if state.get("merged", False):
+            out._merged = out._flat.clone()
         return out
 
     def save(self, path: Union[str, os.PathLike]) -> None:
@@ -445,16 +659,28 @@ def _is_num(x: Any) -> bool:
     return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
-def _int_vector_problem(what: str, t: Any, length: Optional[int] = None) -> Optional[str]:
+def _int_vector_problem(what: str, t: Any, length: Optional[int] = None,
+                        dtype: torch.dtype = torch.int64) -> Optional[str]:
+    """Problem of a 1-D vector of counts >= 0 of ``dtype`` (int64, or float64: also finite)."""
+    want = str(dtype).replace("torch.", "")
     if not isinstance(t, torch.Tensor):
-        return f"{what} is a {type(t).__name__}, expected an int64 tensor"
-    if t.dtype != torch.int64 or t.dim() != 1:
-        return f"{what} is a {t.dtype} tensor of shape {tuple(t.shape)}, expected 1-D int64"
+        return f"{what} is a {type(t).__name__}, expected an {want} tensor"
+    if t.dtype != dtype or t.dim() != 1:
+        return f"{what} is a {t.dtype} tensor of shape {tuple(t.shape)}, expected 1-D {want}"
     if length is not None and t.numel() != length:
         return f"{what} has {t.numel()} entries, expected {length}"
-    if t.numel() and int(t.min()) < 0:
-        return f"{what} holds a negative count {int(t.min())}"
+    if t.is_floating_point() and t.numel() and not bool(torch.isfinite(t).all()):
+        return f"{what} holds a non-finite count"
+    if t.numel() and t.min() < 0:
+        return f"{what} holds a negative count {t.min().item()}"
     return None
+
+
+def _is_count(x: Any, float_counts: bool) -> bool:
+    """A count: an int >= 0, or with float counters also a finite float >= 0."""
+    if float_counts:
+        return _is_num(x) and math.isfinite(x) and x >= 0
+    return _is_int(x) and x >= 0
 
 
 def state_problems(state: Any) -> List[str]:
@@ -469,9 +695,25 @@ def state_problems(state: Any) -> List[str]:
     if missing:
         return [f"missing key(s) {missing}"]
     p: List[str] = []
-    for k in ("exact_max_rows", "num_batches", "num_samples"):
+    v2 = ["count_dtype", "decay", "merged"]
+    if state["format_version"] != 1 and any(k not in state for k in v2):
+        return [f"missing key(s) {[k for k in v2 if k not in state]}"]
+    count_dtype = state.get("count_dtype", "int64")
+    if count_dtype not in COUNT_DTYPES:
+        return [f"count_dtype is {count_dtype!r}, expected one of {sorted(COUNT_DTYPES)}"]
+    dtype = COUNT_DTYPES[count_dtype]
+    floats = dtype.is_floating_point
+    decay = state.get("decay")
+    if decay is not None and (not _is_num(decay) or not 0 < decay <= 1):
+        p.append(f"decay is {decay!r}, expected None or a number in (0, 1]")
+    if not isinstance(state.get("merged", False), bool):
+        p.append(f"merged is {state['merged']!r}, expected a bool")
+    for k in ("exact_max_rows", "num_batches"):
         if not _is_int(state[k]) or state[k] < 0:
             p.append(f"{k} is {state[k]!r}, expected an int >= 0")
+    if not _is_count(state["num_samples"], floats):
+        p.append(f"num_samples is {state['num_samples']!r}, expected "
+                 + ("a finite number >= 0" if floats else "an int >= 0"))
     if not _is_int(state["sketch_capacity"]) or state["sketch_capacity"] < 1:
         p.append(f"sketch_capacity is {state['sketch_capacity']!r}, expected an int >= 1")
     if not _is_int(state["seed"]):
@@ -512,9 +754,9 @@ def state_problems(state: Any) -> List[str]:
         return p
     if set(lookups) != set(rows):
         p.append(f"lookups name tables {sorted(lookups)}, expected {sorted(rows)}")
-    bad = [f"{k}={v!r}" for k, v in lookups.items() if not _is_int(v) or v < 0]
+    bad = [f"{k}={v!r}" for k, v in lookups.items() if not _is_count(v, floats)]
     if bad:
-        p.append(f"lookups must be ints >= 0: {', '.join(bad)[:200]}")
+        p.append(f"lookups must be {'finite numbers' if floats else 'ints'} >= 0: {', '.join(bad)[:200]}")
     exact = {n for n, r in rows.items() if r <= state["exact_max_rows"]}
     if set(counts) != exact:
         p.append(f"exact counts are for tables {sorted(counts)}; with exact_max_rows="
@@ -524,22 +766,25 @@ def state_problems(state: Any) -> List[str]:
     for name, c in counts.items():
         if name not in rows:
             continue
-        msg = _int_vector_problem(f"counts of table {name!r}", c, rows[name])
+        msg = _int_vector_problem(f"counts of table {name!r}", c, rows[name], dtype)
         if msg:
             p.append(msg)
-        elif name in lookups and _is_int(lookups[name]) and int(c.sum()) != lookups[name]:
-            p.append(f"counts of table {name!r} add up to {int(c.sum())}, but its lookups are "
-                     f"{lookups[name]}")
+        elif name in lookups and _is_count(lookups[name], floats):
+            total, want = c.sum().item(), lookups[name]
+            # float counters: sums in another order differ by rounding only
+            if (abs(total - want) > 1e-9 * max(1.0, abs(want))) if floats else total != want:
+                p.append(f"counts of table {name!r} add up to {total}, but its lookups are {want}")
     for name, sk in sketches.items():
         if name in rows:
             p += [f"sketch of table {name!r}: {m}" for m in
                   sketch_state_problems(sk, rows[name], state["sketch_capacity"],
                                         state["seed"] + zlib.crc32(name.encode())
-                                        if _is_int(state["seed"]) else None)]
+                                        if _is_int(state["seed"]) else None, dtype)]
     return p
 
 
-def sketch_state_problems(sk: Any, num_embeddings: int, capacity: int, seed: Optional[int]) -> List[str]:
+def sketch_state_problems(sk: Any, num_embeddings: int, capacity: int, seed: Optional[int],
+                          dtype: torch.dtype = torch.int64) -> List[str]:
     """Schema problems of one `CountMinTopK.state_dict()` for a table of `num_embeddings` rows."""
     if not isinstance(sk, dict):
         return [f"a {type(sk).__name__}, expected a dict"]
@@ -560,9 +805,9 @@ def sketch_state_problems(sk: Any, num_embeddings: int, capacity: int, seed: Opt
     if p:
         return p
     depth, width = sketch_shape(sk["eps"], sk["delta"])
-    for msg in (_int_vector_problem("table", sk["table"], depth * width),
+    for msg in (_int_vector_problem("table", sk["table"], depth * width, dtype),
                 _int_vector_problem("cand_ids", sk["cand_ids"]),
-                _int_vector_problem("cand_est", sk["cand_est"])):
+                _int_vector_problem("cand_est", sk["cand_est"], None, dtype)):
         if msg:
             p.append(msg)
     if p:

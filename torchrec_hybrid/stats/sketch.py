@@ -21,6 +21,12 @@ largest estimates (ties: smaller id first). An id whose estimate exceeds the
 ``capacity``-th largest estimate at the time it is looked up is therefore kept, which for
 skewed (Zipf) data recovers the heavy hitters with high recall (see tests).
 
+Decay: ``decay_(f)`` multiplies every counter and candidate estimate by ``f`` (counters turn
+float64 on the first decay). Scaling is linear and monotone, so the bound above holds for
+the decayed counts ``sum_i f**(age_i)`` with ``N`` the decayed number of lookups, and the
+candidates' order is unchanged. ``update(ids, weight)`` adds ``weight`` per lookup, which
+`FrequencyStats` uses to decay lazily (one scale factor, folded in on read).
+
 Memory between updates is bounded by ``memory_bound_bytes()``: ``8 * d * w`` (int64
 counters) + ``16 * capacity`` (candidate ids and estimates) + ``8 * next_pow2(4 * capacity)``
 (membership slots) + ``8 * capacity`` (pending ids) + hash parameters. Temporaries
@@ -113,18 +119,20 @@ class CountMinTopK:
         return est
 
     def estimate(self, ids: torch.Tensor) -> torch.Tensor:
-        """Count-Min estimate (an overestimate) of each id's count."""
+        """Count-Min estimate (an overestimate) of each id's count (the counters' dtype)."""
         ids = ids.to(self.device, torch.int64).view(-1)
         if ids.numel() == 0:
-            return torch.empty(0, dtype=torch.int64, device=self.device)
+            return torch.empty(0, dtype=self.table.dtype, device=self.device)
         return self._min_over_rows(self._cells(ids))
 
     def _slot(self, ids: torch.Tensor) -> torch.Tensor:
         return ((ids * _GOLDEN) >> self._slot_shift) & (self._slots.numel() - 1)
 
     # -- updates -----------------------------------------------------------------------
-    def update(self, ids: torch.Tensor) -> None:
-        """Count one batch of (already validated) ids.
+    def update(self, ids: torch.Tensor, weight: float = 1) -> None:
+        """Count one batch of (already validated) ids, adding ``weight`` per lookup.
+
+        A weight other than 1 needs float counters (see `to_float_`, `decay_`).
 
         Ids whose estimate beats the smallest candidate estimate and that are not known
         candidates go to a pending buffer; the candidate set is recomputed from
@@ -136,8 +144,10 @@ class CountMinTopK:
         ids = ids.to(self.device, torch.int64).view(-1)
         if ids.numel() == 0:
             return
+        if weight != 1 and not self.table.is_floating_point():
+            raise ValueError("a weighted update needs float counters: call to_float_() first")
         cells = self._cells(ids)
-        one = torch.ones(1, dtype=torch.int64, device=self.device)
+        one = torch.full((1,), weight, dtype=self.table.dtype, device=self.device)
         self.table.scatter_add_(0, cells.view(-1), one.expand(cells.numel()))
         if self.cand_ids.numel() >= self.capacity:
             ids = ids[self._min_over_rows(cells) > self.cand_est[-1]]
@@ -165,9 +175,44 @@ class CountMinTopK:
         """Add another sketch of the same shape and hashes (the sketch is linear)."""
         self.check_same_shape(other)
         other._flush()
-        self.table += other.table.to(self.device)
+        if other.table.is_floating_point():
+            self.to_float_()
+        self.table += other.table.to(self.device, self.table.dtype)
         self._flush(other.cand_ids)
         return self
+
+    # -- decay -------------------------------------------------------------------------
+    def to_float_(self) -> "CountMinTopK":
+        """Hold counters and estimates as float64 (a no-op if they already are)."""
+        if not self.table.is_floating_point():
+            self.table = self.table.to(torch.float64)
+            self.cand_est = self.cand_est.to(torch.float64)
+        return self
+
+    def decay_(self, factor: float) -> "CountMinTopK":
+        """Multiply every count by ``factor`` in (0, 1]: old lookups fade (see module docstring)."""
+        check_decay(factor)
+        if factor != 1:
+            self.to_float_()
+            self.table.mul_(factor)
+            self.cand_est.mul_(factor)
+        return self
+
+    def _scale_estimates_(self, factor: float) -> None:
+        # the table was scaled by its owner (it is a view into the owner's buffer)
+        self.cand_est.mul_(factor)
+
+    def _bind_table(self, storage: torch.Tensor) -> None:
+        """Count into ``storage`` (a view of the owner's flat buffer) from now on."""
+        storage.copy_(self.table)
+        self.table = storage
+        self.cand_est = self.cand_est.to(storage.dtype)
+
+    def _union_candidates(self, ids: torch.Tensor) -> None:
+        """Candidates := the best of ``ids`` (e.g. every rank's candidates), re-estimated."""
+        self._pending, self._num_pending = [], 0
+        self.cand_ids = self.cand_ids[:0]
+        self._flush(ids)
 
     def check_same_shape(self, other: "CountMinTopK") -> None:
         mine = (self.num_embeddings, self.capacity, self.depth, self.width, self.seed)
@@ -226,8 +271,28 @@ class CountMinTopK:
                  state["seed"], device=device)
         if state["table"].numel() != sk.table.numel():
             raise ValueError("sketch table size does not match its eps/delta")
-        sk.table = state["table"].to(sk.device)
+        sk.table = state["table"].to(sk.device).clone()
         sk.cand_ids = state["cand_ids"].to(sk.device)
         sk.cand_est = state["cand_est"].to(sk.device)
         sk._fill_slots()
         return sk
+
+    def load_state_(self, state: Dict[str, Any]) -> None:
+        """Copy a `state_dict()` of the same shape into this sketch's existing counters."""
+        mine = (self.num_embeddings, self.capacity, self.eps, self.delta, self.seed, self.table.numel())
+        theirs = tuple(state[k] for k in ("num_embeddings", "capacity", "eps", "delta", "seed")) \
+            + (state["table"].numel(),)
+        if mine != theirs:
+            raise ValueError(f"sketch state (num_embeddings, capacity, eps, delta, seed, cells) "
+                             f"{theirs} does not match this sketch's {mine}")
+        self.table.copy_(state["table"])
+        self.cand_ids = state["cand_ids"].to(self.device)
+        self.cand_est = state["cand_est"].to(self.device, self.table.dtype)
+        self._pending, self._num_pending = [], 0
+        self._fill_slots()
+
+
+def check_decay(factor: float) -> None:
+    """Raise ValueError unless ``factor`` is a number in (0, 1]."""
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise ValueError(f"decay factor must be a number in (0, 1], got {factor!r}")

@@ -8,13 +8,26 @@ after hashing), one id per feature or the MLPerf DLRMv2 multi-hot sizes.
 
 Sampling is exact inverse-CDF over the table's ranks (``searchsorted`` over a float64 CDF),
 vectorised per feature; it holds 16 bytes per table row (CDF + permutation).
+
+Drift (``drift`` or ``drift_rows``): popularity moves over time. Before batch ``b`` the
+rank -> id map of a table of ``n`` rows is rotated by ``s_b = floor(b * rate)`` positions,
+``rate = drift * n`` (a share of the ranking per batch) or ``drift_rows`` (rows per batch).
+``drift_mode="rise"`` (default): the id at rank ``r`` is the one that had rank ``r + s_b``
+(mod n) at batch 0, so every id climbs ``rate`` ranks per batch, new ids enter the head
+from the warm ranks below it and the hottest ones leave for the cold tail.
+``drift_mode="burst"``: the id at rank ``r`` had rank ``r - s_b`` (mod n): each batch about
+``rate`` of the coldest (unseen) ids appear at the very top and everyone else moves down,
+like news that is hottest when new. Either way the ``k`` most popular rows are all replaced
+after ``k / rate`` batches (half of them after ``k / (2 rate)``). It costs one add and one
+remainder per sampled id, is deterministic (the seed fixes the permutation, the batch index
+the rotation) and with no drift gives exactly the batches of a stream without it.
 """
 
 from __future__ import annotations
 
 import math
 import numbers
-from typing import Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -86,10 +99,20 @@ class ZipfSampler:
         perm = torch.randperm(num_rows, generator=generator)  # drawn either way: same stream after
         self.perm = torch.arange(num_rows) if sorted_ids else perm
 
-    def sample(self, n: int, generator: torch.Generator) -> torch.Tensor:
+    def sample(self, n: int, generator: torch.Generator, shift: int = 0) -> torch.Tensor:
+        """n ids; with ``shift`` the rank -> id map is rotated (see module docstring)."""
         u = torch.rand(n, dtype=torch.float64, generator=generator)
         ranks = torch.searchsorted(self.cdf, u).clamp_(max=self.perm.numel() - 1)
-        return self.perm[ranks]
+        return self.perm[self._rotate(ranks, shift)]
+
+    def _rotate(self, ranks: torch.Tensor, shift: int) -> torch.Tensor:
+        """Rank now -> rank at batch 0 (``shift`` signed: > 0 ids rise, < 0 newcomers burst in)."""
+        return ranks.add_(shift).remainder_(self.perm.numel()) if shift else ranks
+
+    def top_ids(self, k: int, shift: int = 0) -> torch.Tensor:
+        """The ids of ranks 0..k-1 (the k most popular, hottest first) under ``shift``."""
+        k = min(k, self.perm.numel())
+        return self.perm[self._rotate(torch.arange(k), shift)]
 
 
 class SyntheticCriteo:
@@ -99,6 +122,14 @@ class SyntheticCriteo:
         table_sizes: rows per feature (see criteo_table_sizes).
         multi_hot: False for one id per feature, True for the DLRMv2 sizes, or a list.
         sorted_ids: ids numbered by popularity (see :class:`ZipfSampler`).
+        drift: share of each table's popularity ranking rotated per batch (0: none), e.g.
+            1e-4: every 10,000 batches the whole ranking has turned over once (see the
+            module docstring).
+        drift_rows: alternatively, ranks rotated per batch in every table (a float: 0.5 is
+            one rank every second batch), e.g. 1.0 replaces half of the 2,000 most popular
+            rows of each (large enough) table every 1,000 batches.
+        drift_mode: "rise" (ids climb into the head from below, the head leaves for the
+            tail) or "burst" (unseen ids appear at the top, the rest move down).
     """
 
     def __init__(
@@ -111,6 +142,9 @@ class SyntheticCriteo:
         seed: int = 0,
         feature_names: Sequence[str] = CAT_NAMES,
         sorted_ids: bool = False,
+        drift: float = 0.0,
+        drift_rows: float = 0.0,
+        drift_mode: str = "rise",
     ) -> None:
         for what, v, lo in (("batch_size", batch_size, 1), ("num_batches", num_batches, 1)):
             if not _is_count(v, lo):
@@ -120,6 +154,15 @@ class SyntheticCriteo:
         bad_sizes = [(i, n) for i, n in enumerate(table_sizes) if not _is_count(n, 1)]
         if bad_sizes:
             raise ValueError(f"table sizes must be ints >= 1, got (index, size) {bad_sizes[:5]}")
+        if not _is_real(drift, 0) or drift > 1:
+            raise ValueError(f"drift (share of the ranking rotated per batch) must be in [0, 1], got {drift!r}")
+        if not _is_real(drift_rows, 0):
+            raise ValueError(f"drift_rows (ranks rotated per batch) must be a finite number >= 0, got {drift_rows!r}")
+        if drift and drift_rows:
+            raise ValueError("give drift (a share of each table) or drift_rows (rows), not both")
+        if drift_mode not in ("rise", "burst"):
+            raise ValueError(f"drift_mode must be 'rise' or 'burst', got {drift_mode!r}")
+        self.drift, self.drift_rows, self.drift_mode = float(drift), float(drift_rows), drift_mode
         self.sorted_ids = sorted_ids
         self.table_sizes = list(table_sizes)
         self.feature_names = list(feature_names)[: len(self.table_sizes)]
@@ -133,14 +176,39 @@ class SyntheticCriteo:
     def __len__(self) -> int:
         return self.num_batches
 
-    def __iter__(self) -> Iterator[KeyedJaggedTensor]:
-        g = torch.Generator().manual_seed(self.seed)
+    def _get_samplers(self) -> List[ZipfSampler]:
         if self._samplers is None:  # permutations depend on the seed only
+            g = torch.Generator().manual_seed(self.seed)
             self._samplers = [ZipfSampler(n, self.alpha, g, self.sorted_ids) for n in self.table_sizes]
+        return self._samplers
+
+    def rank_shifts(self, batch: int) -> List[int]:
+        """Per table, how far its popularity ranking has rotated before batch ``batch``."""
+        return [int(math.floor(batch * (self.drift * n if self.drift else self.drift_rows))) % n
+                for n in self.table_sizes]
+
+    def _signed_shifts(self, batch: int) -> List[int]:
+        sign = 1 if self.drift_mode == "rise" else -1
+        return [sign * s for s in self.rank_shifts(batch)]
+
+    def top_ids(self, batch: int, k: int) -> Dict[str, torch.Tensor]:
+        """Per feature, the ids of its k most popular rows (hottest first) at batch ``batch``.
+
+        What a hot set planned on perfect statistics of that batch holds (the drift
+        scenario's ideal).
+        """
+        return {f: s.top_ids(k, shift) for f, s, shift in
+                zip(self.feature_names, self._get_samplers(), self._signed_shifts(batch))}
+
+    def __iter__(self) -> Iterator[KeyedJaggedTensor]:
+        samplers = self._get_samplers()
         g = torch.Generator().manual_seed(self.seed + 1)
         b = self.batch_size
         lengths = torch.cat([torch.full((b,), h, dtype=torch.int32) for h in self.hotness])
-        for _ in range(self.num_batches):
-            values = torch.cat([s.sample(b * h, g) for s, h in zip(self._samplers, self.hotness)])
+        drifting = bool(self.drift or self.drift_rows)
+        for i in range(self.num_batches):
+            shifts = self._signed_shifts(i) if drifting else [0] * len(samplers)
+            values = torch.cat([s.sample(b * h, g, shift)
+                                for s, h, shift in zip(samplers, self.hotness, shifts)])
             yield KeyedJaggedTensor(keys=self.feature_names, values=values,
                                     lengths=lengths, stride=b)
