@@ -8,6 +8,9 @@ from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError  # noqa: F401
 from torchrec_hybrid.sharded_ebc import (  # noqa: F401
     HybridShardedEmbeddingBagCollection,
     InvalidIdError,
+    InvalidInputError,
+    InvalidWeightError,
+    MalformedBatchError,
     refresh_hot_replicas,
 )
 from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
@@ -18,6 +21,9 @@ __all__ = [
     "FREQUENCY_HYBRID",
     "HotSetError",
     "InvalidIdError",
+    "InvalidInputError",
+    "InvalidWeightError",
+    "MalformedBatchError",
     "HybridEmbeddingBagCollectionSharder",
     "HybridEmbeddingShardingPlanner",
     "HybridShardedEmbeddingBagCollection",

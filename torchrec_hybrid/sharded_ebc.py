@@ -2,11 +2,24 @@
 
 Adds to the stock module: building the hybrid sharding, MEAN-pooling wiring (hybrid
 features are divided in their own output dist, never by SEBC's callback), and a per-step
-id check that fails on every rank at once.
+input check that fails on every rank at once.
+
+The input check (``validate_ids``, on by default) looks at each rank's batch before any
+collective: its structure (keys and their order against the first batch, which fixes the
+stock feature permutation; lengths, values and weights sizes; weights present exactly when
+the module is weighted; no variable batch per feature with hybrid tables), every id against
+its table size, and (``validate_weights``) every per-sample weight for NaN / inf. A rank
+never raises on its own: it records its first problem in its report (three int64 words,
+:func:`input_dist.id_report_words`) and goes on with a harmless empty batch, so the step's
+collectives complete; the reports ride the hybrid cold metadata all-to-all (or, without
+hybrid tables, one small all-gather) and every rank raises the same
+:class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
+the problem.
 """
 
 import dataclasses
 import logging
+import struct
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Tuple
 
@@ -34,22 +47,65 @@ from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, collective_device, n
 logger = logging.getLogger(__name__)
 
 
-class InvalidIdError(ValueError):
+class InvalidInputError(ValueError):
+    """A batch was rejected on every rank before any lookup or update (the base class)."""
+
+
+class InvalidIdError(InvalidInputError):
     """An input id is negative or >= num_embeddings of its table (raised on every rank)."""
+
+
+class InvalidWeightError(InvalidInputError):
+    """A per-sample weight is NaN or infinite (raised on every rank)."""
+
+
+class MalformedBatchError(InvalidInputError):
+    """A rank's KJT is malformed: keys missing, unknown, repeated or reordered, sizes that do
+    not add up, weights missing or unexpected (raised on every rank)."""
+
+
+# Report codes (word 0 of a rank's report); word 1 and 2 as described per code.
+_OK = 0
+_BAD_ID = 1  # [feature, id]
+_BAD_WEIGHT = 2  # [feature, float32 bits of the weight]
+_MISSING_KEY = 3  # [feature, 0]
+_UNKNOWN_KEY = 4  # [-(position + 1), name prefix]
+_DUPLICATE_KEY = 5  # [feature or -(position + 1), name prefix]
+_KEY_ORDER = 6  # [feature found, feature expected there]
+_KEYS_CHANGED = 7  # [position, 0]: keys that are no feature moved or vanished
+_VARIABLE_BATCH = 8  # [0, 0]
+_LENGTHS_SIZE = 9  # [stride, lengths numel]
+_VALUES_SIZE = 10  # [sum of lengths, values numel]
+_WEIGHTS_MISSING = 11  # [0, 0]
+_WEIGHTS_UNEXPECTED = 12  # [0, 0]
+_WEIGHTS_SIZE = 13  # [values numel, weights numel]
+_NAME_BYTES = 7  # bytes of an unknown key's name carried in the report (plus its length)
+
+
+def _pack_name(name: str) -> int:
+    """The first bytes of ``name`` and its length in one int64 (unknown keys' names)."""
+    raw = name.encode("utf-8")
+    packed = int.from_bytes(raw[:_NAME_BYTES].ljust(_NAME_BYTES, b"\0"), "little") | (min(len(raw), 127) << 56)
+    return packed
+
+
+def _unpack_name(value: int) -> str:
+    value &= (1 << 64) - 1
+    n = value >> 56
+    text = (value & ((1 << 56) - 1)).to_bytes(_NAME_BYTES, "little")[:min(n, _NAME_BYTES)]
+    return repr(text.decode("utf-8", "replace") + ("..." if n > _NAME_BYTES else ""))
 
 
 @dataclass
 class IdCheck:
     """One step's id check, from the input dist to the lookups.
 
-    keys: the features the reports' key index refers to.
-    report: this rank's int64 ``[flag, key index, value]`` (the first bad id; zeros: none).
+    report: this rank's int64 ``[code, index, value]`` (its first problem; zeros: none).
     carried: every rank's report rides the hybrid cold metadata and arrives in the lookup
         input (:attr:`HybridLookupInput.id_reports`).
     gathered / work: otherwise the async all-gather of every rank's report (None on one rank).
     """
 
-    keys: Tuple[str, ...]
     report: torch.Tensor
     carried: bool = False
     gathered: Optional[torch.Tensor] = None
@@ -98,15 +154,19 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     Args (beyond the stock ones):
         hot_ids: hot row ids per table name (validated collectively here).
-        validate_ids: check every input id against its table size each step (one tiny
-            all-gather) so bad ids raise on all ranks instead of crashing or hanging one.
+        validate_ids: check each rank's batch every step - its structure and every id
+            against its table size - and raise on all ranks instead of crashing or hanging
+            one (the verdicts ride the hybrid cold metadata, or one tiny all-gather without
+            hybrid tables). False turns off every input check (the weights' too).
+        validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample
+            weights (one pass over the weights; False skips it).
     """
 
     def __init__(self, module, table_name_to_parameter_sharding, env: ShardingEnv,
                  fused_params: Optional[Dict[str, Any]] = None, device: Optional[torch.device] = None,
                  qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
                  module_fqn: Optional[str] = None, hot_ids: Optional[HotIds] = None,
-                 validate_ids: bool = True) -> None:
+                 validate_ids: bool = True, validate_weights: bool = True) -> None:
         configs = module.embedding_bag_configs()
         hybrid = [c for c in configs if table_name_to_parameter_sharding[c.name].sharding_type == FREQUENCY_HYBRID]
         # A plan may carry the hot ids itself (``HybridParameterSharding.hot_ids``): it wins.
@@ -121,12 +181,19 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                          module_fqn=module_fqn)
         _compat.sebc_fix_mean_pooling(self)
         self._validate_ids = validate_ids
+        self._validate_weights = validate_weights
         # the id-check verdicts ride the hybrid cold metadata all-to-all when there is one
         self._carry_id_check = validate_ids and bool(hybrid)
+        self._has_hybrid = bool(hybrid)
+        self._module_weighted = bool(module.is_weighted())
         self._check_pg = env.process_group
         self._rows_by_feature = {f: c.num_embeddings for c in configs for f in c.feature_names}
         self._table_by_feature = {f: c.name for c in configs for f in c.feature_names}
-        self._limit_cache: Dict[tuple, torch.Tensor] = {}
+        self._feature_names = tuple(f for c in configs for f in c.feature_names)
+        self._feature_index = {f: i for i, f in enumerate(self._feature_names)}
+        # the keys of the first batch: the stock input dist fixes its feature permutation then
+        self._reference_keys: Optional[Tuple[str, ...]] = None
+        self._limit_cache: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
         self._no_report = torch.zeros(3, dtype=torch.int64)
         self._no_report_words = torch.zeros(ID_REPORT_WORDS, dtype=torch.int32)
         for c in hybrid:
@@ -155,6 +222,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def input_dist(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor):
         if self._validate_ids and isinstance(features, KeyedJaggedTensor):
             features, ctx.id_check = self._start_id_check(features)
+        if self._reference_keys is None and isinstance(features, KeyedJaggedTensor):
+            self._reference_keys = tuple(features.keys())
         splits = super().input_dist(ctx, features)
         if self._carry_id_check:  # the cold all-to-all starts now, carrying the report
             words = self._no_report_words if ctx.id_check is None else id_report_words(ctx.id_check.report)
@@ -169,32 +238,21 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     @record_function("## hybrid:id_check ##")
     def _start_id_check(self, features: KeyedJaggedTensor) -> Tuple[KeyedJaggedTensor, IdCheck]:
-        """Checks ids locally and starts sending the verdict to every rank.
+        """Checks the batch locally and starts sending the verdict to every rank.
 
         With a frequency-hybrid sharding the verdict rides its cold metadata (no collective
         of its own; :meth:`input_dist` hands it over); else an async all-gather overlaps the
-        input all-to-alls. Either way it is read before the lookups. Bad ids are replaced by
-        0 meanwhile so the dists stay in step.
+        input all-to-alls. Either way it is read before the lookups. This rank never raises
+        here (the others would wait in the step's collectives): a malformed batch is replaced
+        by an empty one, bad ids by 0 and bad weights by 0 meanwhile, so the dists stay in step.
         """
-        keys = tuple(features.keys())
-        values = features.values()
-        limit = self._limit_cache.get((keys, values.dtype))
-        if limit is None:  # largest valid id per key (ids of unknown keys are not checked)
-            top = torch.iinfo(values.dtype).max
-            limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
-                                 dtype=values.dtype, device=values.device)
-            self._limit_cache[(keys, values.dtype)] = limit
-        counts = torch.tensor(features.length_per_key(), device=values.device)
-        limit_of_value = torch.repeat_interleave(limit, counts, output_size=values.numel())
-        check = IdCheck(keys=keys, report=self._no_report, carried=self._carry_id_check)
-        if not torch.equal(torch.minimum(values.clamp(min=0), limit_of_value), values):  # rare path
-            bad = (values < 0) | (values > limit_of_value)
-            i = int(bad.nonzero()[0])
-            key = int(torch.searchsorted(torch.cumsum(counts, 0), i, right=True))
-            check.report = torch.tensor([1, key, int(values[i])], dtype=torch.int64)
-            features = KeyedJaggedTensor(keys=list(keys), values=torch.where(bad, torch.zeros_like(values), values),
-                                         weights=features.weights_or_none(), lengths=features.lengths(),
-                                         stride=features.stride())
+        check = IdCheck(report=self._no_report, carried=self._carry_id_check)
+        problem = self._structure_problem(features)
+        if problem is not None:
+            check.report = torch.tensor(problem, dtype=torch.int64)
+            features = self._placeholder(features)
+        else:
+            features = self._check_values(features, check)
         pg = self._check_pg
         if not check.carried and pg is not None and dist.get_world_size(pg) > 1:
             dev = collective_device(pg)
@@ -203,20 +261,185 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                                      async_op=True)
         return features, check
 
+    def _check_values(self, features: KeyedJaggedTensor, check: IdCheck) -> KeyedJaggedTensor:
+        """Every id against its table's size, every weight finite (one host sync, vectorised)."""
+        keys = tuple(features.keys())
+        values = features.values()
+        cached = self._limit_cache.get((keys, values.dtype))
+        if cached is None:  # largest valid id per key (ids of keys that are no feature are not checked)
+            top = torch.iinfo(values.dtype).max
+            limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
+                                 dtype=values.dtype, device=values.device)
+            index = torch.tensor([self._feature_index.get(k, -1) for k in keys], dtype=torch.int64)
+            cached = self._limit_cache[(keys, values.dtype)] = (limit, index)
+        limit, feature_of_key = cached
+        counts = torch.tensor(features.length_per_key(), device=values.device)
+        limit_of_value = torch.repeat_interleave(limit, counts, output_size=values.numel())
+        weights = features.weights_or_none()
+        check_weights = self._validate_weights and weights is not None and weights.is_floating_point()
+        bad_any = torch.ne(torch.minimum(values.clamp(min=0), limit_of_value), values).any()
+        if check_weights:  # a float64 sum of float32 weights is finite unless a weight is not
+            assert weights is not None
+            bad_any = bad_any | ~weights.sum(dtype=torch.float64).isfinite()
+        if not bool(bad_any):  # the one host sync of the check
+            return features
+        # rare path: find this rank's first problem (keys that are no feature are not checked)
+        known = torch.repeat_interleave(feature_of_key.to(values.device) >= 0, counts, output_size=values.numel())
+        bad = ((values < 0) | (values > limit_of_value)) & known
+        bad_weight = None if not check_weights else ~torch.isfinite(weights) & known
+        ends = torch.cumsum(counts, 0)
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0])
+            key = int(torch.searchsorted(ends, i, right=True))
+            check.report = torch.tensor([_BAD_ID, int(feature_of_key[key]), int(values[i])], dtype=torch.int64)
+        elif bad_weight is not None and bool(bad_weight.any()):
+            assert weights is not None
+            i = int(bad_weight.nonzero()[0])
+            key = int(torch.searchsorted(ends, i, right=True))
+            bits = int(weights[i:i + 1].to(torch.float32).view(torch.int32))
+            check.report = torch.tensor([_BAD_WEIGHT, int(feature_of_key[key]), bits], dtype=torch.int64)
+        else:  # only keys that are no feature have such ids or weights
+            return features
+        if bad_weight is not None:
+            assert weights is not None
+            weights = torch.where(bad_weight, torch.zeros_like(weights), weights)
+        return KeyedJaggedTensor(keys=list(keys), values=torch.where(bad, torch.zeros_like(values), values),
+                                 weights=weights, lengths=features.lengths(), stride=features.stride())
+
+    def _structure_problem(self, features: KeyedJaggedTensor) -> Optional[List[int]]:
+        """This rank's first structural problem as a report ``[code, index, value]``, or None.
+
+        Costs O(features) host work per step (no tensor op beyond the lengths' sizes and the
+        per-key sums the id check reads anyway).
+        """
+        keys = tuple(features.keys())
+        if keys != self._reference_keys:
+            problem = self._key_problem(keys)
+            if problem is not None:
+                return problem
+        if features.variable_stride_per_key():  # stock shardings take it; their dists check it
+            return [_VARIABLE_BATCH, 0, 0] if self._has_hybrid else None
+        lengths = features.lengths()
+        stride = features.stride()
+        if lengths.numel() != len(keys) * stride:
+            return [_LENGTHS_SIZE, stride, lengths.numel()]
+        values = features.values()
+        total = sum(features.length_per_key())
+        if total != values.numel():
+            return [_VALUES_SIZE, total, values.numel()]
+        weights = features.weights_or_none()
+        if (weights is not None) != self._module_weighted:
+            return [_WEIGHTS_UNEXPECTED if weights is not None else _WEIGHTS_MISSING, 0, 0]
+        if weights is not None and weights.numel() != values.numel():
+            return [_WEIGHTS_SIZE, values.numel(), weights.numel()]
+        return None
+
+    def _key_problem(self, keys: Tuple[str, ...]) -> Optional[List[int]]:
+        """Keys that differ from the first batch's (or, for the first batch, that miss a
+        feature or repeat one). Only runs when the keys are not the first batch's."""
+        idx, ref = self._feature_index, self._reference_keys
+        if ref is not None:
+            known_ref = set(ref)
+            for p, k in enumerate(keys):
+                if k not in idx and k not in known_ref:
+                    return [_UNKNOWN_KEY, -(p + 1), _pack_name(k)]
+        present = set(keys)
+        for f in self._feature_names:
+            if f not in present:
+                return [_MISSING_KEY, idx[f], 0]
+        if len(present) != len(keys):
+            seen: set = set()
+            for p, k in enumerate(keys):
+                if k in seen:
+                    return [_DUPLICATE_KEY, idx.get(k, -(p + 1)), _pack_name(k)]
+                seen.add(k)
+        if ref is None:
+            return None
+        found = [k for k in keys if k in idx]
+        expected = [k for k in ref if k in idx]
+        for a, b in zip(found, expected):
+            if a != b:
+                return [_KEY_ORDER, idx[a], idx[b]]
+        p = next((i for i, (a, b) in enumerate(zip(keys, ref)) if a != b), min(len(keys), len(ref)))
+        return [_KEYS_CHANGED, p, 0]
+
+    def _placeholder(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+        """The empty batch a rank with a malformed one sends meanwhile (every collective of the
+        step completes, then every rank raises). Keys as the first batch's, dtypes kept."""
+        keys = list(self._reference_keys or self._feature_names)
+        values = features.values()
+        lengths = features.lengths_or_none()
+        if lengths is None:
+            lengths = features.offsets_or_none()
+        vdt = values.dtype if values.dtype in (torch.int32, torch.int64) else torch.int64
+        ldt = lengths.dtype if lengths is not None and lengths.dtype in (torch.int32, torch.int64) else torch.int64
+        return KeyedJaggedTensor(
+            keys=keys, values=torch.empty(0, dtype=vdt, device=values.device),
+            lengths=torch.empty(0, dtype=ldt, device=values.device), stride=0,
+            weights=torch.empty(0, device=values.device) if self._module_weighted else None)
+
+    def _describe(self, code: int, index: int, value: int) -> str:
+        names = self._feature_names
+
+        def feature(i: int) -> str:
+            if 0 <= i < len(names):
+                return f"feature '{names[i]}' (table '{self._table_by_feature[names[i]]}')"
+            return f"feature #{i}"
+
+        if code == _BAD_ID:
+            f = names[index] if 0 <= index < len(names) else "?"
+            return f"{feature(index)} has id {value} outside [0, {self._rows_by_feature.get(f, '?')})"
+        if code == _BAD_WEIGHT:
+            w = struct.unpack("<f", (value & 0xFFFFFFFF).to_bytes(4, "little"))[0]
+            return f"{feature(index)} has a non-finite per-sample weight ({w})"
+        if code == _MISSING_KEY:
+            return f"{feature(index)} is missing from its batch's keys"
+        if code == _UNKNOWN_KEY:
+            return (f"its batch has key {_unpack_name(value)} (position {-index - 1}), which is no "
+                    "feature of this module and was not in its first batch")
+        if code == _DUPLICATE_KEY:
+            what = feature(index) if index >= 0 else f"key {_unpack_name(value)}"
+            return f"{what} appears more than once in its batch's keys"
+        if code == _KEY_ORDER:
+            return (f"its batch's keys are in a different order than its first batch's (which fixed the "
+                    f"feature permutation): {feature(index)} comes where '{names[value]}' did")
+        if code == _KEYS_CHANGED:
+            return f"its batch's keys differ from its first batch's at position {index}"
+        if code == _VARIABLE_BATCH:
+            return "its batch has a variable batch size per feature, which frequency_hybrid does not support"
+        if code == _LENGTHS_SIZE:
+            return f"its batch has {value} lengths, not (number of keys) x {index} samples"
+        if code == _VALUES_SIZE:
+            return f"its batch's lengths add up to {index} but it has {value} values"
+        if code == _WEIGHTS_MISSING:
+            return "its batch has no per-sample weights but the module is weighted"
+        if code == _WEIGHTS_UNEXPECTED:
+            return "its batch has per-sample weights but the module is not weighted (is_weighted=False)"
+        if code == _WEIGHTS_SIZE:
+            return f"its batch has {value} per-sample weights for {index} values"
+        return f"unknown problem code {code}"
+
     def _finish_id_check(self, ctx: HybridEmbeddingBagCollectionContext, input) -> None:
         check, ctx.id_check = ctx.id_check, None
         if check is None:
             return
         reports = check.reports(input).cpu()
-        if int(reports[:, 0].sum()) == 0:
+        codes = reports[:, 0]
+        if int(codes.abs().sum()) == 0:
             return
         msgs = []
-        for r in reports[:, 0].nonzero().view(-1).tolist():  # only on the error path
-            f = check.keys[int(reports[r, 1])]
-            msgs.append(f"rank {r}: feature '{f}' (table '{self._table_by_feature.get(f, '?')}') has id "
-                        f"{int(reports[r, 2])} outside [0, {self._rows_by_feature.get(f, '?')})")
-        raise InvalidIdError("invalid embedding ids, batch rejected before any lookup or update: "
-                             + "; ".join(msgs))
+        for r in codes.nonzero().view(-1).tolist():  # only on the error path
+            code, index, value = (int(v) for v in reports[r])
+            msgs.append(f"rank {r}: {self._describe(code, index, value)}")
+        present = set(codes.tolist())
+        if present - {_OK, _BAD_ID, _BAD_WEIGHT}:
+            cls: type = MalformedBatchError
+            what = "malformed batch"
+        elif _BAD_ID in present:
+            cls, what = InvalidIdError, "invalid embedding ids"
+        else:
+            cls, what = InvalidWeightError, "non-finite per-sample weights"
+        raise cls(f"{what}; the batch was rejected on every rank before any lookup or update: " + "; ".join(msgs))
 
 
 def refresh_hot_replicas(model: torch.nn.Module) -> None:

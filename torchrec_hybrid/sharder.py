@@ -22,12 +22,15 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         qcomm_codecs_registry: as for the stock sharder (used by the stock types).
         stats / hot_set_rule: alternatively a ``FrequencyStats`` and a ``HotSetRule``; the
             hot ids are then selected from them (deterministically, same on all ranks).
-        validate_ids: per-step id range check on all ranks (see the sharded module).
+        validate_ids: per-step input check on all ranks: batch structure and id ranges (see
+            the sharded module); False turns every input check off.
+        validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample weights.
     """
 
     def __init__(self, hot_ids: Optional[HotIds] = None, fused_params: Optional[Dict[str, Any]] = None,
                  qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
-                 stats: Any = None, hot_set_rule: Any = None, validate_ids: bool = True) -> None:
+                 stats: Any = None, hot_set_rule: Any = None, validate_ids: bool = True,
+                 validate_weights: bool = True) -> None:
         super().__init__(fused_params=fused_params, qcomm_codecs_registry=qcomm_codecs_registry)
         if hot_ids is None and stats is not None:
             from torchrec_hybrid.stats.selection import resolve_hot_ids
@@ -35,6 +38,7 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             hot_ids = resolve_hot_ids(stats, hot_set_rule)
         self._hot_ids = dict(hot_ids) if hot_ids is not None else {}
         self._validate_ids = validate_ids
+        self._validate_weights = validate_weights
 
     @property
     def hot_ids(self) -> Dict[str, torch.Tensor]:
@@ -55,4 +59,5 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             module=module, table_name_to_parameter_sharding=params, env=env, fused_params=self.fused_params,
             device=device, qcomm_codecs_registry=self.qcomm_codecs_registry, module_fqn=module_fqn,
             hot_ids=self._hot_ids, validate_ids=self._validate_ids,
+            validate_weights=self._validate_weights,
         )

@@ -119,7 +119,10 @@ class HotReplica:
         """
         d = self._dense
         if self._feature_shift is not None:  # several widths: slot -> row of the feature's bucket
-            per_feature = offsets[batch::batch] - offsets[:-1:batch]
+            if batch > 0:
+                per_feature = offsets[batch::batch] - offsets[:-1:batch]
+            else:  # an empty batch: no lookups (a slice step of 0 is not allowed)
+                per_feature = torch.zeros_like(self._feature_shift)
             indices = slots - torch.repeat_interleave(self._feature_shift, per_feature, output_size=slots.numel())
         else:
             indices = slots - self.slot_base if self.slot_base else slots

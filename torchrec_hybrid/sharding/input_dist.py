@@ -78,12 +78,13 @@ class HybridLookupInput:
                 t.record_stream(stream)
 
 
-ID_REPORT_WORDS = 4  # int32 words of one rank's id-check report in the cold metadata
+ID_REPORT_WORDS = 4  # int32 words of one rank's input-check report in the cold metadata
 
 
 def id_report_words(report: torch.Tensor) -> torch.Tensor:
-    """An int64 id-check report ``[flag, key, value]`` as the int32 words the cold metadata
-    carries: ``[flag, key, value low word, value high word]``."""
+    """An int64 input-check report ``[code, index, value]`` (the rank's first problem - a bad
+    id, a non-finite weight or a malformed batch, ``sharded_ebc.py``; zeros: none) as the
+    int32 words the cold metadata carries: ``[code, index, value low word, value high word]``."""
     return torch.cat([report[:2].to(torch.int32), report[2:].view(torch.int32)])
 
 
