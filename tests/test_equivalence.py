@@ -12,13 +12,35 @@ from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from tests.models import OPTIMIZERS, build, full_optimizer_state, full_weight, hot_ids, skewed_batch, tables
 from tests.multiprocess import run_ranks
-from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, refresh_hot_sets
 
 ALL_HOT = {"t0": [3, 7, 21, 35, 40], "t1": [0, 29, 5], "t2": [1], "t3": [16, 2]}
+# a different hot set: tables grow, shrink, empty and fill, ids move between owners
+NEW_HOT = {"t0": [0, 1, 2, 39], "t1": [0, 4, 11, 12, 13, 14, 28], "t2": [5, 22], "t3": []}
+
+
+def _hybrid_forward(mh, kjt, step: int, refresh, hot_t):
+    """One hybrid forward; at ``refresh["at"]`` the hot sets switch first, or, with
+    ``in_flight``, between this batch's input dist and its lookup (as under a pipeline)."""
+    if not refresh or step != refresh["at"]:
+        return mh(kjt).wait().to_dict(), hot_t
+    new = hot_ids(refresh["hot"])
+    if refresh.get("in_flight"):
+        sebc = mh.module
+        ctx = sebc.create_context()
+        pending = sebc.input_dist(ctx, kjt)
+        changed = refresh_hot_sets(mh, hot_ids=new)
+        out = sebc.compute_and_output_dist(ctx, pending.wait().wait()).wait().to_dict()
+    else:
+        changed = refresh_hot_sets(mh, hot_ids=new)
+        out = mh(kjt).wait().to_dict()
+    assert any(changed.values()), changed
+    assert all(torch.equal(v, torch.sort(new[k]).values) for k, v in mh.module.hot_ids().items())
+    return out, new
 
 
 def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kinds=None, ref_kinds=None, hot=None,
-               mode="mixed", rank0_mode=None):
+               mode="mixed", rank0_mode=None, refresh=None):
     configs = tables(mean=mean)
     torch.manual_seed(0)
     ref = torchrec.EmbeddingBagCollection(tables=configs, is_weighted=weighted)
@@ -36,7 +58,8 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
     for step in range(steps):
         m = rank0_mode if (rank == 0 and rank0_mode) else mode
         kjt = skewed_batch(configs, keys, batch=6, seed=100 * step + rank, hot=hot_t, weighted=weighted, mode=m)
-        oh, ot = mh(kjt).wait().to_dict(), mt(kjt).wait().to_dict()
+        oh, hot_t = _hybrid_forward(mh, kjt, step, refresh, hot_t)
+        ot = mt(kjt).wait().to_dict()
         assert sorted(oh) == sorted(ot) == sorted(keys)
         vh = torch.cat([oh[k] for k in keys], dim=1)
         vt = torch.cat([ot[k] for k in keys], dim=1)
@@ -102,6 +125,17 @@ def test_hybrid_trains_like_table_wise(world, opt):
 )
 def test_inputs_match_table_wise(case):
     run_ranks(train_pair, 2, **case)
+
+
+@pytest.mark.parametrize("world,opt,in_flight,kinds", [
+    (2, "rowwise_adagrad", False, None),
+    (3, "adagrad", True, {"t0": "hybrid_tw", "t1": "hybrid", "t2": "hybrid_uneven", "t3": "hybrid"}),
+    (2, "rowwise_adagrad_wd", True, None),  # only looked-up hot rows travel: the mask follows the new set
+])
+def test_refreshed_hot_sets_train_like_table_wise(world, opt, in_flight, kinds):
+    """Hot sets switched mid-training (between steps, or with a batch already split by the
+    old set) keep matching table_wise: outputs, weights, optimizer state, replicas."""
+    run_ranks(train_pair, world, opt=opt, kinds=kinds, steps=5, refresh=dict(at=2, hot=NEW_HOT, in_flight=in_flight))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])

@@ -12,6 +12,7 @@ from torchrec_hybrid.sharded_ebc import (  # noqa: F401
     InvalidWeightError,
     MalformedBatchError,
     refresh_hot_replicas,
+    refresh_hot_sets,
 )
 from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
 from torchrec_hybrid.sharding_plan import frequency_hybrid  # noqa: F401
@@ -30,4 +31,5 @@ __all__ = [
     "frequency_hybrid",
     "load_planner_config",
     "refresh_hot_replicas",
+    "refresh_hot_sets",
 ]

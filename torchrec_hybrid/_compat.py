@@ -63,6 +63,12 @@ def sebc_lookups(sebc) -> list:
     return sebc._lookups
 
 
+def sebc_shardings(sebc) -> list:
+    """The embedding shardings of a ShardedEmbeddingBagCollection, one per sharding type
+    (``_embedding_shardings``; checked against torchrec 1.8.0)."""
+    return sebc._embedding_shardings
+
+
 def sebc_fix_mean_pooling(sebc) -> None:
     """Make SEBC's MEAN-pooling callback divide exactly the stock row-wise MEAN features
     (``_pooling_type_to_rs_features``, ``_embedding_bag_configs``, ``_has_mean_pooling_callback``;

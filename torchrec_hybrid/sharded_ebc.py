@@ -42,7 +42,7 @@ from torchrec_hybrid.sharding.input_dist import (
     id_reports_from_words,
 )
 from torchrec_hybrid.sharding.lookup import HybridLookup
-from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, collective_device, normalize_hot_ids
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
 
 logger = logging.getLogger(__name__)
 
@@ -182,6 +182,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         _compat.sebc_fix_mean_pooling(self)
         self._validate_ids = validate_ids
         self._validate_weights = validate_weights
+        self._hybrid_configs = list(hybrid)
         # the id-check verdicts ride the hybrid cold metadata all-to-all when there is one
         self._carry_id_check = validate_ids and bool(hybrid)
         self._has_hybrid = bool(hybrid)
@@ -218,6 +219,37 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def refresh_hot_replicas(self) -> None:
         """Nothing to do: the replicas are re-sent by the rows' owners in every forward."""
+
+    def _hybrid_shardings(self) -> List[HybridPooledEmbeddingSharding]:
+        return [s for s in _compat.sebc_shardings(self) if isinstance(s, HybridPooledEmbeddingSharding)]
+
+    def hot_ids(self) -> Dict[str, torch.Tensor]:
+        """The current sorted hot ids of every frequency_hybrid table."""
+        out: Dict[str, torch.Tensor] = {}
+        for s in self._hybrid_shardings():
+            out.update(s.hot_ids())
+        return out
+
+    def refresh_hot_ids(self, hot_ids: HotIds) -> None:
+        """Switches the hot sets of some or all hybrid tables, from the next step on.
+
+        Collective: call it on every rank at the same step boundary with the same ids (they
+        are checked on every rank like the planned ones: range, duplicates, equal across
+        ranks; a problem raises :class:`HotSetError` on every rank). No weights or optimizer
+        state move - every row lives in its owner's cold shard whatever the hot set - so
+        training continues exactly as before, and a batch already in flight (a pipeline's
+        next input) finishes with the set it was split by (sharding/hot_state.py).
+        """
+        known = {c.name for c in self._hybrid_configs}
+        unknown = sorted(set(hot_ids) - known)
+        if unknown:
+            raise HotSetError(f"refresh_hot_ids: {unknown} are not frequency_hybrid tables of this module "
+                              f"(its hybrid tables: {sorted(known)})")
+        configs = [c for c in self._hybrid_configs if c.name in hot_ids]
+        checked = normalize_hot_ids(hot_ids, configs, self._check_pg)
+        for s in self._hybrid_shardings():
+            mine = set(s.hot_ids())
+            s.refresh({n: ids for n, ids in checked.items() if n in mine})
 
     def input_dist(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor):
         if self._validate_ids and isinstance(features, KeyedJaggedTensor):
@@ -452,3 +484,34 @@ def refresh_hot_replicas(model: torch.nn.Module) -> None:
     for m in model.modules():
         if isinstance(m, HybridShardedEmbeddingBagCollection):
             m.refresh_hot_replicas()
+
+
+def refresh_hot_sets(model: torch.nn.Module, stats: Any = None, hot_ids: Optional[HotIds] = None) -> Dict[str, int]:
+    """Re-chooses the hot sets of every frequency_hybrid table in ``model`` (a DMP or any
+    module holding hybrid sharded EBCs). Collective: every rank, same step, same inputs.
+
+    ``hot_ids`` sets them explicitly; else ``stats`` (a ``FrequencyStats``, identical on
+    every rank, e.g. decayed and merged with ``all_reduce_``) gives each table its most
+    frequent rows, as many as it has now (the planned hot-row memory stays as planned).
+    Returns per table how many hot ids changed.
+    """
+    if (stats is None) == (hot_ids is None):
+        raise ValueError("refresh_hot_sets: pass exactly one of stats and hot_ids")
+    changed: Dict[str, int] = {}
+    for m in model.modules():
+        if not isinstance(m, HybridShardedEmbeddingBagCollection):
+            continue
+        current = m.hot_ids()
+        if hot_ids is not None:
+            new = {n: torch.as_tensor(v) for n, v in hot_ids.items() if n in current}
+        else:
+            new = {}
+            for name, ids in current.items():
+                if name in getattr(stats, "table_names", ()):
+                    top, _ = stats.top_counts(name, int(ids.numel()))
+                    new[name] = torch.sort(top.to(torch.int64).cpu()).values
+        m.refresh_hot_ids(new)
+        after = m.hot_ids()
+        for name in new:
+            changed[name] = int(current[name].numel()) - int(torch.isin(after[name], current[name]).sum())
+    return changed

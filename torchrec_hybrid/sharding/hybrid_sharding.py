@@ -9,7 +9,7 @@ rows are also replicated on every rank, as copies their owners refresh every ste
 checkpoints and the fused optimizer state are exactly stock row-wise.
 """
 
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
@@ -20,7 +20,8 @@ from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.cells import heavy_tables
-from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout, zero_grad_is_noop
+from torchrec_hybrid.sharding.hot_replica import zero_grad_is_noop
+from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
@@ -61,7 +62,8 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         # row (weight decay, Adam, ...): then only rows some rank looked up, and the input
         # dist gathers which those are.
         self._exchange_touched = not all(zero_grad_is_noop(g.fused_params) for g in groups)
-        self._hot_parts: Optional[Tuple[List[HotReplica], HotRowLayout]] = None
+        self._state: Optional[HotState] = None
+        self._input_dists: List[HybridSparseFeaturesDist] = []
 
     @property
     def _hybrid_pg(self) -> dist.ProcessGroup:
@@ -70,22 +72,45 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         assert pg is not None, "a frequency_hybrid sharding needs a process group"
         return pg
 
-    def _hot(self, device: torch.device) -> Tuple[List[HotReplica], HotRowLayout]:
-        """The groups' replicas and the hot-row layout (built once, shared by all three parts).
+    def _build_state(self, hot_ids_per_group, device: torch.device, version: int) -> HotState:
+        groups = _compat.sharding_grouped_configs(self)
+        bounds = [[self._bounds[t.name] for t in g.embedding_tables] for g in groups]
+        return build_hot_state(groups, hot_ids_per_group, bounds, self._setup.world_size, self._setup.rank, device,
+                               version)
 
-        Hot slots are numbered group after group, each group's as its replica stores them.
-        """
-        if self._hot_parts is None:
-            groups = _compat.sharding_grouped_configs(self)
-            replicas, base = [], 0
-            for g, ids in zip(groups, self._hot_ids_per_group):  # set-up time loop over groups
-                replicas.append(HotReplica(g, ids, device, slot_base=base))
-                base += replicas[-1].num_slots
-            bounds = [[self._bounds[t.name] for t in g.embedding_tables] for g in groups]
-            layout = HotRowLayout(replicas, bounds, self._hot_ids_per_group, self._setup.world_size,
-                                  self._setup.rank)
-            self._hot_parts = (replicas, layout.to(device))
-        return self._hot_parts
+    def hot_state(self, device: Optional[torch.device] = None) -> HotState:
+        """The current hot set (built once, then replaced by :meth:`refresh`)."""
+        if self._state is None:
+            device = device if device is not None else self._setup.device
+            self._state = self._build_state(self._hot_ids_per_group, device, 0)
+        return self._state
+
+    def hot_ids(self) -> Dict[str, torch.Tensor]:
+        """The current sorted hot ids per table."""
+        state = self.hot_state()
+        return {t.name: ids for t, ids in zip(self._tables, state.hot_ids)}
+
+    def refresh(self, hot_ids: Mapping[str, torch.Tensor]) -> HotState:
+        """Replaces the hot set from the next input dist on: ``hot_ids`` (validated, sorted,
+        the same on every rank) for some or all of this sharding's tables; the others keep
+        theirs. No weights or optimizer state move: every row stays in its owner's shard.
+        Steps already split by the old set finish with it (each input carries its state)."""
+        old = self.hot_state()
+        current = self.hot_ids()
+        unknown = sorted(set(hot_ids) - set(current))
+        if unknown:
+            raise ValueError(f"refresh: tables {unknown} are not frequency_hybrid tables of this sharding "
+                             f"(its tables: {sorted(current)})")
+        groups = _compat.sharding_grouped_configs(self)
+        per_group = [[hot_ids.get(t.name, current[t.name]).to(torch.int64).cpu() for t in g.embedding_tables]
+                     for g in groups]
+        device = old.layout.owner.device
+        state = self._build_state(per_group, device, old.version + 1)
+        self._hot_ids_per_group = per_group
+        self._state = state
+        for d in self._input_dists:
+            d.set_hot_state(state)
+        return state
 
     def _feature_tables(self) -> List[int]:
         return [i for i, t in enumerate(self._tables) for _ in range(t.num_features())]
@@ -94,30 +119,29 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         device = device if device is not None else self._setup.device
         feature_tables = self._feature_tables()
         rows = [t.num_embeddings for t in self._tables]
-        replicas, _ = self._hot(device)
-        return HybridSparseFeaturesDist(
+        dist_ = HybridSparseFeaturesDist(
             pg=self._hybrid_pg,
             feature_tables=feature_tables,
             table_rows=rows,
-            hot_ids=[h for group in self._hot_ids_per_group for h in group],
-            hot_slot_starts=[r.slot_base + s for r in replicas for s in r.table_slot_start],
+            state=self.hot_state(device),
             row_bounds=[self._bounds[self._tables[i].name] for i in feature_tables],
             device=device,
             exchange_touched=self._exchange_touched,
         )
+        self._input_dists.append(dist_)
+        return dist_
 
     def create_lookup(self, device: Optional[torch.device] = None, fused_params: Optional[Dict[str, Any]] = None,
                       feature_processor: Any = None) -> HybridLookup:
         setup = self._setup
         device = device if device is not None else setup.device
-        replicas, layout = self._hot(device)
         rank = setup.rank
         heavy = heavy_tables(setup.world_size, [self._bounds[t.name][rank + 1] - self._bounds[t.name][rank]
                                                 for t in self._tables], [t.num_embeddings for t in self._tables])
-        return HybridLookup(_compat.sharding_grouped_configs(self), replicas, layout, pg=self._hybrid_pg, device=device,
+        return HybridLookup(_compat.sharding_grouped_configs(self), pg=self._hybrid_pg, device=device,
                             env=setup.env, heavy_tables={t.name for t, h in zip(self._tables, heavy) if h})
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]
         device = device if device is not None else self._setup.device
-        return HybridPooledEmbeddingDist(self._hybrid_pg, self.embedding_dims(), mean, device, self._hot(device)[1])
+        return HybridPooledEmbeddingDist(self._hybrid_pg, self.embedding_dims(), mean, device)

@@ -30,6 +30,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll
+from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
 
@@ -44,6 +45,8 @@ class HybridLookupInput:
         together).
     touched: None, or () -> bool ``[total hot rows]``: the hot slots any rank looked up
         this step (when only those may be updated).
+    hot: the hot set the ids were split by (hot_state.py): the lookup and output dist use
+        it, so a refresh never mixes two sets within a step.
     sent_cells: the bags this rank sent (each with >= 1 cold id), in (owner, feature,
         sample) order - the order their partial sums come back in - as cells
         ``sample * F + feature`` of the pooled output.
@@ -56,6 +59,7 @@ class HybridLookupInput:
     hot_offsets: torch.Tensor
     hot_weights: Optional[torch.Tensor]
     touched: Optional[Callable[[], torch.Tensor]]
+    hot: HotState
     sent_cells: torch.Tensor
     sent_counts: torch.Tensor
     lengths: torch.Tensor
@@ -128,9 +132,9 @@ class HybridSparseFeaturesDist(nn.Module):
         pg: process group of the sharding.
         feature_tables: index of each feature's table in ``table_rows`` (sharding order).
         table_rows: ``num_embeddings`` per hybrid table.
-        hot_ids: sorted hot row ids per table (same order as ``table_rows``).
-        hot_slot_starts: slot of each table's first hot id (its hot ids take consecutive slots;
-            the replicas' layout, :func:`hot_replica.hot_slot_layout`).
+        state: the hot set (hot_state.py: sorted hot ids per table, same order as
+            ``table_rows``, and the slot of each table's first hot id); replaced by
+            :meth:`set_hot_state`, and stamped on every input this dist produces.
         row_bounds: per feature, its table's row bounds (row_blocks.py: rank r owns rows
             ``b[r] .. b[r+1]-1``), the cold shard's layout.
         device: where the ids live.
@@ -149,8 +153,7 @@ class HybridSparseFeaturesDist(nn.Module):
         pg: dist.ProcessGroup,
         feature_tables: List[int],
         table_rows: List[int],
-        hot_ids: List[torch.Tensor],
-        hot_slot_starts: List[int],
+        state: HotState,
         row_bounds: List[List[int]],
         device: torch.device,
         exchange_touched: bool = False,
@@ -162,24 +165,11 @@ class HybridSparseFeaturesDist(nn.Module):
         rows = torch.tensor(table_rows, dtype=torch.int64)
         table_offset = exclusive_cumsum(rows)
         ft = torch.tensor(feature_tables, dtype=torch.int64)
-        keys = [h + off for h, off in zip(hot_ids, table_offset.tolist())]
-        hot_keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
-        slots = [torch.arange(s, s + h.numel()) for h, s in zip(hot_ids, hot_slot_starts)]
-        key_slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
-        self._total_hot = int(hot_keys.numel())
-        self._exchange_touched = exchange_touched and self._total_hot > 0
-        self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
-        self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
-        # Tables small enough in total get a dense key -> slot map (one gather per id);
-        # larger ones use a binary search over the sorted hot keys (memory O(hot rows)).
-        total_rows = int(rows.sum())
-        slot_map = None
-        if total_rows <= DENSE_MAP_MAX_ROWS:
-            # int64: the slots index the hot TBE as they are, with no cast per step
-            slot_map = torch.full((total_rows,), -1, dtype=torch.int64)
-            slot_map[hot_keys] = key_slots
-            slot_map = slot_map.to(device)
-        self.register_buffer("_slot_map", slot_map, persistent=False)
+        self._table_offset = table_offset.tolist()
+        self._total_rows = int(rows.sum())
+        self._exchange_requested = exchange_touched
+        self._device = device
+        self.set_hot_state(state)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
         # Even blocks (the stock row-wise layout) bucketize by division; any other layout by
         # FBGEMM's per-feature block positions (a binary search per id).
@@ -190,6 +180,29 @@ class HybridSparseFeaturesDist(nn.Module):
         even = all(list(b) == row_blocks.even_bounds(b[-1], self._world) for b in row_bounds)
         self._block_pos = None if even else [torch.tensor(b, dtype=torch.int64, device=device) for b in row_bounds]
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device)
+
+    def set_hot_state(self, state: HotState) -> None:
+        """Splits ids by ``state``'s hot set from the next forward on (refresh time: rebuilds
+        the key -> slot map). Inputs already produced keep the state they were split by."""
+        device = self._device
+        keys = [h.to(torch.int64).cpu() + off for h, off in zip(state.hot_ids, self._table_offset)]
+        hot_keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
+        slots = [torch.arange(s, s + h.numel()) for h, s in zip(state.hot_ids, state.slot_starts)]
+        key_slots = torch.cat(slots) if slots else torch.empty(0, dtype=torch.int64)
+        self._state = state
+        self._total_hot = int(hot_keys.numel())
+        self._exchange_touched = self._exchange_requested and self._total_hot > 0
+        self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
+        self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
+        # Tables small enough in total get a dense key -> slot map (one gather per id);
+        # larger ones use a binary search over the sorted hot keys (memory O(hot rows)).
+        slot_map = None
+        if self._total_rows <= DENSE_MAP_MAX_ROWS:
+            # int64: the slots index the hot TBE as they are, with no cast per step
+            slot_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
+            slot_map[hot_keys] = key_slots
+            slot_map = slot_map.to(device)
+        self.register_buffer("_slot_map", slot_map, persistent=False)
 
     def forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
         with record_function("## hybrid:input_dist ##"):
@@ -240,6 +253,7 @@ class HybridSparseFeaturesDist(nn.Module):
             hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
             hot_weights=None if weights is None else weights[is_hot],
             touched=touched,
+            hot=self._state,
             sent_cells=(bag - group * B) * F + group % F,
             sent_counts=per_group.view(W, F),
             lengths=lengths,

@@ -23,6 +23,7 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.cells import LaneLayout
 from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
+from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
@@ -44,6 +45,7 @@ class HybridLookupOutput:
     hot: Callable[[torch.Tensor], torch.Tensor]
     hot_slots: torch.Tensor  # slots every rank receives, owner after owner (sync order)
     hot_counts: torch.Tensor  # how many per owner [W]
+    layout: HotRowLayout  # the hot set these slots number (hot_state.py)
     sent_cells: torch.Tensor  # sample side: the bags sent, (owner, feature, sample) order,
     sent_counts: torch.Tensor  # as cells ``sample * F + feature``; how many per [W, F]
     lengths: torch.Tensor  # [F, B] full bag lengths
@@ -81,9 +83,11 @@ def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[str]):
 class HybridLookup(nn.Module):
     """Cold row-wise fused lookup (plus the owned hot rows) and local hot pooling for one EBC.
 
+    The hot set comes with each step's input (``inp.hot``, hot_state.py), so a refresh
+    between steps never mixes two.
+
     Args:
         grouped_configs: the cold groups (stock row-wise shard of every hybrid table).
-        replicas / layout: the hot replicas of the groups and the sharding's hot-row layout.
         pg / device / env: as for stock lookups.
         heavy_tables: tables whose cold rows are mostly on this rank: pooled in a lane of their
             own (cells.LaneLayout).
@@ -92,8 +96,6 @@ class HybridLookup(nn.Module):
     def __init__(
         self,
         grouped_configs: List[GroupedEmbeddingConfig],
-        replicas: List[HotReplica],
-        layout: HotRowLayout,
         pg: dist.ProcessGroup,
         device: torch.device,
         env: Optional[ShardingEnv] = None,
@@ -108,15 +110,17 @@ class HybridLookup(nn.Module):
         )
         self._lane_keys = [c.feature_names() for c in lane_configs]
         self._lanes = LaneLayout(lane_features, [d for c in grouped_configs for d in c.embedding_dims()], device)
-        self._hot = replicas
-        self._layout = layout
         self._tables = [t.name for c in grouped_configs for t in c.embedding_tables]
         self._last_replica: Optional[tuple] = None
+        self._last_state: Optional[HotState] = None
         self._extra: Optional[tuple] = None
 
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
         B = inp.lengths.size(1)
-        layout = self._layout
+        state = inp.hot
+        layout = state.layout
+        replicas = state.replicas
+        self._last_state = state
         mine, hot_slots, hot_counts = layout.select(None if inp.touched is None else inp.touched())
         if self._extra is None or self._extra[0] is not mine:  # the same every step when all rows travel
             self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
@@ -132,12 +136,12 @@ class HybridLookup(nn.Module):
         @record_function("## hybrid:hot_lookup ##")
         def hot(replica: torch.Tensor) -> torch.Tensor:
             self._last_replica = (replica.detach(), hot_slots)
-            if len(self._hot) == 1:
-                return self._hot[0].pool(replica, inp.hot_indices, inp.hot_offsets, inp.hot_weights, B)
+            if len(replicas) == 1:
+                return replicas[0].pool(replica, inp.hot_indices, inp.hot_offsets, inp.hot_weights, B)
             out = []
             offsets = inp.hot_offsets
             f0 = 0
-            for rep, nf, base in zip(self._hot, self._feature_splits, layout.flat_bases):  # per group
+            for rep, nf, base in zip(replicas, self._feature_splits, layout.flat_bases):  # per group
                 off = offsets[f0 * B: (f0 + nf) * B + 1]
                 lo, hi = off[0], off[-1]
                 w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
@@ -153,6 +157,7 @@ class HybridLookup(nn.Module):
             hot=hot,
             hot_slots=hot_slots,
             hot_counts=hot_counts,
+            layout=layout,
             sent_cells=inp.sent_cells,
             sent_counts=inp.sent_counts,
             lengths=inp.lengths,
@@ -178,18 +183,19 @@ class HybridLookup(nn.Module):
         yield from self.cold.named_buffers(prefix, recurse, remove_duplicate)
 
     def hot_replicas(self) -> List[HotReplica]:
-        return list(self._hot)
+        """The replicas of the hot set the last forward used (empty before the first)."""
+        return list(self._last_state.replicas) if self._last_state is not None else []
 
     def last_hot_rows(self) -> Dict[str, tuple]:
         """What the last forward pooled hot lookups from, per table: ``(k, rows)``, the rows
         the owners sent (``rows[i]`` is the table's ``k[i]``-th hot id in ascending order).
         For checks; empty before the first forward."""
-        if self._last_replica is None:
+        if self._last_replica is None or self._last_state is None:
             return {}
         replica, sent = self._last_replica
-        layout, slot = self._layout, 0
+        layout, slot = self._last_state.layout, 0
         out: Dict[str, tuple] = {}
-        for rep in self._hot:
+        for rep in self._last_state.replicas:
             for start, n, width in zip(rep.table_slot_start, rep.table_sizes, rep.table_dims):
                 first = slot + start
                 s = sent[(sent >= first) & (sent < first + n)].sort().values

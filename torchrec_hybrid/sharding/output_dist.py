@@ -193,7 +193,9 @@ class HybridPooledEmbeddingDist(nn.Module):
         pg: process group.
         feature_dims: output width of each feature (sharding order).
         mean_features: which features use MEAN pooling.
-        layout: the sharding's hot-row layout (replica positions of the hot slots).
+
+    The hot-row layout (replica positions of the hot slots) comes with each step's lookup
+    output (``out.layout``), the version of the hot set its input was split by.
     """
 
     # buffers (register_buffer in __init__)
@@ -201,7 +203,7 @@ class HybridPooledEmbeddingDist(nn.Module):
     _mean_cols: torch.Tensor
 
     def __init__(self, pg: dist.ProcessGroup, feature_dims: List[int], mean_features: List[bool],
-                 device: torch.device, layout: HotRowLayout) -> None:
+                 device: torch.device) -> None:
         super().__init__()
         self._pg, self._world = pg, pg.size()
         dims = torch.tensor(feature_dims, dtype=torch.int64)
@@ -213,8 +215,6 @@ class HybridPooledEmbeddingDist(nn.Module):
         self._uniform_dim = feature_dims[0] if len(set(feature_dims)) == 1 else None
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
-        self._layout = layout
-        self._replica_units = layout.flat_size // (self._uniform_dim or 1)
         # (hot slots, their receive plan) of the last step whose every hot row travelled
         self._replica_cache: Tuple[Optional[torch.Tensor], Optional[ReceivePlan]] = (None, None)
 
@@ -224,9 +224,8 @@ class HybridPooledEmbeddingDist(nn.Module):
             return counts.sum(1).to(torch.int64)
         return (counts.to(torch.int64) * self._dims[None, :]).sum(1)
 
-    def _replica_positions(self, slots: torch.Tensor, per_owner: torch.Tensor):
+    def _replica_positions(self, layout: HotRowLayout, slots: torch.Tensor, per_owner: torch.Tensor):
         """Positions in the flat replica (units) of received hot slots, and units per owner."""
-        layout = self._layout
         if self._uniform_dim is not None:
             return torch.div(layout.flat[slots], self._uniform_dim, rounding_mode="floor"), per_owner
         width = layout.width[slots]
@@ -234,15 +233,15 @@ class HybridPooledEmbeddingDist(nn.Module):
         units.index_add_(0, layout.owner[slots], width)
         return segment_positions(layout.flat[slots], width), units
 
-    def _receive_plan(self, slots: torch.Tensor, per_owner: torch.Tensor) -> ReceivePlan:
+    def _receive_plan(self, layout: HotRowLayout, slots: torch.Tensor, per_owner: torch.Tensor) -> ReceivePlan:
         """``(replica_dst, units per owner, order)``: where the received hot units go in the
         replica, and for every replica unit which received hot unit (back to back) it copies
         (0 where none: never read). Computed once when every hot row travels."""
         cached_slots, cached = self._replica_cache
         if cached_slots is slots and cached is not None:
             return cached
-        dst, units = self._replica_positions(slots, per_owner)
-        order = torch.zeros(self._replica_units, dtype=torch.int64, device=dst.device)
+        dst, units = self._replica_positions(layout, slots, per_owner)
+        order = torch.zeros(layout.flat_size // (self._uniform_dim or 1), dtype=torch.int64, device=dst.device)
         order[dst] = torch.arange(dst.numel(), device=dst.device)
         plan = (dst, units, order)
         self._replica_cache = (slots, plan)
@@ -264,7 +263,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         # sample side: from each owner the bags we sent it (same order), then its hot rows
         part_pos = self._cells(out.sent_cells)
         part_units = self._units(out.sent_counts)
-        replica_dst, replica_units, order = self._receive_plan(out.hot_slots, out.hot_counts)
+        replica_dst, replica_units, order = self._receive_plan(out.layout, out.hot_slots, out.hot_counts)
+        replica_size = out.layout.flat_size // unit
         part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
         recv_units = part_units + replica_units
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
@@ -279,7 +279,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         def finish() -> torch.Tensor:
             recv = _AllToAllWait.apply(token, req)
             partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
-                                              replica_src, self._replica_units)
+                                              replica_src, replica_size)
             pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
             if self._any_mean:
                 per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)

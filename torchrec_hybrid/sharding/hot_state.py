@@ -1,0 +1,63 @@
+"""One version of a sharding's hot set, carried by each step's input from input dist to output dist.
+
+A hot set is only a choice of which rows every rank looks up locally: every row lives in its
+owner's cold shard whatever the choice, so changing it moves no weights and no optimizer
+state (hot_replica.py). What changes is derived data: the input dist's key -> slot map, the
+replicas' layout and which owner sends which row. :class:`HotState` bundles that for one
+version. The input dist stamps each step's input with the state it split the ids by, and the
+lookup and output dist read it from there, so a refresh between two steps never mixes two
+hot sets - not even for a batch already in flight under ``TrainPipelineSparseDist``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import List, Sequence
+
+import torch
+from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
+
+from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
+
+
+@dataclass(eq=False)
+class HotState:
+    """The hot set of one sharding, one version.
+
+    version: 0 for the planned set, +1 per refresh (the same on every rank).
+    hot_ids: sorted hot ids per table (sharding order).
+    slot_starts: per table, the slot of its first hot id (its ids take consecutive slots).
+    replicas / layout: the groups' replicas and where every hot slot lives (hot_replica.py).
+    """
+
+    version: int
+    hot_ids: List[torch.Tensor]
+    slot_starts: List[int]
+    replicas: List[HotReplica]
+    layout: HotRowLayout
+
+    @property
+    def num_slots(self) -> int:
+        return self.layout.num_slots
+
+
+def build_hot_state(groups: Sequence[GroupedEmbeddingConfig], hot_ids_per_group: Sequence[Sequence[torch.Tensor]],
+                    bounds_per_group: Sequence[Sequence[Sequence[int]]], world: int, rank: int, device: torch.device,
+                    version: int = 0) -> HotState:
+    """The state of ``hot_ids_per_group`` (per group, per table: sorted ids) for row blocks
+    ``bounds_per_group``. Hot slots are numbered group after group, each group's as its
+    replica stores them. Set-up / refresh time: loops over groups and tables."""
+    replicas: List[HotReplica] = []
+    base = 0
+    for g, ids in zip(groups, hot_ids_per_group):
+        replicas.append(HotReplica(g, list(ids), device, slot_base=base))
+        base += replicas[-1].num_slots
+    bounds = [[list(b) for b in g] for g in bounds_per_group]
+    layout = HotRowLayout(replicas, bounds, [list(i) for i in hot_ids_per_group], world, rank).to(device)
+    return HotState(
+        version=version,
+        hot_ids=[h for ids in hot_ids_per_group for h in ids],
+        slot_starts=[r.slot_base + s for r in replicas for s in r.table_slot_start],
+        replicas=replicas,
+        layout=layout,
+    )
