@@ -13,7 +13,7 @@ soon as autograd reaches the wait node and is waited for only where its result i
 MEAN features are pooled as SUM on both paths and divided by the full bag length here.
 """
 
-from typing import Callable, List, Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -21,6 +21,8 @@ from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
 from torchrec.distributed.types import Awaitable
+
+from torchrec_hybrid._compat import Deferred
 
 from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
@@ -62,6 +64,7 @@ class _AllToAllRequest(torch.autograd.Function):
         assert req.grad_work is not None and req.grad_out is not None  # started by _AllToAllWait.backward
         req.grad_work.wait()
         grad = req.grad_out
+        req.grad_work = req.grad_out = None  # no tensor kept on the graph's context (a reference cycle)
         if get_gradient_division():
             grad.div_(req.pg.size())
         return grad, None
@@ -76,7 +79,9 @@ class _AllToAllWait(torch.autograd.Function):
         ctx.req = req
         assert req.work is not None and req.out is not None
         req.work.wait()
-        return req.out
+        out = req.out
+        req.work = req.out = None  # the output must not stay reachable from its own grad_fn (a cycle)
+        return out
 
     @staticmethod
     def backward(ctx, grad):
@@ -85,17 +90,6 @@ class _AllToAllWait(torch.autograd.Function):
         req.grad_work = dist.all_to_all_single(req.grad_out, grad.contiguous(), req.send, req.recv, group=req.pg,
                                                async_op=True)
         return grad.new_empty(0), None
-
-
-class HybridPooledAwaitable(Awaitable[torch.Tensor]):
-    """The output all-to-all in flight; ``wait`` receives it and adds up the pooled output."""
-
-    def __init__(self, finish: Callable[[], torch.Tensor]) -> None:
-        super().__init__()
-        self._finish = finish
-
-    def _wait_impl(self) -> torch.Tensor:
-        return self._finish()
 
 
 def _interleave(a: torch.Tensor, b: torch.Tensor, total_a: int, total_b: int):
@@ -287,4 +281,4 @@ class HybridPooledEmbeddingDist(nn.Module):
                 pooled = pooled / divisor.to(pooled.dtype)
             return pooled
 
-        return HybridPooledAwaitable(finish)
+        return Deferred(finish)  # the all-to-all is in flight; wait() receives and adds up
