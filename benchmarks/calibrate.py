@@ -18,6 +18,7 @@ per-plan error). The CPU defaults in ``torchrec_hybrid/planner/compute_costs.py`
 committed fit (a test checks they match ``benchmarks/results/calibration.json``).
 
     python -m benchmarks.calibrate --out /tmp/calibration        # ~10 minutes, 2 cores
+    python -m benchmarks.calibrate --refit run1.json run2.json --out benchmarks/results/calibration
 """
 
 from __future__ import annotations
@@ -155,13 +156,13 @@ def fit(results: List[Dict[str, Any]]) -> Dict[str, Any]:
     from torchrec_hybrid.planner import cost_model as cm
 
     rows, ys, keys = [], [], []
-    for res in results:
+    for i, res in enumerate(results):
         bw = res["a2a_bytes_per_ms"]
         for name, p in res["plans"].items():
             for r, (w, b, y) in enumerate(zip(p["work"], p["bytes"], p["cpu_ms"])):
                 rows.append(list(w) + [b])
                 ys.append(y - b / bw)
-                keys.append((res["workload"], name, r))
+                keys.append((i, name))
     a, y = np.array(rows), np.array(ys)
     scale = np.maximum(np.abs(a).max(0), 1e-30)  # column scaling for a well-conditioned fit
     x = nnls(a / scale, y) / scale
@@ -172,10 +173,10 @@ def fit(results: List[Dict[str, Any]]) -> Dict[str, Any]:
                  ns_per_byte=float(x[-1]) * 1e6)
     pred = a @ x
     per_plan = []
-    for res in results:
+    for i, res in enumerate(results):
         bw = res["a2a_bytes_per_ms"]
         for name, p in res["plans"].items():
-            idx = [i for i, k in enumerate(keys) if k[0] == res["workload"] and k[1] == name]
+            idx = [j for j, k in enumerate(keys) if k == (i, name)]
             meas = np.array(p["cpu_ms"])
             model = pred[idx] + np.array(p["bytes"]) / bw
             per_plan.append({"workload": res["workload"], "plan": name, "measured_mean_ms": float(meas.mean()),
@@ -209,12 +210,15 @@ def main(argv=None) -> None:
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--out", default=os.path.join("out", "calibration"), help="path prefix of the .json/.md")
-    ap.add_argument("--refit", action="store_true", help="fit again from <out>.json without measuring")
+    ap.add_argument("--refit", nargs="+", metavar="JSON",
+                    help="fit again from the measurements of earlier runs (their .json files), measuring nothing")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     if args.refit:
-        with open(args.out + ".json") as f:
-            results = json.load(f)["measurements"]
+        results = []
+        for path in args.refit:  # several runs: the fit averages their noise
+            with open(path) as f:
+                results += json.load(f)["measurements"]
     else:
         from tqdm import tqdm
 

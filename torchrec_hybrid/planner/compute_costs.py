@@ -18,14 +18,14 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=0.3116,
-    vector_stock=3.463,
-    vector_hybrid=5.775,
-    ids_stock=0.0,
-    ids_hybrid=22.34,
-    group_stock_ms=1.208,
+    lookup=0.05255,
+    vector_stock=8.097,
+    vector_hybrid=9.146,
+    ids_stock=12.3,
+    ids_hybrid=43.22,
+    group_stock_ms=0.2508,
     group_hybrid_ms=0.0,
-    ns_per_byte=1.29,
+    ns_per_byte=0.0,
     source="benchmarks/results/calibration.json",
 )
 
