@@ -134,6 +134,80 @@ class HybridEmbeddingBagCollectionContext(EmbeddingBagCollectionContext):
             self.id_check.gathered.record_stream(stream)
 
 
+# The comm op whose codec a frequency_hybrid table's traffic would take: its output dist is an
+# all-to-all of pooled embeddings (partial sums and hot rows); it never reduce-scatters, so a
+# POOLED_EMBEDDINGS_REDUCE_SCATTER codec (row_wise tables) does not concern it.
+HYBRID_COMM_OPS = ("POOLED_EMBEDDINGS_ALL_TO_ALL",)
+_UNVERIFIED_DECAY_MODES = ("COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
+
+
+def quantized_comm_codecs(qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> List[str]:
+    """The non-FP32 codecs of ``qcomm_codecs_registry`` that would apply to frequency_hybrid
+    traffic, described (``"POOLED_EMBEDDINGS_ALL_TO_ALL forward torch.float16"``)."""
+    out = []
+    for op in HYBRID_COMM_OPS:
+        codecs = (qcomm_codecs_registry or {}).get(op)
+        if codecs is None:
+            continue
+        for direction in ("forward", "backward"):
+            dtype = getattr(getattr(codecs, direction), "quantized_dtype", torch.float32)
+            if dtype != torch.float32:
+                out.append(f"{op} {direction} {dtype}")
+    return out
+
+
+def _unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
+    """Fused TBE options a frequency_hybrid table would ignore or apply differently, described."""
+    from fbgemm_gpu.split_embedding_configs import SparseType
+
+    out = []
+    dtype = params.get("output_dtype")
+    if dtype is not None and dtype not in (SparseType.FP32, torch.float32):
+        out.append(f"output_dtype={dtype} (the hybrid output dist adds fp32 hot pooling to the partial sums; "
+                   "only FP32 output is supported)")
+    if params.get("gradient_clipping"):
+        out.append("gradient_clipping=True (FBGEMM clips per bag; a hot row reaches its owner's TBE as one bag "
+                   "carrying every rank's summed gradient, so it would be clipped differently)")
+    mode = params.get("weight_decay_mode")
+    if mode is not None and getattr(mode, "name", str(mode)) in _UNVERIFIED_DECAY_MODES:
+        out.append(f"weight_decay_mode={getattr(mode, 'name', mode)} (per-row counters/regularisation see a hot "
+                   "row as one pre-aggregated bag per step; not verified against stock)")
+    for key in ("counter_based_regularization", "cowclip_regularization"):
+        if params.get(key) is not None:
+            out.append(f"{key} (see weight_decay_mode)")
+    return out
+
+
+def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterSharding],
+                           fused_params: Optional[Dict[str, Any]],
+                           qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> None:
+    """Refuses (``ValueError``) what a frequency_hybrid table in ``plan`` cannot honour yet:
+    quantized comms, a compute kernel other than ``fused`` (UVM / caching / key-value), and
+    the fused options of :func:`_unsupported_fused_options` (from the sharder's fused params
+    or the plan's per-table ones). Deterministic on every rank; raised before any collective."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+    from torchrec.distributed.utils import add_params_from_parameter_sharding
+
+    hybrid = [c.name for c in configs if plan[c.name].sharding_type == FREQUENCY_HYBRID]
+    if not hybrid:
+        return
+    problems = []
+    codecs = quantized_comm_codecs(qcomm_codecs_registry)
+    if codecs:
+        problems.append(f"tables {hybrid}: {FREQUENCY_HYBRID} does not support quantized comms yet "
+                        f"(qcomm_codecs_registry has {', '.join(codecs)}); use FP32 codecs for "
+                        "POOLED_EMBEDDINGS_ALL_TO_ALL or a stock sharding type for these tables")
+    for name in hybrid:
+        ps = plan[name]
+        if ps.compute_kernel != EmbeddingComputeKernel.FUSED.value:
+            problems.append(f"table '{name}': compute kernel {ps.compute_kernel!r} is not supported by "
+                            f"{FREQUENCY_HYBRID} (only 'fused'; no UVM / caching / key-value kernels)")
+        for what in _unsupported_fused_options(add_params_from_parameter_sharding(dict(fused_params or {}), ps)):
+            problems.append(f"table '{name}': fused option {what} is not supported by {FREQUENCY_HYBRID}")
+    if problems:
+        raise ValueError("; ".join(problems))
+
+
 def _with_hot_ids(plan: Mapping[str, ParameterSharding], hot_ids: Mapping[str, torch.Tensor]
                   ) -> Dict[str, ParameterSharding]:
     """``plan`` with each hybrid table's entry a :class:`HybridParameterSharding` carrying its
@@ -168,6 +242,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                  module_fqn: Optional[str] = None, hot_ids: Optional[HotIds] = None,
                  validate_ids: bool = True, validate_weights: bool = True) -> None:
         configs = module.embedding_bag_configs()
+        check_hybrid_supported(configs, table_name_to_parameter_sharding, fused_params, qcomm_codecs_registry)
         hybrid = [c for c in configs if table_name_to_parameter_sharding[c.name].sharding_type == FREQUENCY_HYBRID]
         # A plan may carry the hot ids itself (``HybridParameterSharding.hot_ids``): it wins.
         hot_ids = dict(hot_ids or {})

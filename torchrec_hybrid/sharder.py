@@ -1,5 +1,6 @@
 """The sharder users hand to ``DistributedModelParallel``: stock types + ``frequency_hybrid``."""
 
+import inspect
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -25,13 +26,29 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         validate_ids: per-step input check on all ranks: batch structure and id ranges (see
             the sharded module); False turns every input check off.
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample weights.
+        sharding_types: restrict the types offered (e.g. ``["frequency_hybrid"]``: the planner
+            then gives this sharder's tables frequency_hybrid or raises); default: every stock
+            type of ``EmbeddingBagCollectionSharder`` plus ``frequency_hybrid``.
+
+    Refused at shard time (``ValueError``, on every rank, before any collective), for
+    frequency_hybrid tables only: quantized comms, fused options that would be ignored or
+    change the training (``sharded_ebc.check_hybrid_supported``), and an EBC inside a
+    ``FeatureProcessedEmbeddingBagCollection`` (its feature processors would not run on the
+    hybrid lookup input).
     """
 
     def __init__(self, hot_ids: Optional[HotIds] = None, fused_params: Optional[Dict[str, Any]] = None,
                  qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
                  stats: Any = None, hot_set_rule: Any = None, validate_ids: bool = True,
-                 validate_weights: bool = True) -> None:
+                 validate_weights: bool = True, sharding_types: Optional[List[str]] = None) -> None:
         super().__init__(fused_params=fused_params, qcomm_codecs_registry=qcomm_codecs_registry)
+        if sharding_types is not None:
+            known = set(super().sharding_types("cuda")) | set(super().sharding_types("cpu")) | {FREQUENCY_HYBRID}
+            unknown = [t for t in sharding_types if t not in known]
+            if unknown or not sharding_types:
+                raise ValueError(f"sharding_types={list(sharding_types)}: not offered by an EmbeddingBagCollection "
+                                 f"sharder: {unknown or 'empty list'}; known: {sorted(known)}")
+        self._only_types = None if sharding_types is None else list(sharding_types)
         if hot_ids is None and stats is not None:
             from torchrec_hybrid.stats.selection import resolve_hot_ids
 
@@ -45,7 +62,8 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         return self._hot_ids
 
     def sharding_types(self, compute_device_type: str) -> List[str]:
-        return super().sharding_types(compute_device_type) + [FREQUENCY_HYBRID]
+        types = super().sharding_types(compute_device_type) + [FREQUENCY_HYBRID]
+        return types if self._only_types is None else [t for t in types if t in self._only_types]
 
     def compute_kernels(self, sharding_type: str, compute_device_type: str) -> List[str]:
         if sharding_type == FREQUENCY_HYBRID:
@@ -55,9 +73,37 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     def shard(self, module: EmbeddingBagCollection, params: Dict[str, ParameterSharding], env: ShardingEnv,
               device: Optional[torch.device] = None, module_fqn: Optional[str] = None
               ) -> HybridShardedEmbeddingBagCollection:
+        hybrid = sorted(n for n, ps in params.items() if ps.sharding_type == FREQUENCY_HYBRID)
+        if hybrid and _inside_feature_processed_ebc():
+            raise ValueError(
+                f"tables {hybrid} are planned {FREQUENCY_HYBRID} inside a FeatureProcessedEmbeddingBagCollection: "
+                f"{FREQUENCY_HYBRID} does not support feature processors (position weights) yet - they would "
+                "not run on its lookup input. Shard that module's tables with a stock type (the default "
+                "FeatureProcessedEmbeddingBagCollectionSharder), or shard its inner EmbeddingBagCollection "
+                "alone, with the feature processors left unsharded.")
         return HybridShardedEmbeddingBagCollection(
             module=module, table_name_to_parameter_sharding=params, env=env, fused_params=self.fused_params,
             device=device, qcomm_codecs_registry=self.qcomm_codecs_registry, module_fqn=module_fqn,
             hot_ids=self._hot_ids, validate_ids=self._validate_ids,
             validate_weights=self._validate_weights,
         )
+
+
+def _inside_feature_processed_ebc(depth: int = 8) -> bool:
+    """Whether this ``shard`` call comes from TorchRec's sharded FPEBC (its ``__init__`` shards
+    the inner EBC with the sharder it was given and later applies the feature processors to the
+    lookup input, which a hybrid sharding does not hand out as a KJT)."""
+    from torchrec.distributed.fp_embeddingbag import ShardedFeatureProcessedEmbeddingBagCollection
+
+    frame = inspect.currentframe()
+    try:
+        f = frame.f_back if frame is not None else None
+        for _ in range(depth):
+            if f is None:
+                return False
+            if isinstance(f.f_locals.get("self"), ShardedFeatureProcessedEmbeddingBagCollection):
+                return True
+            f = f.f_back
+        return False
+    finally:
+        del frame

@@ -84,6 +84,13 @@ def _stock_constraints(constraints: Optional[Dict[str, ParameterConstraints]]
     return out
 
 
+def _quantized_codecs(sharder: Any) -> List[str]:
+    """The sharder's non-FP32 codecs that frequency_hybrid traffic would take (it refuses them)."""
+    from torchrec_hybrid.sharded_ebc import quantized_comm_codecs  # not at import: a cycle via planner.types
+
+    return quantized_comm_codecs(getattr(sharder, "qcomm_codecs_registry", None))
+
+
 def _layout_shares(layout: str, world: int) -> torch.Tensor:
     """Owners' shares of a table's cold lookups assumed while sizing its hot set."""
     if layout == row_blocks.TABLE_WISE:
@@ -133,6 +140,10 @@ class HybridEnumerator(EmbeddingEnumerator):
         c = self._all_constraints.get(name)
         return not (c and c.sharding_types) or sharding_type in c.sharding_types
 
+    def _asked(self, name: str) -> bool:
+        c = self._all_constraints.get(name)
+        return bool(c and c.sharding_types and FREQUENCY_HYBRID in c.sharding_types)
+
     def _forced(self, name: str) -> bool:
         c = self._all_constraints.get(name)
         return bool(c and c.sharding_types and set(c.sharding_types) == {FREQUENCY_HYBRID})
@@ -149,12 +160,33 @@ class HybridEnumerator(EmbeddingEnumerator):
         world = self._topology.world_size
         candidates: Dict[str, Tuple[ShardingOption, hot_set.TableProfile]] = {}
         fixed: Dict[str, int] = {}
+        why_not: Dict[str, str] = {}  # tables the constraints or the sharder ask hybrid for, but cannot have it
         for (_, name), opts in by_table.items():
             sharder = by_type.get(type(opts[0].module[1]))
+            asked = self._asked(name)
             if sharder is None or FREQUENCY_HYBRID not in sharder.sharding_types(dev):
+                if asked:
+                    module_type = type(opts[0].module[1]).__name__
+                    raise ValueError(
+                        f"table '{name}' ({module_type} '{opts[0].path}'): the constraints ask for "
+                        f"{FREQUENCY_HYBRID}, but its sharder ({type(sharder).__name__}) does not offer it. "
+                        f"{FREQUENCY_HYBRID} is only for pooled EmbeddingBagCollection tables sharded by "
+                        "HybridEmbeddingBagCollectionSharder (not EmbeddingCollection, not "
+                        "FeatureProcessedEmbeddingBagCollection); give this table a stock sharding type")
                 continue
-            if not self._allowed(name, FREQUENCY_HYBRID) or opts[0].tensor.shape[0] < world:
-                continue  # fewer rows than ranks: some rank would hold an empty cold block
+            if not self._allowed(name, FREQUENCY_HYBRID):
+                continue
+            rows = opts[0].tensor.shape[0]
+            if rows < world:  # some rank would hold an empty cold block
+                why_not[name] = (f"it has {rows} rows, fewer than the {world} ranks, and {FREQUENCY_HYBRID} "
+                                 "needs at least one cold row per rank")
+                continue
+            codecs = _quantized_codecs(sharder)
+            if codecs:
+                why_not[name] = (f"its sharder has quantized comms ({', '.join(codecs)}), which "
+                                 f"{FREQUENCY_HYBRID} does not support yet")
+                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
+                continue
             profile, n_fixed = self._profile(opts[0], sharder)
             candidates[name] = (opts[0], profile)
             if n_fixed is not None:
@@ -183,7 +215,12 @@ class HybridEnumerator(EmbeddingEnumerator):
         self.offered = {so.name for so in hybrid}
         missing = {n for (_, n) in by_table} - {so.name for so in out + hybrid}
         if missing:
-            raise RuntimeError(f"no sharding option left for tables {sorted(missing)} after constraints")
+            detail = "; ".join(f"table '{n}': {FREQUENCY_HYBRID} is not possible: {why_not[n]}"
+                               for n in sorted(missing) if n in why_not)
+            raise ValueError(f"no sharding option left for tables {sorted(missing)} after the constraints and the "
+                             f"sharding types the sharders offer" + (f" ({detail})" if detail else "")
+                             + "; allow a stock sharding type for them (constraints or the sharder's "
+                             "sharding_types)")
         return out + hybrid
 
     def _gate(self, hybrid: List[ShardingOption], stock: List[ShardingOption]) -> List[ShardingOption]:

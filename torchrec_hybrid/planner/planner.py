@@ -185,7 +185,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         dev = topo.compute_device
         forced = any(c.sharding_types and set(c.sharding_types) == {FREQUENCY_HYBRID}
                      for c in (self._user_constraints or {}).values())
-        if not forced and any(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
+        # TorchRec's own planner needs a stock type from every sharder (one offering only
+        # frequency_hybrid leaves its tables without options there: no stock candidate then)
+        if not forced and sharders and all(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
                                              constraints=_without_hybrid(self._user_constraints))
             plan = stock.plan(module, [_StockOnly(s, add_template=False) for s in sharders])

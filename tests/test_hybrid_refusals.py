@@ -1,0 +1,200 @@
+"""Issue 16: what a TorchRec user passes to a sharded EBC is honoured by frequency_hybrid or
+refused clearly at shard time (on every rank, before any collective) - never silently dropped.
+
+One spawn of 2 gloo ranks runs every case (module-scoped); each test reads its case's outcome.
+Supported cases train like stock row_wise (same init, same fused optimizer) for 2 steps.
+"""
+
+import pytest
+import torch
+import torchrec
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
+from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables
+from tests.multiprocess import run_ranks
+from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
+
+WORLD = 2
+
+
+def _registry(*ops):
+    from torchrec.distributed.fbgemm_qcomm_codec import CommOp, CommType, QCommsConfig, get_qcomm_codecs_registry
+
+    cfg = QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.FP16)
+    return get_qcomm_codecs_registry(cfg, comm_ops=[getattr(CommOp, o) for o in ops] if ops else None,
+                                     device=torch.device("cpu"))
+
+
+def _train_vs_row_wise(rank, world, fused, fp16=False, qcomm=None, kinds=None, ref_kinds=None, steps=2):
+    """Max |hybrid - reference| over outputs and trained weights (reference: stock row_wise)."""
+    configs = tables()
+    if fp16:
+        for c in configs:
+            c.data_type = torchrec.DataType.FP16
+    torch.manual_seed(0)
+    ref = torchrec.EmbeddingBagCollection(tables=configs)
+    hot = hot_ids()
+    kinds = kinds or {c.name: "hybrid" for c in configs}
+    ref_kinds = ref_kinds or {c.name: "rw" for c in configs}
+    mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot, fused_params=dict(fused),
+                                                                          qcomm_codecs_registry=qcomm))
+    mt = build(configs, world, ref_kinds, EmbeddingBagCollectionSharder(fused_params=dict(fused),
+                                                                        qcomm_codecs_registry=qcomm))
+    mh.load_state_dict(ref.state_dict())
+    mt.load_state_dict(ref.state_dict())
+    keys = [f for c in configs for f in c.feature_names]
+    diff = 0.0
+    for step in range(steps):
+        kjt = skewed_batch(configs, keys, batch=6, seed=100 * step + rank, hot=hot)
+        oh, ot = mh(kjt).wait().to_dict(), mt(kjt).wait().to_dict()
+        vh = torch.cat([oh[k] for k in keys], 1)
+        vt = torch.cat([ot[k] for k in keys], 1)
+        assert vh.dtype == vt.dtype
+        diff = max(diff, float((vh - vt).abs().max()))
+        coef = torch.randn(vt.shape, generator=torch.Generator().manual_seed(7 + step + rank))
+        (vh * coef).sum().backward()
+        (vt * coef).sum().backward()
+    sh, st = mh.state_dict(), mt.state_dict()
+    for k in st:
+        diff = max(diff, float((full_weight(sh[k]).float() - full_weight(st[k]).float()).abs().max()))
+    return diff
+
+
+def _refused(fn):
+    try:
+        fn()
+    except ValueError as e:
+        return ("raised", str(e))
+    return ("built", "")
+
+
+def _build_hybrid(world, fused=None, qcomm=None, kinds=None, kernel=None):
+    configs = tables()
+    kinds = kinds or {"t0": "hybrid", "t1": "tw", "t2": "hybrid", "t3": "tw"}
+    sharder = HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=fused or dict(OPTIMIZERS["sgd"]),
+                                                  qcomm_codecs_registry=qcomm)
+    if kernel is None:
+        return build(configs, world, kinds, sharder)
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.types import ShardingPlan
+
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    gens = {c.name: table_wise(rank=0, compute_kernel="fused") for c in configs}
+    gens["t0"] = frequency_hybrid(compute_kernel=kernel)
+    plan = construct_module_sharding_plan(ebc, gens, sharder=sharder,
+                                          local_size=world, world_size=world, device_type="cpu")
+    return DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}),
+                                    sharders=[sharder])
+
+
+def _fp_hybrid(world):
+    """A FeatureProcessedEmbeddingBagCollection (position weights) whose table a hand-written
+    plan makes frequency_hybrid, sharded by TorchRec's FPEBC sharder around ours."""
+    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
+    ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+        name="p0", embedding_dim=8, num_embeddings=40, feature_names=["fp0"])], is_weighted=True,
+        device=torch.device("meta"))
+    fpebc = FeatureProcessedEmbeddingBagCollection(ebc, PositionWeightedModuleCollection({"fp0": 10}))
+    sharder = FeatureProcessedEmbeddingBagCollectionSharder(
+        ebc_sharder=HybridEmbeddingBagCollectionSharder(hot_ids={"p0": torch.tensor([1, 2])}))
+    plan = construct_module_sharding_plan(fpebc, {"p0": frequency_hybrid()}, sharder=sharder, local_size=world,
+                                          world_size=world, device_type="cpu")
+    DistributedModelParallel(fpebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
+
+
+def _ec_hybrid(world):
+    """An EmbeddingCollection table in a hand-written plan as frequency_hybrid."""
+    from torchrec.distributed.embedding import EmbeddingCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.distributed.types import ShardingPlan
+
+    ec = torchrec.EmbeddingCollection(tables=[torchrec.EmbeddingConfig(
+        name="e0", embedding_dim=8, num_embeddings=40, feature_names=["fe0"])], device=torch.device("meta"))
+    sharder = EmbeddingCollectionSharder()
+    plan = construct_module_sharding_plan(ec, {"e0": frequency_hybrid()}, sharder=sharder, local_size=world,
+                                          world_size=world, device_type="cpu")
+    DistributedModelParallel(ec, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
+
+
+def _all_cases(rank, world):
+    sgd = dict(OPTIMIZERS["sgd"])
+    out = {
+        # refusals
+        "qcomm_fp16": _refused(lambda: _build_hybrid(world, qcomm=_registry())),
+        "output_dtype": _refused(lambda: _build_hybrid(world, fused={**sgd, "output_dtype": SparseType.FP16})),
+        "gradient_clipping": _refused(lambda: _build_hybrid(world, fused={**sgd, "gradient_clipping": True,
+                                                                          "max_gradient": 0.01})),
+        "counter_decay": _refused(lambda: _build_hybrid(world, fused={**sgd, "weight_decay": 0.1,
+                                                                      "weight_decay_mode": WeightDecayMode.COUNTER})),
+        "uvm_kernel": _refused(lambda: _build_hybrid(world, kernel="fused_uvm_caching")),
+        "feature_processor": _refused(lambda: _fp_hybrid(world)),
+        "embedding_collection": _refused(lambda: _ec_hybrid(world)),
+        # accepted: codecs that hybrid traffic does not take, or modules without hybrid tables
+        "qcomm_reduce_scatter_only": _refused(lambda: _build_hybrid(
+            world, qcomm=_registry("POOLED_EMBEDDINGS_REDUCE_SCATTER"),
+            kinds={"t0": "hybrid", "t1": "rw", "t2": "tw", "t3": "tw"})),
+        "qcomm_stock_only": _refused(lambda: _build_hybrid(world, qcomm=_registry(), kinds={"t0": "tw"})),
+    }
+    # supported: trains like stock row_wise
+    rw_adagrad = dict(OPTIMIZERS["rowwise_adagrad"])
+    out["fp16_weights"] = _train_vs_row_wise(rank, world, rw_adagrad, fp16=True)
+    out["fp16_stochastic_rounding"] = _train_vs_row_wise(rank, world, {**rw_adagrad, "stochastic_rounding": True},
+                                                         fp16=True)
+    out["decoupled_weight_decay"] = _train_vs_row_wise(rank, world, {**rw_adagrad, "weight_decay": 0.05,
+                                                                     "weight_decay_mode": WeightDecayMode.DECOUPLE})
+    out["max_norm"] = _train_vs_row_wise(rank, world, {**rw_adagrad, "max_norm": 0.5})
+    # stock row_wise tables of a module with hybrid ones keep their reduce-scatter codec
+    out["qcomm_rw_beside_hybrid"] = _train_vs_row_wise(
+        rank, world, rw_adagrad, qcomm=_registry("POOLED_EMBEDDINGS_REDUCE_SCATTER"),
+        kinds={"t0": "hybrid", "t1": "rw", "t2": "hybrid", "t3": "rw"})
+    return out
+
+
+@pytest.fixture(scope="module")
+def outcomes():
+    per_rank = run_ranks(_all_cases, WORLD, timeout=240)
+    assert per_rank[0].keys() == per_rank[1].keys()
+    for name in per_rank[0]:  # every rank comes to the same verdict
+        a, b = per_rank[0][name], per_rank[1][name]
+        assert (a[0] if isinstance(a, tuple) else "trained") == (b[0] if isinstance(b, tuple) else "trained"), name
+    return per_rank[0]
+
+
+@pytest.mark.parametrize("case, words", [
+    ("qcomm_fp16", ["['t0', 't2']", "quantized comms", "POOLED_EMBEDDINGS_ALL_TO_ALL forward torch.float16"]),
+    ("output_dtype", ["table 't0'", "output_dtype", "FP32"]),
+    ("gradient_clipping", ["table 't0'", "gradient_clipping"]),
+    ("counter_decay", ["table 't0'", "weight_decay_mode=COUNTER"]),
+    ("uvm_kernel", ["table 't0'", "fused_uvm_caching", "only 'fused'"]),
+    ("feature_processor", ["['p0']", "FeatureProcessedEmbeddingBagCollection", "feature processors"]),
+    ("embedding_collection", ["frequency_hybrid"]),  # TorchRec's EC sharding: "Sharding not supported ..."
+])
+def test_refused_at_shard_time(outcomes, case, words):
+    verdict, msg = outcomes[case]
+    assert verdict == "raised", f"{case} was accepted"
+    for w in words:
+        assert w in msg, (case, w, msg)
+    if case not in ("embedding_collection",):
+        assert "'t1'" not in msg and "'t3'" not in msg  # stock tables are not named
+
+
+@pytest.mark.parametrize("case", ["qcomm_reduce_scatter_only", "qcomm_stock_only"])
+def test_codecs_for_stock_tables_accepted(outcomes, case):
+    assert outcomes[case] == ("built", "")
+
+
+@pytest.mark.parametrize("case, tol", [("fp16_weights", 1e-3), ("fp16_stochastic_rounding", 1e-3),
+                                       ("decoupled_weight_decay", 1e-5), ("max_norm", 1e-5),
+                                       ("qcomm_rw_beside_hybrid", 1e-2)])
+def test_supported_options_train_like_row_wise(outcomes, case, tol):
+    assert outcomes[case] <= tol, (case, outcomes[case])
