@@ -22,6 +22,12 @@ Writes are atomic: DCP writes ``step_<N>.tmp``, which is renamed once every rank
 
 The frequency statistics that chose the hot set are stored beside the checkpoints
 (``<dir>/stats.pt``) so a resumed run selects the same hot rows without recounting.
+
+Optional extra files in ``step_<N>`` (``extra`` of :func:`save`; nothing in the DCP layout
+depends on them, so a checkpoint with them loads into a stock plan and one without them
+into a hybrid plan): ``hot_sets.pt``, the hot sets in use at step N (they may have been
+refreshed since the plan chose them), and with ``checkpoint.stats`` ``refresh_stats.pt``, the
+merged streaming statistics that pick the next ones (``examples/dlrm/refresh.py``).
 """
 
 from __future__ import annotations
@@ -30,7 +36,7 @@ import logging
 import os
 import re
 import shutil
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -117,8 +123,14 @@ def _state(model: torch.nn.Module, opt: Optimizers, step: int, data_position: in
 
 
 def save(directory: str, step: int, model: torch.nn.Module, opt: Optimizers, data_position: int,
-         group: Optional[dist.ProcessGroup] = None, keep_last: int = 0) -> str:
-    """Collective: every rank writes its shards; rank 0 publishes ``step_<step>`` atomically."""
+         group: Optional[dist.ProcessGroup] = None, keep_last: int = 0,
+         extra: Optional[Dict[str, Callable[[str], None]]] = None) -> str:
+    """Collective: every rank writes its shards; rank 0 publishes ``step_<step>`` atomically.
+
+    ``extra``: optional files beside the DCP shards, ``name -> writer(path)``, run by rank 0
+    before the rename (the hot sets, the refresh statistics); a plan that does not use them
+    ignores them, so the checkpoint still loads into any plan.
+    """
     path = step_dir(directory, step)
     tmp = path + ".tmp"
     rank = dist.get_rank(group)
@@ -128,6 +140,8 @@ def save(directory: str, step: int, model: torch.nn.Module, opt: Optimizers, dat
     dcp.save(_state(model, opt, step, data_position), checkpoint_id=tmp, process_group=group)
     dist.barrier(group=group)  # every rank's files are written
     if rank == 0:
+        for name, write in (extra or {}).items():
+            write(os.path.join(tmp, name))
         if os.path.exists(path):
             shutil.rmtree(path)
         os.replace(tmp, path)

@@ -81,6 +81,11 @@ class DataConfig:
     max_rows: Optional[int] = dataclasses.field(default=None, metadata=_positive("null or an integer > 0"))
     multi_hot: Union[bool, List[int]] = False
     alpha: float = dataclasses.field(default=1.1, metadata=_non_negative())
+    # synthetic: popularity drift (SyntheticCriteo's drift / drift_rows / drift_mode): before
+    # global batch i each table's rank -> id map is rotated by floor(i * rate) ranks
+    drift: float = dataclasses.field(default=0.0, metadata=_check(lambda v: 0 <= v <= 1, "a number in [0, 1]"))
+    drift_rows: float = dataclasses.field(default=0.0, metadata=_non_negative())
+    drift_mode: Literal["rise", "burst"] = "rise"
     label: LabelConfig = dataclasses.field(default_factory=LabelConfig)
 
 
@@ -131,6 +136,18 @@ class ManualHotSetConfig:
 
 
 @dataclasses.dataclass
+class RefreshConfig:
+    """Hot sets that follow the data (examples/dlrm/refresh.py); off when every=0 and
+    min_coverage is null."""
+
+    every: int = dataclasses.field(default=0, metadata=_non_negative("an integer >= 0"))
+    min_coverage: Optional[float] = dataclasses.field(
+        default=None, metadata=_check(lambda v: 0 < v <= 1, "null or a number in (0, 1]"))
+    decay: float = dataclasses.field(default=0.99, metadata=_check(lambda v: 0 < v <= 1, "a number in (0, 1]"))
+    window: int = dataclasses.field(default=10, metadata=_positive("an integer > 0"))
+
+
+@dataclasses.dataclass
 class ShardingConfig:
     planner: Literal["hybrid", "manual", "stock"] = "hybrid"
     stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
@@ -138,6 +155,7 @@ class ShardingConfig:
     hot_set: Dict[str, Any] = dataclasses.field(default_factory=dict)
     tables: Dict[str, Any] = dataclasses.field(default_factory=dict)
     manual_hot_set: ManualHotSetConfig = dataclasses.field(default_factory=lambda: ManualHotSetConfig(coverage=0.8))
+    refresh: RefreshConfig = dataclasses.field(default_factory=RefreshConfig)
 
 
 @dataclasses.dataclass
@@ -171,6 +189,7 @@ class CheckpointConfig:
     resume: bool = False
     load_optimizer: bool = True
     on_signal: bool = True
+    stats: bool = False  # also store the refresh statistics (sharding.refresh) in each checkpoint
 
 
 @dataclasses.dataclass
@@ -300,6 +319,11 @@ def _validate(cfg: Config) -> None:
                           f"'rows_per_table'], got {rule}")
     parse_hot_set(cfg.sharding.hot_set, "sharding.hot_set")  # PlannerConfigError (a ValueError) names the key
     parse_table_constraints(cfg.sharding.tables, "sharding.tables")
+    d = cfg.data
+    if d.drift and d.drift_rows:
+        raise ConfigError(f"data.drift / data.drift_rows: give one of them, got {d.drift} and {d.drift_rows}")
+    if (d.drift or d.drift_rows) and d.source != "synthetic":
+        raise ConfigError(f"data.drift / data.drift_rows: only for data.source 'synthetic', got {d.source!r}")
     if cfg.data.source == "criteo_tsv" and not cfg.data.paths:
         raise ConfigError("data.paths: data.source 'criteo_tsv' needs at least one file")
     if cfg.data.source == "criteo_npy" and not cfg.data.dir:

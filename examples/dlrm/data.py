@@ -51,6 +51,7 @@ from torchrec_hybrid.stats.synthetic import (
     CRITEO_KAGGLE_CARDINALITIES,
     CRITEO_TERABYTE_CARDINALITIES,
     DLRMV2_MULTI_HOT_SIZES,
+    SyntheticCriteo,
     ZipfSampler,
     criteo_table_sizes,
     criteo_tables,
@@ -94,12 +95,17 @@ class SyntheticCriteoBatches:
         dense_weight_std: std of the dense part of the hidden logit.
         effect_features: sparse features whose rows carry a random effect on the logit.
         effect_std: std of each such effect (uniform, per row; a bag averages its rows).
+        drift, drift_rows, drift_mode: popularity drift, as ``SyntheticCriteo``'s options: before
+            global batch i each table's rank -> id map is rotated by ``floor(i * rate)`` ranks
+            (``rate = drift * rows`` or ``drift_rows``); "rise": ids climb into the head,
+            "burst": unseen ids appear at the top. 0 gives the batches of a stream without it.
     """
 
     def __init__(self, table_sizes: Sequence[int], batch_size: int, rank: int = 0, world_size: int = 1,
                  alpha: float = 1.1, multi_hot=False, seed: int = 0, base_ctr: float = 0.25,
                  dense_weight_std: float = 1.0, effect_features: Sequence[str] = (),
-                 effect_std: float = 0.7) -> None:
+                 effect_std: float = 0.7, drift: float = 0.0, drift_rows: float = 0.0,
+                 drift_mode: str = "rise") -> None:
         self.table_sizes = list(table_sizes)
         self.feature_names = DEFAULT_CAT_NAMES[: len(self.table_sizes)]
         if multi_hot is True:
@@ -124,6 +130,22 @@ class SyntheticCriteoBatches:
         var = dense_weight_std ** 2 + len(self.effects) * effect_std ** 2
         self.bias = math.log(base_ctr / (1 - base_ctr)) * math.sqrt(1 + math.pi * var / 8)
         self.lengths = torch.cat([torch.full((batch_size,), h, dtype=torch.int32) for h in self.hotness])
+        # drift: the statistics tools' generator (same seed, so the same permutations) checks
+        # the options and gives the rotation of each table's ranking at a batch, and top_ids
+        self.drift = SyntheticCriteo(self.table_sizes, batch_size, 1, alpha=alpha, multi_hot=multi_hot,
+                                     seed=seed, drift=drift, drift_rows=drift_rows, drift_mode=drift_mode)
+        self.drifting = bool(drift or drift_rows)
+
+    def shifts(self, index: int) -> List[int]:
+        """Per table, the signed rotation of its ranking at global batch ``index`` (0: none)."""
+        if not self.drifting:
+            return [0] * len(self.table_sizes)
+        sign = 1 if self.drift.drift_mode == "rise" else -1
+        return [sign * s for s in self.drift.rank_shifts(index)]
+
+    def top_ids(self, index: int, k: int):
+        """Per feature, its k most popular ids at global batch ``index`` (hottest first)."""
+        return self.drift.top_ids(index, k)
 
     @property
     def num_batches(self) -> Optional[int]:
@@ -133,7 +155,7 @@ class SyntheticCriteoBatches:
         """This rank's part of global batch ``index``."""
         b = self.batch_size
         g = torch.Generator().manual_seed(_seed_for(self.seed, index, self.rank, self.world_size))
-        ids = [s.sample(b * h, g) for s, h in zip(self.samplers, self.hotness)]
+        ids = [s.sample(b * h, g, shift) for s, h, shift in zip(self.samplers, self.hotness, self.shifts(index))]
         z = torch.randn(b, INT_FEATURE_COUNT, generator=g, dtype=torch.float64)
         counts = torch.floor(torch.exp(self.dense_mu + self.dense_sigma * z))
         dense = torch.log1p(counts)
@@ -268,7 +290,8 @@ def build_data(cfg, rank: int, world_size: int):
         src = SyntheticCriteoBatches(sizes, d.batch_size, rank, world_size, alpha=d.alpha,
                                      multi_hot=d.multi_hot, seed=cfg.seed, base_ctr=lab.base_ctr,
                                      dense_weight_std=lab.dense_weight_std,
-                                     effect_features=lab.effect_features, effect_std=lab.effect_std)
+                                     effect_features=lab.effect_features, effect_std=lab.effect_std,
+                                     drift=d.drift, drift_rows=d.drift_rows, drift_mode=d.drift_mode)
     elif d.source == "criteo_tsv":
         src = CriteoTSVBatches(d.paths, sizes, d.batch_size, rank, world_size)
     elif d.source == "criteo_npy":

@@ -9,6 +9,7 @@ Wiring (each piece is a small module next to this file):
   model.py       DLRM -> plan (hybrid planner | manual | stock) -> DMP -> optimizers
   checkpoint.py  torch.distributed.checkpoint save / resume under any plan (model, optimizer, progress)
   metrics.py     loss, AUC and NE (torchrec.metrics), validation, samples/s, embedding bytes per step
+  refresh.py     hot-set coverage per step; streaming statistics and hot-set refresh (sharding.refresh)
 
 SIGTERM/SIGINT: every rank stops at the same step (checkpointing first, ``checkpoint.on_signal``).
 
@@ -44,6 +45,7 @@ from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa:
 from examples.dlrm.model import (  # noqa: E402
     build_model, build_optimizer, build_plan, describe_plan, hot_set_rule, init_embeddings, mlp_numel,
     plan_table, planned_hot_ids, replicated_tables, shard_model)
+from examples.dlrm.refresh import HotSetTracker  # noqa: E402
 from torchrec_hybrid.stats import FrequencyStats  # noqa: E402
 
 logger = logging.getLogger("dlrm")
@@ -224,17 +226,24 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
     init_embeddings(dmp, tables, cfg.seed)  # the same initial tables under every plan
     opt = build_optimizer(cfg, dmp)
 
+    tracker = HotSetTracker(cfg, dmp, tables, side_group)
+    if tracker.refreshing:
+        rc = cfg.sharding.refresh
+        logger.info("hot-set refresh: every %s steps, below coverage %s of the last %d steps; statistics "
+                    "decay %g per batch", rc.every or "-", rc.min_coverage, rc.window, rc.decay)
+
     start, data_position = 0, 0
     if resume_from is not None:
         progress = checkpoint.load(resume_from, dmp, opt, group=side_group,
                                    with_optimizer=cfg.checkpoint.load_optimizer)
         start, data_position = progress["step"], progress["data_position"]
+        tracker.restore(resume_from)  # the hot sets (and statistics) in use when it was written
 
     if source.num_batches is not None:  # finite files: every rank must run the same steps
         n = torch.tensor(data_position + source.num_batches - start)
         dist.all_reduce(n, op=dist.ReduceOp.MIN, group=side_group)
         steps = min(steps, start + int(n))
-    batches = itertools.islice(source.batches(data_position), max(0, steps - start))
+    batches = tracker.wrap(itertools.islice(source.batches(data_position), max(0, steps - start)))
     pipeline = TrainPipelineSparseDist(dmp, opt.combined, device)
     validation = build_validation(cfg, rank, world) if cfg.metrics.validation_batches else None
     if cfg.metrics.validation_batches and validation is None:
@@ -252,7 +261,11 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
                     file=sys.stderr, desc="train", dynamic_ncols=True)
     every = int(cfg.checkpoint.every or 0)
     val_every = int(cfg.metrics.validation_every or 0)
-    ckpt_kw = dict(group=side_group, keep_last=int(cfg.checkpoint.keep_last))
+    ckpt_kw: Dict[str, Any] = dict(group=side_group, keep_last=int(cfg.checkpoint.keep_last))
+
+    def save_checkpoint(at: int) -> None:
+        checkpoint.save(cfg.checkpoint.dir, at, dmp, opt, data_position=data_position + at - start,
+                        extra=tracker.checkpoint_files(cfg.checkpoint.stats), **ckpt_kw)
     val: Dict[str, float] = {}
     stopped_by = 0
     dmp.train()
@@ -271,14 +284,24 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
             break
         step += 1
         value = metrics.record(loss, logits, labels, t.seconds, t.sent_bytes)
-        jsonl.write({"step": step, "loss": value})
+        coverage = tracker.after_step()  # this step's batch: hot-set coverage (all ranks), counted
+        jsonl.write({"step": step, "loss": value, "coverage": coverage,
+                     "bytes": t.sent_bytes - metrics.dense_sync_bytes})
         bar.update(1)
         bar.set_postfix(loss=f"{value:.4f}", refresh=False)
         if cfg.train.log_every and step % cfg.train.log_every == 0:
             s = metrics.summary(step)
+            cov = tracker.window_coverage()
             bar.clear()
-            logger.info("step %d loss %.4f auc %.4f ne %.4f samples/s %.0f embedding bytes/step %.0f",
-                        step, s["loss"], s["auc"], s["ne"], s["samples_per_s"], s["bytes_per_step"])
+            logger.info("step %d loss %.4f auc %.4f ne %.4f samples/s %.0f embedding bytes/step %.0f coverage %s",
+                        step, s["loss"], s["auc"], s["ne"], s["samples_per_s"], s["bytes_per_step"],
+                        "-" if cov is None else f"{cov:.3f}")
+        rec = tracker.maybe_refresh(step)
+        if rec is not None:
+            bar.clear()
+            logger.info("step %d hot-set refresh (%s): %d of %d hot ids changed; merge %.1f ms %d bytes, "
+                        "switch %.1f ms %d bytes (rank 0)", step, rec["reason"], rec["changed"], rec["hot_rows"],
+                        1e3 * rec["merge_s"], rec["merge_bytes"], 1e3 * rec["switch_s"], rec["switch_bytes"])
         if validation is not None and val_every and step % val_every == 0 and step < steps:
             val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
             bar.clear()
@@ -286,14 +309,12 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
                         val["val_loss"], val["val_auc"], val["val_ne"], val["val_samples"])
         if cfg.checkpoint.dir and every and step % every == 0:
             saved_at = step
-            checkpoint.save(cfg.checkpoint.dir, step, dmp, opt, data_position=data_position + step - start,
-                            **ckpt_kw)
+            save_checkpoint(step)
     bar.close()
     jsonl.close()
     profiler.close()
     if cfg.checkpoint.dir and saved_at != step and (cfg.checkpoint.on_signal or not stopped_by):
-        checkpoint.save(cfg.checkpoint.dir, step, dmp, opt, data_position=data_position + step - start,
-                        **ckpt_kw)  # always leave a checkpoint of the last step
+        save_checkpoint(step)  # always leave a checkpoint of the last step
     if validation is not None and not stopped_by:
         val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
         logger.info("final validation loss %.4f auc %.4f ne %.4f (%d samples)",
@@ -301,9 +322,11 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
 
     final: Dict[str, Any] = dict(metrics.summary(step))
     final.update(val)
+    final.update(tracker.summary())
     final.update(status=f"stopped by {signal.Signals(stopped_by).name}" if stopped_by else "completed",
                  planner=planner_used, world_size=world, global_batch=world * cfg.data.batch_size,
-                 hot_rows=int(sum(int(v.numel()) for v in hot_ids.values())), start_step=start)
+                 hot_rows=int(sum(int(v.numel()) for v in tracker.hot.values())) if tracker.active
+                 else int(sum(int(v.numel()) for v in hot_ids.values())), start_step=start)
     dist.barrier(group=side_group)
     dist.destroy_process_group()
     return json_safe(final) if rank == 0 else None
