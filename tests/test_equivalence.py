@@ -20,11 +20,13 @@ NEW_HOT = {"t0": [0, 1, 2, 39], "t1": [0, 4, 11, 12, 13, 14, 28], "t2": [5, 22],
 
 
 def _hybrid_forward(mh, kjt, step: int, refresh, hot_t):
-    """One hybrid forward; at ``refresh["at"]`` the hot sets switch first, or, with
-    ``in_flight``, between this batch's input dist and its lookup (as under a pipeline)."""
-    if not refresh or step != refresh["at"]:
+    """One hybrid forward; at each step of ``refresh["at"]`` the hot sets switch first (to the
+    next of ``refresh["hot"]``), or, with ``in_flight``, between this batch's input dist and its
+    lookup (as under a pipeline)."""
+    at = list(refresh["at"]) if refresh else []
+    if step not in at:
         return mh(kjt).wait().to_dict(), hot_t
-    new = hot_ids(refresh["hot"])
+    new = hot_ids(refresh["hot"][at.index(step) % len(refresh["hot"])])
     if refresh.get("in_flight"):
         sebc = mh.module
         ctx = sebc.create_context()
@@ -128,14 +130,16 @@ def test_inputs_match_table_wise(case):
 
 
 @pytest.mark.parametrize("world,opt,in_flight,kinds", [
-    (2, "rowwise_adagrad", False, None),
+    (2, "sgd", False, None),
+    (4, "rowwise_adagrad", True, None),
     (3, "adagrad", True, {"t0": "hybrid_tw", "t1": "hybrid", "t2": "hybrid_uneven", "t3": "hybrid"}),
     (2, "rowwise_adagrad_wd", True, None),  # only looked-up hot rows travel: the mask follows the new set
 ])
 def test_refreshed_hot_sets_train_like_table_wise(world, opt, in_flight, kinds):
-    """Hot sets switched mid-training (between steps, or with a batch already split by the
-    old set) keep matching table_wise: outputs, weights, optimizer state, replicas."""
-    run_ranks(train_pair, world, opt=opt, kinds=kinds, steps=5, refresh=dict(at=2, hot=NEW_HOT, in_flight=in_flight))
+    """Hot sets switched 3 times in 20 steps (between steps, or with a batch already split by
+    the old set) keep matching table_wise: outputs, weights, optimizer state, replicas."""
+    run_ranks(train_pair, world, opt=opt, kinds=kinds, steps=20,
+              refresh=dict(at=(4, 9, 15), hot=(NEW_HOT, ALL_HOT, NEW_HOT), in_flight=in_flight))
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
