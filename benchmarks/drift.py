@@ -50,7 +50,7 @@ logger = logging.getLogger("benchmarks.drift")
 MODELS = ("static", "refreshed", "ideal", "stock")
 HYBRIDS = ("static", "refreshed", "ideal")
 DEFAULTS = dict(world=2, batch=512, rows_cap=100_000, dim=32, alpha=1.1, drift_rows=1.0, hot_rows=2000,
-                steps=400, every=25, decay=0.8, stats_batches=8, point=25, warmup=2)
+                steps=1000, every=25, decay=0.8, stats_batches=8, point=50, warmup=2)
 TINY = dict(world=2, batch=64, rows_cap=2000, dim=16, alpha=1.1, drift_rows=4.0, hot_rows=200,
             steps=12, every=4, decay=0.9, stats_batches=2, point=4, warmup=1)
 
