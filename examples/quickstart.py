@@ -45,7 +45,11 @@ def main() -> None:
     sharder = HybridEmbeddingBagCollectionSharder(
         fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05, "eps": 1e-8})
     topology = gloo_topology(world) if not cuda else None
-    planner = HybridEmbeddingShardingPlanner(topology=topology, batch_size=512, frequency_stats=stats)
+    # compute_costs=None prices bytes and collectives only, as for a network-bound GPU cluster
+    # (CUDA's default). Left out on CPU, the planner also prices this machine's compute
+    # (planner/compute_costs.py) and, on 2 CPU cores with a loopback network, keeps stock types.
+    planner = HybridEmbeddingShardingPlanner(topology=topology, batch_size=512, frequency_stats=stats,
+                                             compute_costs=None)
     plan = planner.collective_plan(ebc, [sharder], dist.GroupMember.WORLD)
     hybrid = [t for t, ps in plan.plan[""].items() if ps.sharding_type == "frequency_hybrid"]
 

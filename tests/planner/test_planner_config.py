@@ -83,8 +83,28 @@ def test_shared_sections_name_their_prefix_and_take_nulls():
         parse_hot_set({"budget": 1}, "sharding.hot_set")
     with pytest.raises(PlannerConfigError, match=r"sharding\.hot_set\.max_rows"):
         parse_hot_set({"max_rows": 0}, "sharding.hot_set")
-    assert set(HOT_SET_KEYS) == {"budget_mb", "max_rows", "min_saving"}
+    assert set(HOT_SET_KEYS) == {"budget_mb", "max_rows", "min_saving", "compute_costs"}
     c = parse_table_constraints({"t": {"sharding_types": ["table_wise"]}}, "sharding.tables")
     assert c["t"].sharding_types == ["table_wise"]
     with pytest.raises(PlannerConfigError, match=r"sharding\.tables\.t\.sharding_types"):
         parse_table_constraints({"t": {"sharding_types": ["hybrid"]}}, "sharding.tables")
+
+
+def test_compute_costs_choices(tmp_path):
+    import json as _json
+
+    from torchrec_hybrid.planner.config import PlannerConfigError, parse_hot_set
+    from torchrec_hybrid.planner.cost_model import ComputeCosts
+
+    assert "compute_costs" not in parse_hot_set({"compute_costs": "default"})
+    assert parse_hot_set({"compute_costs": "network"})["compute_costs"] is None
+    fit = {f: 1.0 for f in ("lookup", "vector_stock", "vector_hybrid", "ids_stock", "ids_hybrid",
+                            "group_stock_ms", "group_hybrid_ms", "ns_per_byte")}
+    path = tmp_path / "cal.json"
+    path.write_text(_json.dumps({"fit": {"costs": fit}}))
+    got = parse_hot_set({"compute_costs": str(path)})["compute_costs"]
+    assert isinstance(got, ComputeCosts) and got.lookup == 1.0 and got.source == str(path)
+    with pytest.raises(PlannerConfigError, match="hot_set.compute_costs.*nowhere.json"):
+        parse_hot_set({"compute_costs": str(tmp_path / "nowhere.json")})
+    with pytest.raises(PlannerConfigError, match="hot_set.compute_costs"):
+        parse_hot_set({"compute_costs": 3})

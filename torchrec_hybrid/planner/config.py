@@ -44,7 +44,7 @@ KNOWN_SHARDING_TYPES = {t.value for t in ShardingType} | {FREQUENCY_HYBRID}
 _TOP_KEYS = {"topology", "batch_size", "statistics", "hot_set", "tables"}
 _TOPOLOGY_KEYS = {"world_size", "compute_device", "local_world_size", "hbm_gb", "ddr_gb", "comms",
                   "bandwidth_gbps", "intra_host_bw_gbps", "inter_host_bw_gbps"}
-HOT_SET_KEYS = frozenset({"budget_mb", "max_rows", "min_saving"})
+HOT_SET_KEYS = frozenset({"budget_mb", "max_rows", "min_saving", "compute_costs"})
 _HOT_KEYS = HOT_SET_KEYS
 TABLE_KEYS = frozenset({"sharding_types", "compute_kernels", "pooling_factors", "num_poolings", "batch_sizes",
                "min_partition"})
@@ -166,8 +166,11 @@ def _statistics(path: Any, base_dir: str) -> Any:
 
 
 def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
-    """``{budget_mb, max_rows, min_saving}`` -> planner kwargs (``hot_budget_bytes``,
-    ``max_hot_rows``, ``min_saving``); a missing or null value keeps the planner's default."""
+    """``{budget_mb, max_rows, min_saving, compute_costs}`` -> planner kwargs
+    (``hot_budget_bytes``, ``max_hot_rows``, ``min_saving``, ``compute_costs``); a missing or
+    null value keeps the planner's default. ``compute_costs``: ``default`` (the fit for the
+    topology's device), ``network`` (bytes and collectives only, as for a network-bound
+    cluster) or the path of a ``benchmarks/calibrate.py`` results JSON."""
     hot = _mapping(sec, where)
     _check_keys(hot, set(HOT_SET_KEYS), where)
     out: Dict[str, Any] = {}
@@ -180,6 +183,20 @@ def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1:
             raise PlannerConfigError(f"{where}.min_saving: expected a number in [0, 1), got {ms!r}")
         out["min_saving"] = float(ms)
+    cc = hot.get("compute_costs")
+    if cc is not None:
+        if not isinstance(cc, str) or not cc:
+            raise PlannerConfigError(f"{where}.compute_costs: expected 'default', 'network' or a calibration "
+                                     f"JSON path, got {cc!r}")
+        if cc == "network":
+            out["compute_costs"] = None
+        elif cc != "default":
+            from torchrec_hybrid.planner.compute_costs import load_calibration
+
+            try:
+                out["compute_costs"] = load_calibration(cc)
+            except ValueError as e:
+                raise PlannerConfigError(f"{where}.compute_costs: {e}") from e
     return out
 
 
