@@ -20,6 +20,16 @@ layout) is not loaded: a warning names the tables, which keep their fresh state.
 Writes are atomic: DCP writes ``step_<N>.tmp``, which is renamed once every rank is done, so
 ``latest`` never sees a partial checkpoint. ``keep_last`` older ones are removed.
 
+**Integrity.** DCP keeps no checksum, so a damaged shard would load silently. Before the
+rename, the ranks hash every file of ``step_<N>.tmp`` (DCP's ``.distcp`` shards and
+``.metadata``, the extra files; SHA-256, streamed, the files split between the ranks) and
+rank 0 writes the digests and sizes to ``step_<N>/MANIFEST.json`` (written to a temporary
+name, fsynced, renamed: the last file, published with the directory). :func:`load` verifies
+every listed file first (split between the ranks, verdicts gathered), so a damaged, truncated
+or missing file raises :class:`CheckpointIntegrityError` naming it on every rank, before
+anything is read. A checkpoint without a manifest (written before there was one) loads with
+one warning.
+
 The frequency statistics that chose the hot set are stored beside the checkpoints
 (``<dir>/stats.pt``) so a resumed run selects the same hot rows without recounting.
 
@@ -32,6 +42,8 @@ merged streaming statistics that pick the next ones (``examples/dlrm/refresh.py`
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import re
@@ -47,6 +59,16 @@ from examples.dlrm.model import TORCH_TO_FUSED_STATE, Optimizers
 logger = logging.getLogger(__name__)
 
 STATS_FILE = "stats.pt"
+MANIFEST = "MANIFEST.json"
+_CHUNK = 1 << 20
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be used (the message names the directory or file)."""
+
+
+class CheckpointIntegrityError(CheckpointError):
+    """A checkpoint file is damaged, truncated or missing (the message names it)."""
 _STEP_DIR = re.compile(r"^step_(\d+)$")
 
 
@@ -122,6 +144,137 @@ def _state(model: torch.nn.Module, opt: Optimizers, step: int, data_position: in
     return state
 
 
+def file_digest(path: str) -> Dict[str, Any]:
+    """``{"size", "sha256"}`` of one file, streamed in 1 MiB chunks."""
+    h = hashlib.sha256()
+    size = 0
+    with open(path, "rb") as f:
+        while True:
+            chunk = f.read(_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            size += len(chunk)
+    return {"size": size, "sha256": h.hexdigest()}
+
+
+def _files(path: str) -> List[str]:
+    """Every file under ``path`` (relative, sorted), the manifest and its temporary excepted."""
+    out = []
+    for root, _, names in os.walk(path):
+        for name in names:
+            rel = os.path.relpath(os.path.join(root, name), path)
+            if rel not in (MANIFEST, MANIFEST + ".tmp"):
+                out.append(rel)
+    return sorted(out)
+
+
+def _shared(value: Any, group: Optional[dist.ProcessGroup]) -> Any:
+    """Rank 0's ``value`` on every rank (a no-op without a process group)."""
+    if not dist.is_initialized():
+        return value
+    box = [value]
+    dist.broadcast_object_list(box, src=dist.get_global_rank(group, 0) if group is not None else 0, group=group)
+    return box[0]
+
+
+def _gathered(value: Any, group: Optional[dist.ProcessGroup]) -> List[Any]:
+    if not dist.is_initialized():
+        return [value]
+    out: List[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(out, value, group=group)
+    return out
+
+
+def _my_share(items: List[str], group: Optional[dist.ProcessGroup]) -> List[str]:
+    if not dist.is_initialized():
+        return items
+    return items[dist.get_rank(group)::dist.get_world_size(group)]
+
+
+def write_manifest(path: str, group: Optional[dist.ProcessGroup] = None) -> None:
+    """Collective: hashes every file of the checkpoint directory ``path`` (split between the
+    ranks) and rank 0 writes ``MANIFEST.json`` atomically (temporary name, fsync, rename)."""
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    names = _shared(_files(path) if rank == 0 else None, group)
+    mine = {}
+    for name in _my_share(names, group):
+        mine[name] = file_digest(os.path.join(path, name))
+    digests = {}
+    for part in _gathered(mine, group):
+        digests.update(part)
+    if rank == 0:
+        tmp = os.path.join(path, MANIFEST + ".tmp")
+        with open(tmp, "w") as f:
+            json.dump({"version": 1, "algorithm": "sha256",
+                       "files": {n: digests[n] for n in sorted(digests)}}, f, indent=1)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, os.path.join(path, MANIFEST))
+
+
+def _read_manifest(path: str) -> Dict[str, Any]:
+    """The manifest of ``path`` (``{}`` when there is none); raises on a damaged one."""
+    name = os.path.join(path, MANIFEST)
+    if not os.path.exists(name):
+        return {}
+    try:
+        with open(name) as f:
+            manifest = json.load(f)
+        files = manifest["files"]
+        if not isinstance(files, dict) or not all(
+                isinstance(v, dict) and {"size", "sha256"} <= set(v) for v in files.values()):
+            raise ValueError("'files' is not a mapping of {size, sha256}")
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CheckpointIntegrityError(f"checkpoint {path}: damaged manifest {name}: {e}") from None
+    return manifest
+
+
+def _check_file(path: str, name: str, want: Dict[str, Any]) -> Optional[str]:
+    full = os.path.join(path, name)
+    if not os.path.isfile(full):
+        return f"{full}: missing"
+    size = os.path.getsize(full)
+    if size != want["size"]:
+        return f"{full}: truncated or grown ({size} bytes, {want['size']} written)"
+    got = file_digest(full)["sha256"]
+    if got != want["sha256"]:
+        return f"{full}: damaged (sha256 {got[:16]}..., {want['sha256'][:16]}... written)"
+    return None
+
+
+def verify(path: str, group: Optional[dist.ProcessGroup] = None) -> bool:
+    """Collective: checks every file of checkpoint ``path`` against its manifest (the files
+    split between the ranks, the verdicts gathered), so every rank raises the same
+    :class:`CheckpointIntegrityError` naming each damaged, truncated or missing file. Returns
+    False (rank 0 warns once) for a checkpoint without a manifest."""
+    rank = dist.get_rank(group) if dist.is_initialized() else 0
+    found: Any = None
+    if rank == 0:
+        try:
+            found = _read_manifest(path)
+        except CheckpointIntegrityError as e:
+            found = str(e)
+    found = _shared(found, group)
+    if isinstance(found, str):
+        raise CheckpointIntegrityError(found)
+    if not found:
+        if rank == 0:
+            logger.warning("checkpoint %s has no %s (written before checkpoints had checksums): "
+                           "loading it unverified", path, MANIFEST)
+        return False
+    files = found["files"]
+    problems = [p for name in _my_share(sorted(files), group) if (p := _check_file(path, name, files[name]))]
+    problems = sorted(p for part in _gathered(problems, group) for p in part)
+    if problems:
+        raise CheckpointIntegrityError(
+            f"checkpoint {path} failed its integrity check ({MANIFEST}), not loaded: " + "; ".join(problems))
+    unlisted = sorted(set(_files(path)) - set(files))
+    if unlisted and rank == 0:
+        logger.warning("checkpoint %s: files not in its %s (ignored): %s", path, MANIFEST, unlisted)
+    return True
+
+
 def save(directory: str, step: int, model: torch.nn.Module, opt: Optimizers, data_position: int,
          group: Optional[dist.ProcessGroup] = None, keep_last: int = 0,
          extra: Optional[Dict[str, Callable[[str], None]]] = None) -> str:
@@ -142,6 +295,9 @@ def save(directory: str, step: int, model: torch.nn.Module, opt: Optimizers, dat
     if rank == 0:
         for name, write in (extra or {}).items():
             write(os.path.join(tmp, name))
+    dist.barrier(group=group)  # the extra files are written
+    write_manifest(tmp, group)  # the last file: checksums of all the others
+    if rank == 0:
         if os.path.exists(path):
             shutil.rmtree(path)
         os.replace(tmp, path)
@@ -204,8 +360,10 @@ def load(path: str, model: torch.nn.Module, opt: Optimizers, group: Optional[dis
     """Collective: restores model, optimizer and progress from ``path``; returns the progress.
 
     The checkpoint may come from any plan. ``with_optimizer=False`` loads only weights and
-    progress (the optimizer starts fresh).
+    progress (the optimizer starts fresh). Every file is first checked against the manifest
+    (:func:`verify`): a damaged one raises :class:`CheckpointIntegrityError` on every rank.
     """
+    verify(path, group)
     fused_sd = opt.fused.state_dict() if with_optimizer else None
     state = _state(model, opt, 0, 0, with_optimizer=with_optimizer, fused_sd=fused_sd)
     if with_optimizer:

@@ -58,6 +58,10 @@ def _non_negative(text: str = "a number >= 0") -> Dict[str, Any]:
 class DistConfig:
     backend: Literal["auto", "gloo", "nccl"] = "auto"
     timeout_s: float = dataclasses.field(default=300.0, metadata=_positive())
+    # progress watchdog: a training step (between two step boundaries; checkpoint writes and
+    # validation excepted) taking longer than this ends every waiting rank with an error naming
+    # the stuck rank (0: off, only the process-group timeout above)
+    step_timeout_s: float = dataclasses.field(default=120.0, metadata=_non_negative())
 
 
 @dataclasses.dataclass
@@ -186,7 +190,9 @@ class CheckpointConfig:
     dir: Optional[str] = None
     every: int = dataclasses.field(default=0, metadata=_non_negative("an integer >= 0"))
     keep_last: int = dataclasses.field(default=0, metadata=_non_negative("an integer >= 0"))
-    resume: bool = False
+    # true: continue from the newest checkpoint in dir (an error if there is none);
+    # "auto": continue if there is one, else start fresh (elastic restarts)
+    resume: Union[bool, Literal["auto"]] = False
     load_optimizer: bool = True
     on_signal: bool = True
     stats: bool = False  # also store the refresh statistics (sharding.refresh) in each checkpoint
@@ -324,6 +330,11 @@ def _validate(cfg: Config) -> None:
         raise ConfigError(f"data.drift / data.drift_rows: give one of them, got {d.drift} and {d.drift_rows}")
     if (d.drift or d.drift_rows) and d.source != "synthetic":
         raise ConfigError(f"data.drift / data.drift_rows: only for data.source 'synthetic', got {d.source!r}")
+    if cfg.dist.step_timeout_s and cfg.dist.step_timeout_s >= cfg.dist.timeout_s:
+        raise ConfigError(f"dist.step_timeout_s: must be shorter than dist.timeout_s ({cfg.dist.timeout_s}) "
+                          f"or 0 (off), got {cfg.dist.step_timeout_s}")
+    if cfg.checkpoint.resume and not cfg.checkpoint.dir:
+        raise ConfigError(f"checkpoint.resume: {cfg.checkpoint.resume!r} needs checkpoint.dir (--checkpoint-dir)")
     if cfg.data.source == "criteo_tsv" and not cfg.data.paths:
         raise ConfigError("data.paths: data.source 'criteo_tsv' needs at least one file")
     if cfg.data.source == "criteo_npy" and not cfg.data.dir:
@@ -393,7 +404,9 @@ def build_arg_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, help="= --set data.batch_size=N (per rank)")
     p.add_argument("--planner", choices=["hybrid", "stock", "manual"], help="= --set sharding.planner=...")
     p.add_argument("--checkpoint-dir", help="= --set checkpoint.dir=PATH")
-    p.add_argument("--resume", action="store_true", help="= --set checkpoint.resume=true")
+    p.add_argument("--resume", nargs="?", const="true", choices=["true", "auto"],
+                   help="= --set checkpoint.resume=true (an error if checkpoint.dir holds no checkpoint); "
+                        "--resume=auto: resume if there is one, else start fresh")
     p.add_argument("--seed", type=int, help="= --set seed=N")
     return p
 
@@ -402,5 +415,5 @@ def config_from_args(argv: Optional[List[str]] = None) -> Config:
     args = build_arg_parser().parse_args(argv)
     values = {key: getattr(args, flag) for flag, key in SHORTCUTS.items() if getattr(args, flag) is not None}
     if args.resume:
-        values["checkpoint.resume"] = True
+        values["checkpoint.resume"] = True if args.resume == "true" else "auto"
     return load_config(args.config, args.overrides, values)

@@ -12,6 +12,8 @@ Wiring (each piece is a small module next to this file):
   refresh.py     hot-set coverage per step; streaming statistics and hot-set refresh (sharding.refresh)
 
 SIGTERM/SIGINT: every rank stops at the same step (checkpointing first, ``checkpoint.on_signal``).
+Workers stop the same way when their launcher dies, and a per-step watchdog
+(``dist.step_timeout_s``) turns a stuck peer into an error naming it (watchdog.py).
 
 Rank 0 shows a tqdm bar and logs to stderr; at the end it prints ONE JSON line to stdout.
 """
@@ -37,7 +39,7 @@ import torch.distributed as dist  # noqa: E402
 import tqdm  # noqa: E402
 
 from examples.dlrm import checkpoint  # noqa: E402
-from examples.dlrm.config import Config, config_from_args  # noqa: E402
+from examples.dlrm.config import Config, ConfigError, config_from_args  # noqa: E402
 from examples.dlrm.data import build_data, build_validation  # noqa: E402
 from examples.dlrm.metrics import (  # noqa: E402
     JsonlLog, StepTimer, TrainMetrics, evaluate, json_safe, measure_dense_sync_bytes)
@@ -46,6 +48,7 @@ from examples.dlrm.model import (  # noqa: E402
     build_model, build_optimizer, build_plan, describe_plan, hot_set_rule, init_embeddings, mlp_numel,
     plan_table, planned_hot_ids, replicated_tables, shard_model)
 from examples.dlrm.refresh import HotSetTracker  # noqa: E402
+from examples.dlrm.watchdog import StepWatchdog, exit_with_launcher  # noqa: E402
 from torchrec_hybrid.stats import FrequencyStats  # noqa: E402
 
 logger = logging.getLogger("dlrm")
@@ -96,6 +99,28 @@ def setup_distributed(cfg: Config):
         device = torch.device("cpu")
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist.timeout_s))
     return dist.get_rank(), dist.get_world_size(), device
+
+
+def resume_point(cfg: Config, rank: int, group) -> Optional[str]:
+    """The checkpoint to resume from (rank 0 looks, every rank gets its answer): the newest in
+    ``checkpoint.dir`` with ``checkpoint.resume`` true (none is an error naming the directory)
+    or ``auto`` (none: start fresh); None when not resuming."""
+    mode = cfg.checkpoint.resume
+    if not mode:
+        return None
+    found: List[Any] = [checkpoint.latest(cfg.checkpoint.dir) if rank == 0 else None]
+    dist.broadcast_object_list(found, src=0, group=group)
+    path = found[0]
+    if path is None:
+        directory = cfg.checkpoint.dir
+        if mode == "auto":
+            logger.info("checkpoint.resume: auto and %s holds no checkpoint yet: starting fresh", directory)
+            return None
+        what = "does not exist" if not os.path.isdir(directory) else "holds no complete checkpoint (step_N)"
+        raise checkpoint.CheckpointError(
+            f"checkpoint.resume is true but checkpoint.dir {os.path.abspath(directory)!r} {what}: nothing to "
+            "resume (check the path; checkpoint.resume: auto / --resume=auto starts fresh when there is none)")
+    return path
 
 
 def frequency_stats(cfg: Config, source, tables, rank: int, resuming: bool, group) -> Optional[FrequencyStats]:
@@ -180,6 +205,8 @@ class StepProfiler:
 
 def train(cfg: Config) -> Optional[Dict[str, Any]]:
     stop = StopRequest()  # before the process group: a signal from here on stops cleanly
+    if "LOCAL_RANK" in os.environ:  # under torchrun: stop (SIGTERM) when the launcher dies
+        exit_with_launcher(signal.SIGTERM, grace_s=max(60.0, cfg.dist.step_timeout_s))
     rank, world, device = setup_distributed(cfg)
     setup_logging(rank, cfg.train.log_level)
     torch.set_num_threads(int(cfg.train.threads))
@@ -187,10 +214,7 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
     logger.info("world %d, backend %s, device %s", world, dist.get_backend(), device)
     steps = int(cfg.train.steps)
 
-    resume_from = checkpoint.latest(cfg.checkpoint.dir) if cfg.checkpoint.resume else None
-    if cfg.checkpoint.resume and resume_from is None:
-        logger.warning("checkpoint.resume is set but %s holds no checkpoint: starting fresh",
-                       cfg.checkpoint.dir)
+    resume_from = resume_point(cfg, rank, side_group)
     if resume_from is not None and checkpoint.step_of(resume_from) >= steps:
         done = checkpoint.step_of(resume_from)
         logger.warning("nothing to do: %s is at step %d and train.steps is %d (the run has finished; "
@@ -263,15 +287,20 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
     val_every = int(cfg.metrics.validation_every or 0)
     ckpt_kw: Dict[str, Any] = dict(group=side_group, keep_last=int(cfg.checkpoint.keep_last))
 
+    watchdog = StepWatchdog(cfg.dist.step_timeout_s, rank, world)
+
     def save_checkpoint(at: int) -> None:
-        checkpoint.save(cfg.checkpoint.dir, at, dmp, opt, data_position=data_position + at - start,
-                        extra=tracker.checkpoint_files(cfg.checkpoint.stats), **ckpt_kw)
+        with watchdog.paused():  # the process-group timeout covers the checkpoint's collectives
+            checkpoint.save(cfg.checkpoint.dir, at, dmp, opt, data_position=data_position + at - start,
+                            extra=tracker.checkpoint_files(cfg.checkpoint.stats), **ckpt_kw)
     val: Dict[str, float] = {}
     stopped_by = 0
     dmp.train()
     step = saved_at = start
     profiler = StepProfiler(cfg.train.profile_dir, start + cfg.train.profile_after, cfg.train.profile_steps, rank)
+    watchdog.start(step)
     while step < steps:
+        watchdog.beat(step)
         stopped_by = stop.agreed(side_group)
         if stopped_by:
             logger.warning("%s: every rank stops at step %d", signal.Signals(stopped_by).name, step)
@@ -303,13 +332,15 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
                         "switch %.1f ms %d bytes (rank 0)", step, rec["reason"], rec["changed"], rec["hot_rows"],
                         1e3 * rec["merge_s"], rec["merge_bytes"], 1e3 * rec["switch_s"], rec["switch_bytes"])
         if validation is not None and val_every and step % val_every == 0 and step < steps:
-            val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
+            with watchdog.paused():
+                val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
             bar.clear()
             logger.info("step %d validation loss %.4f auc %.4f ne %.4f (%d samples)", step,
                         val["val_loss"], val["val_auc"], val["val_ne"], val["val_samples"])
         if cfg.checkpoint.dir and every and step % every == 0:
             saved_at = step
             save_checkpoint(step)
+    watchdog.stop()
     bar.close()
     jsonl.close()
     profiler.close()
@@ -333,8 +364,16 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
 
 
 def main(argv=None) -> None:
-    cfg = config_from_args(argv)
-    final = train(cfg)
+    try:
+        cfg = config_from_args(argv)
+        final = train(cfg)
+    except (ConfigError, checkpoint.CheckpointError) as e:  # a clear line per rank, no traceback
+        print(f"[rank{os.environ.get('RANK', 0)}] ERROR: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        if dist.is_initialized():
+            with contextlib.suppress(Exception):  # checkpoint errors are collective verdicts: every rank
+                dist.monitored_barrier(timeout=datetime.timedelta(seconds=5))  # prints before torchrun ends it
+            dist.destroy_process_group()
+        sys.exit(1)
     if final is not None:
         print(json.dumps(final, allow_nan=False), flush=True)
 
