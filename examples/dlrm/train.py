@@ -368,7 +368,9 @@ def main(argv=None) -> None:
         cfg = config_from_args(argv)
         final = train(cfg)
     except (ConfigError, checkpoint.CheckpointError) as e:  # a clear line per rank, no traceback
-        print(f"[rank{os.environ.get('RANK', 0)}] ERROR: {type(e).__name__}: {e}", file=sys.stderr, flush=True)
+        # one write per message: ranks share the launcher's stderr
+        sys.stderr.write(f"[rank{os.environ.get('RANK', 0)}] ERROR: {type(e).__name__}: {e}\n")
+        sys.stderr.flush()
         if dist.is_initialized():
             with contextlib.suppress(Exception):  # checkpoint errors are collective verdicts: every rank
                 dist.monitored_barrier(timeout=datetime.timedelta(seconds=5))  # prints before torchrun ends it

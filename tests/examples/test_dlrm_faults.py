@@ -4,6 +4,7 @@ rank within seconds; each subprocess runs under a timeout and leftovers are kill
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -40,7 +41,8 @@ def _final(proc: subprocess.CompletedProcess) -> Dict:
 
 
 def _error_lines(stderr: str, rank: int) -> List[str]:
-    return [ln for ln in stderr.splitlines() if ln.startswith(f"[rank{rank}] ERROR:")]
+    """The rank's error messages (two ranks' writes can land on one line of the shared stderr)."""
+    return re.findall(rf"\[rank{rank}\] ERROR:.*?(?=\[rank\d+\] ERROR:|\n|$)", stderr)
 
 
 @pytest.fixture(scope="module")
@@ -104,10 +106,7 @@ def test_damaged_checkpoint_is_refused_on_every_rank(ckpt, tmp_path, name, damag
     t0 = time.time()
     proc = _run("--steps", "8", "--checkpoint-dir", str(copy), "--resume", *QUIET)
     elapsed = time.time() - t0
-    # the job failed: torchrun reports its workers' failure (its own exit status was 0 in 5 of
-    # these cases over 3 runs of tests/examples on a loaded box, with this same report - not
-    # understood yet; alone they exit 1)
-    assert proc.returncode != 0 or "ChildFailedError" in proc.stderr, proc.stderr[-3000:]
+    assert proc.returncode != 0, proc.stderr[-3000:]
     for rank in (0, 1):
         lines = _error_lines(proc.stderr, rank)
         assert lines, proc.stderr[-3000:]
