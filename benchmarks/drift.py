@@ -43,6 +43,8 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
+from benchmarks.product import _rank_slice as rank_slice  # one rank's part of a global batch
+
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger("benchmarks.drift")
@@ -53,17 +55,6 @@ DEFAULTS = dict(world=2, batch=512, rows_cap=100_000, dim=32, alpha=1.1, drift_r
                 steps=1000, every=25, decay=0.8, stats_batches=8, point=50, warmup=2)
 TINY = dict(world=2, batch=64, rows_cap=2000, dim=16, alpha=1.1, drift_rows=4.0, hot_rows=200,
             steps=12, every=4, decay=0.9, stats_batches=2, point=4, warmup=1)
-
-
-def _rank_slice(kjt, hotness: List[int], rank: int, local: int):
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    values, parts, off, glob = kjt.values(), [], 0, kjt.stride()
-    for h in hotness:  # data set-up: a loop over features
-        parts.append(values[off + rank * local * h: off + (rank + 1) * local * h])
-        off += glob * h
-    lengths = torch.cat([torch.full((local,), h, dtype=torch.int32) for h in hotness])
-    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(parts), lengths=lengths, stride=local)
 
 
 def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
@@ -134,7 +125,7 @@ def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
     batches = [next(stream) for _ in range(a["warmup"])]  # warm-up: the first batches, untimed
     for i in range(a["warmup"] + a["steps"]):
         glob_kjt = batches[i] if i < a["warmup"] else next(stream)
-        kjt = _rank_slice(glob_kjt, gen.hotness, rank, B)
+        kjt = rank_slice(glob_kjt, gen.hotness, rank, B)
         timed = i >= a["warmup"]
         k = i % len(MODELS)
         for name in MODELS[k:] + MODELS[:k]:  # rotated: no model always runs first

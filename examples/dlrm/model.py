@@ -44,6 +44,7 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder, frequency_hybrid
 from torchrec_hybrid.planner.config import parse_hot_set, parse_table_constraints
+from torchrec_hybrid.planner.planner import without_hybrid
 from torchrec_hybrid.stats import FrequencyStats, HotSetRule
 
 logger = logging.getLogger(__name__)
@@ -126,7 +127,7 @@ def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot
     if kind == "stock":
         sharder = EmbeddingBagCollectionSharder(fused_params=fp)
         planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size,
-                                           constraints=_without_hybrid(constraints))
+                                           constraints=without_hybrid(constraints))
         return planner.collective_plan(model, [sharder], pg), sharder, "stock", planner
     if kind not in ("hybrid", "manual"):
         raise ValueError(f"sharding.planner must be hybrid, stock or manual, got {kind!r}")
@@ -144,18 +145,6 @@ def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot
     plan = construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=world_size,
                                           world_size=world_size, device_type=device.type)
     return ShardingPlan({EBC_PATH: plan}), sharder, "manual", None
-
-
-def _without_hybrid(constraints: Optional[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The constraints without ``frequency_hybrid`` (TorchRec's planner does not know it)."""
-    if not constraints:
-        return constraints
-    out = {}
-    for name, c in constraints.items():
-        if c.sharding_types and FREQUENCY_HYBRID in c.sharding_types:
-            c = dataclasses.replace(c, sharding_types=[t for t in c.sharding_types if t != FREQUENCY_HYBRID] or None)
-        out[name] = c
-    return out
 
 
 def planned_hot_ids(plan: ShardingPlan, sharder_hot_ids: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

@@ -189,7 +189,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         # frequency_hybrid leaves its tables without options there: no stock candidate then)
         if not forced and sharders and all(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
-                                             constraints=_without_hybrid(self._user_constraints))
+                                             constraints=without_hybrid(self._user_constraints))
             plan = stock.plan(module, [_StockOnly(s, add_template=False) for s in sharders])
             out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
                                        _compat.planner_best_plan(stock)))
@@ -284,7 +284,8 @@ def _check_sharder_hot_ids(module, sharders, plan: Optional[ShardingPlan] = None
             check_hot_ids(s.hot_ids, plan, tables=tables)
 
 
-def _without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]]):
+def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]]):
+    """The constraints without ``frequency_hybrid`` (TorchRec's own planner does not know it)."""
     if not constraints:
         return constraints
     out = {}
