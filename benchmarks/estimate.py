@@ -3,8 +3,8 @@
 The only place the benchmarks touch the cost model (torchrec_hybrid/planner/cost_model.py):
 per table it prices the table's planned sharding type from the table shape, the ids per bag
 and, for frequency_hybrid, the hot coverage measured by `FrequencyStats` on the statistics
-batches. Added here, outside the cost model: the DDP all-reduce of DLRM's dense MLPs (a
-ring all-reduce, priced like a data-parallel table) and the per-module overhead.
+batches. Added here: the DDP all-reduce of DLRM's dense MLPs (a ring all-reduce, priced like
+a data-parallel table); the module's overhead is the cost model's for the planned types.
 """
 
 from typing import Dict, Mapping, Sequence
@@ -20,23 +20,18 @@ def expected_bytes(table_types: Mapping[str, Sequence], rows: Mapping[str, int],
     One feature per table; ``hotness[t]`` ids per bag; cold_fraction / hot_rows per table;
     ``gloo``: collectives as gloo implements them.
     """
-    total, hybrid_module, stock_module = 0.0, False, False
+    total = 0.0
     for name, (kind, shards) in table_types.items():
         t = cm.TableTraffic(rows=rows[name], dim=dim, features=1, pooling=float(hotness[name]),
                             batch=batch, world=world)
         if kind == cm.FREQUENCY_HYBRID:
             total += float(cm.hybrid_total_bytes(t, 1.0 - cold_fraction[name], hot_rows[name]))
-            hybrid_module = True
         else:
             total += cm.stock_bytes(kind, t, num_column_shards=max(1, shards), gloo=gloo)
-            stock_module |= kind != cm.DATA_PARALLEL
     if dense_numel:
         total += cm.stock_bytes(cm.DATA_PARALLEL, cm.TableTraffic(dense_numel, 1, 1, 1.0, batch, world))
-    if hybrid_module:
-        total += cm.module_overhead_bytes(world, 0, validate_ids=True, carried=True)
-    if stock_module:
-        total += cm.module_overhead_bytes(world, 1, validate_ids=False)
-    return total
+    types = {kind for kind, _ in table_types.values()}  # one sharded module; only the hybrid sharder checks ids
+    return total + cm.module_overhead_bytes(world, types, validate_ids=cm.FREQUENCY_HYBRID in types)
 
 
 def expected_for(raw: Dict, kind: str, dim: int, batch: int, world: int, gloo: bool = False) -> float:

@@ -71,3 +71,15 @@ def test_memory_and_optimizer_state():
     assert cm.optimizer_state_bytes_per_row("exact_rowwise_adagrad", 8) == 4
     assert cm.optimizer_state_bytes_per_row("EmbOptimType.EXACT_SGD", 8) == 0
     assert cm.hybrid_memory_bytes(t, 5, 4) == 5 * 32 + 250 * (32 + 4)  # replicas hold no optimizer state
+
+
+def test_module_overhead_counts_one_splits_exchange_per_stock_type():
+    W, peers = 4, 3
+    # id check: an all-gather of 3 int64; each stock input dist (not DP): 3 int64 splits per peer
+    assert cm.module_overhead_bytes(W, {"table_wise", "column_wise", "data_parallel"}) == peers * (24 + 2 * 24)
+    assert cm.module_overhead_bytes(W, {"table_wise"}, validate_ids=False) == peers * 24
+    # with a hybrid sharding the check rides in its metadata all-to-all: 4 int32 per peer
+    assert cm.module_overhead_bytes(W, {"frequency_hybrid", "table_wise"}) == peers * (16 + 24)
+    # per rank the metadata's two int32 counts per hybrid feature come on top
+    per_rank = cm.module_overhead_rank_bytes(W, {"frequency_hybrid"}, hybrid_features=2)
+    assert torch.equal(per_rank, torch.full((W,), peers * (16 + 2 * 2 * 4), dtype=torch.float64))

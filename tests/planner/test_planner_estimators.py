@@ -9,7 +9,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
 from torchrec_hybrid.planner import HybridEnumerator, gloo_topology
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.planner.plan_cost import option_rank_bytes
+from torchrec_hybrid.planner.plan_cost import option_rank_cost
 from tests.planner.planner_testutils import exact_stats, tables, zipf_probs
 
 W, B, D, N = 4, 256, 16, 20_000
@@ -35,7 +35,7 @@ def test_every_option_is_priced_by_the_byte_model():
     assert set(hyb) == {"row_wise", "table_wise"}
     assert len(hyb["row_wise"].shards) == W and len(hyb["table_wise"].shards) == 1
     for so in hyb.values():  # the shards' costs add up to the bytes every rank sends for the table
-        assert math.isclose(so.total_perf * bw, float(option_rank_bytes(so, t, W, owner=0).sum()), rel_tol=1e-6)
+        assert math.isclose(so.total_perf * bw, float(option_rank_cost(so, t, W, owner=0)[0].sum()), rel_tol=1e-6)
         assert so.total_perf < tw.total_perf  # skewed ids: hybrid is cheaper under the same model
 
 

@@ -219,29 +219,40 @@ def best_hot_rows(t: TableTraffic, coverage: torch.Tensor, max_rows: Optional[in
     return int(torch.argmin(curve))
 
 
-def hybrid_memory_bytes(t: TableTraffic, hot_rows: int, optimizer_bytes_per_row: int = 0) -> int:
+def hybrid_memory_bytes(t: TableTraffic, hot_rows: int, optimizer_bytes_per_row: int = 0,
+                        cold_rows: Optional[int] = None, elem: int = FP32) -> int:
     """Per-rank memory: the hot replica (>= 1 row, no optimizer state: the owners update)
-    + the cold row-wise block with its optimizer state."""
-    return max(hot_rows, 1) * t.dim * FP32 + math.ceil(t.rows / t.world) * (t.dim * FP32 + optimizer_bytes_per_row)
+    + the cold block (``cold_rows``, default an even row-wise block) with its optimizer state;
+    ``elem``: bytes per weight."""
+    cold = math.ceil(t.rows / t.world) if cold_rows is None else cold_rows
+    return max(hot_rows, 1) * t.dim * elem + cold * (t.dim * elem + optimizer_bytes_per_row)
 
 
-def module_overhead_bytes(world: int, num_input_dists: int, validate_ids: bool = True,
-                          splits_per_dist: int = 3, carried: bool = False) -> float:
-    """Per sharded module and step: the id-check verdicts + the stock KJTAllToAll splits exchanges.
+def hybrid_step_buffer_bytes(t: TableTraffic, elem: int = FP32) -> int:
+    """Per-rank memory of one step's buffers: the input ids (int64), the owner's ``[W*B, D]``
+    partial sums and the ``[B, D]`` hot sums per feature."""
+    return math.ceil(t.lookups * INT64 + (t.world + 1) * t.bags * t.dim * elem)
 
-    ``num_input_dists`` counts stock input dists only (the hybrid one's sizes are its
-    per-table metadata). The verdicts take an all-gather of 3 int64, or with a
-    frequency-hybrid sharding in the module (``carried``) 4 int32 words per destination in
-    its metadata all-to-all.
+
+def stock_input_dists(types: Iterable[str]) -> int:
+    """Stock KJTAllToAll input dists of a sharded module: one per sharding type in it, but
+    data_parallel (none) and frequency_hybrid (its own cold all-to-all)."""
+    return len(set(types) - {DATA_PARALLEL, FREQUENCY_HYBRID})
+
+
+def module_overhead_bytes(world: int, types: Iterable[str], validate_ids: bool = True,
+                          splits_per_dist: int = 3) -> float:
+    """Per sharded module (its sharding ``types``) and step: the id-check verdicts + each stock
+    KJTAllToAll's splits exchange (:func:`stock_input_dists`).
+
+    The verdicts take an all-gather of 3 int64, or with a frequency-hybrid sharding in the
+    module 4 int32 words per destination in its metadata all-to-all (whose per-table counts
+    :func:`hybrid_bytes` prices).
     """
-    per_peer = 4 * INT32 if carried else 3 * INT64
+    types = set(types)
+    per_peer = 4 * INT32 if FREQUENCY_HYBRID in types else 3 * INT64
     check = (world - 1) * per_peer if validate_ids else 0
-    return float(check + num_input_dists * (world - 1) * splits_per_dist * INT64)
-
-
-def plan_bytes(entries: Iterable[Dict[str, float]]) -> float:
-    """Sum of per-table byte dicts (convenience for reports)."""
-    return float(sum(sum(e.values()) for e in entries))
+    return float(check + stock_input_dists(types) * (world - 1) * splits_per_dist * INT64)
 
 
 # -- per rank: what each rank sends, for plans with an owner per table or block -----------
@@ -329,16 +340,13 @@ def hybrid_layout_bytes(t: TableTraffic, coverage, hot_rows, shares: torch.Tenso
             + 2 * remote * h * t.dim * FP32 + (w - 1) * t.features * 2 * INT32)
 
 
-def module_overhead_rank_bytes(world: int, stock_input_dists: int, hybrid_features: int,
-                               validate_ids: bool = True, splits_per_dist: int = 3) -> torch.Tensor:
-    """Per sharded module and step, every rank alike: the hybrid metadata all-to-all (two
-    int32 counts per hybrid feature + the id-check words per peer) or, without hybrid
-    tables, the id-check all-gather; and each stock KJTAllToAll's splits exchange."""
-    if hybrid_features:
-        per_peer = hybrid_features * 2 * INT32 + (4 * INT32 if validate_ids else 0)
-    else:
-        per_peer = 3 * INT64 if validate_ids else 0
-    return _rank_vector(world) + (world - 1) * (per_peer + stock_input_dists * splits_per_dist * INT64)
+def module_overhead_rank_bytes(world: int, types: Iterable[str], hybrid_features: int,
+                               validate_ids: bool = True) -> torch.Tensor:
+    """Per sharded module and step, every rank alike: :func:`module_overhead_bytes` plus the
+    hybrid metadata's two int32 counts per hybrid feature and peer (which the mean model
+    counts in :func:`hybrid_bytes`, the per-rank one here)."""
+    per_module = module_overhead_bytes(world, types, validate_ids) + (world - 1) * hybrid_features * 2 * INT32
+    return _rank_vector(world) + per_module
 
 
 # -- compute per rank: what a rank does besides sending bytes ---------------------------

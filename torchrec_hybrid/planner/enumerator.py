@@ -36,13 +36,8 @@ from torchrec.distributed.types import ShardingType
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
-from torchrec_hybrid.planner.estimators import (
-    HybridStorageEstimator,
-    bandwidths,
-    optimizer_name,
-    traffic_of,
-)
-from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator, TrafficTable
+from torchrec_hybrid.planner.estimators import HybridStorageEstimator, bandwidths, optimizer_name
+from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator, TrafficTable, traffic_of
 from torchrec_hybrid.planner.types import HotSetChoice
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -70,16 +65,17 @@ class _StockOnly:
         return types if _TEMPLATE in types or not self._add_template else types + [_TEMPLATE]
 
 
-def _stock_constraints(constraints: Optional[Dict[str, ParameterConstraints]]
-                       ) -> Optional[Dict[str, ParameterConstraints]]:
+def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]], fallback: Optional[List[str]] = None
+                   ) -> Optional[Dict[str, ParameterConstraints]]:
+    """The constraints without ``frequency_hybrid`` (TorchRec's own planner and enumerator do
+    not know it); a table it leaves with no type gets ``fallback`` (None: any type)."""
     if not constraints:
         return constraints
     out = {}
     for name, c in constraints.items():
-        types = c.sharding_types
-        if types and FREQUENCY_HYBRID in types:
-            types = [t for t in types if t != FREQUENCY_HYBRID] or [_TEMPLATE]
-            c = dataclasses.replace(c, sharding_types=types)
+        if c.sharding_types and FREQUENCY_HYBRID in c.sharding_types:
+            kept = [t for t in c.sharding_types if t != FREQUENCY_HYBRID]
+            c = dataclasses.replace(c, sharding_types=kept or (list(fallback) if fallback else None))
         out[name] = c
     return out
 
@@ -116,7 +112,7 @@ class HybridEnumerator(EmbeddingEnumerator):
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
                  max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
                  compute_costs: Optional[cm.ComputeCosts] = None) -> None:
-        super().__init__(topology, batch_size, _stock_constraints(constraints), estimator,
+        super().__init__(topology, batch_size, without_hybrid(constraints, [_TEMPLATE]), estimator,
                          use_exact_enumerate_order)
         self._topology = topology
         self._all_constraints = constraints or {}

@@ -8,11 +8,8 @@ Units follow TorchRec's estimators (bandwidths in bytes/ms, so perf in ms).
 
 from __future__ import annotations
 
-import logging
-import math
 from typing import Dict, Optional
 
-from torchrec.distributed.planner.constants import BIGINT_DTYPE
 from torchrec.distributed.planner.types import (
     CollectiveType,
     ParameterConstraints,
@@ -23,18 +20,8 @@ from torchrec.distributed.planner.types import (
 )
 
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.planner.types import HotSetChoice
+from torchrec_hybrid.planner.plan_cost import traffic_of
 from torchrec_hybrid.types import FREQUENCY_HYBRID
-
-logger = logging.getLogger(__name__)
-
-def traffic_of(so: ShardingOption, world_size: int) -> cm.TableTraffic:
-    """The cost model's view of a sharding option (pooling = mean ids per bag per feature)."""
-    rows, dim = so.tensor.shape[0], so.tensor.shape[1]
-    feats = max(1, len(so.input_lengths))
-    pooling = sum(so.input_lengths) / feats if so.input_lengths else 1.0
-    return cm.TableTraffic(rows=rows, dim=dim, features=feats, pooling=pooling,
-                           batch=so.batch_size, world=world_size)
 
 
 def bandwidths(topology: Topology) -> Dict[str, float]:
@@ -57,42 +44,30 @@ def optimizer_name(sharder_data_map, so: ShardingOption) -> Optional[str]:
     return getattr(opt, "name", None) or str(opt)
 
 
-def _choice(so: ShardingOption) -> HotSetChoice:
-    choice = getattr(so, "hybrid_choice", None)
-    if choice is None:
-        raise ValueError(f"table {so.name!r}: frequency_hybrid option without a hot-set choice")
-    return choice
+class HybridStorageEstimator(ShardEstimator):
+    """Sets ``shard.storage`` of frequency_hybrid options, from the cost model's memory terms.
 
-
-class _HybridEstimator(ShardEstimator):
-    """Shared constructor: both estimators price from the topology (and constraints)."""
+    Per rank (``cm.hybrid_memory_bytes`` + ``cm.hybrid_step_buffer_bytes``): the shard's cold
+    rows with the fused optimizer's state (taken from the sharder's fused_params: the stock
+    estimator counts 0 for an optimizer given that way), the hot replica, the step's buffers.
+    """
 
     def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
         self._topology = topology
         self._constraints = constraints
 
-
-class HybridStorageEstimator(_HybridEstimator):
-    """Sets ``shard.storage`` of frequency_hybrid options.
-
-    Per rank: the cold row-wise block with the fused optimizer's state (taken from the
-    sharder's fused_params: the stock estimator counts 0 for an optimizer given that way),
-    the hot replica (>= 1 row, no optimizer state: owners apply the updates), plus the step's buffers: input ids, the
-    owner's ``[W*B, D]`` partial sums and the ``[B, D]`` hot sums per feature.
-    """
-
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
         t = self._topology
-        w = t.world_size
         on_device = t.compute_device in ("cuda", "mtia")
         for so in sharding_options:
             if so.sharding_type != FREQUENCY_HYBRID:
                 continue
-            ch = _choice(so)
-            tr = traffic_of(so, w)
-            elem = so.tensor.element_size()
-            per_row = tr.dim * elem + cm.optimizer_state_bytes_per_row(optimizer_name(sharder_data_map, so), tr.dim)
-            io = math.ceil(tr.lookups * BIGINT_DTYPE + (w + 1) * tr.bags * tr.dim * elem)
+            ch = getattr(so, "hybrid_choice", None)
+            if ch is None:
+                raise ValueError(f"table {so.name!r}: frequency_hybrid option without a hot-set choice")
+            tr, elem = traffic_of(so, t.world_size), so.tensor.element_size()
+            state = cm.optimizer_state_bytes_per_row(optimizer_name(sharder_data_map, so), tr.dim)
+            io = cm.hybrid_step_buffer_bytes(tr, elem)
             for shard in so.shards:
-                mem = shard.size[0] * per_row + max(ch.hot_rows, 1) * tr.dim * elem + io
+                mem = cm.hybrid_memory_bytes(tr, ch.hot_rows, state, cold_rows=shard.size[0], elem=elem) + io
                 shard.storage = Storage(hbm=mem if on_device else 0, ddr=0 if on_device else mem, ssd=0)

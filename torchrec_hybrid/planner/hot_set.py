@@ -123,16 +123,6 @@ def coverage_at(p: TableProfile, hot_rows: int) -> float:
     return float(p.coverage[min(hot_rows, p.coverage.numel() - 1)])
 
 
-def curve_argmin(p: TableProfile, a2a_bw: float, hot_bw: float, max_rows: Optional[int] = None
-                 ) -> Tuple[int, float]:
-    """(H, cost) brute-force optimum of one table (for validation and tests)."""
-    c = cost_curve(p, a2a_bw, hot_bw)
-    if max_rows is not None:
-        c = c[: max_rows + 1]
-    h = int(torch.argmin(c))
-    return h, float(c[h])
-
-
 def row_lookup_shares(p: TableProfile, hot_rows: int) -> torch.Tensor:
     """Each row's share of the table's cold lookups once the ``hot_rows`` most frequent are
     hot, ``[rows]`` float64 (rows never counted share the unseen mass evenly; unknown ids:

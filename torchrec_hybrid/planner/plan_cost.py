@@ -5,14 +5,15 @@ rank is cheapest. If hybrid options were priced by our model and stock ones by T
 estimators, the comparison would mix units. Here every option is priced from the same
 byte and compute models (``cost_model``), in the same unit (ms):
 
+- :func:`option_rank_cost` is the one dispatch from an option to the cost model: the bytes
+  each rank sends and each rank's compute work (TBE lookups, the sharding's own vector and
+  id work) for its table (:func:`traffic_of`: the option's traffic);
 - :class:`BytesPerfEstimator` sets ``shard.perf`` for every option: the bytes that flow
   through the shard's owner per step (what it sends and what the others send it for this
   table), so the per-rank sums the partitioner balances add up to the plan's traffic;
-- :func:`plan_rank_bytes` gives, for a partitioned plan, the bytes each rank sends per step
-  (what ``/proc/self/io`` measures), module overheads included;
-- :func:`plan_rank_work` gives each rank's compute work (TBE lookups, the sharding's own
-  vector and id work, a fixed term per sharding group), priced by ``cm.ComputeCosts``
-  (fitted from measured steps, ``compute_costs.py``);
+- :func:`plan_rank_cost` (``plan_rank_bytes``, ``plan_rank_work``) adds them up for a
+  partitioned plan, with each module's overhead bytes and a fixed work term per sharding
+  group: what ``/proc/self/io`` measures, and the work ``cm.ComputeCosts`` prices;
 - :func:`plan_cost` turns both into a step cost: the busiest rank's bytes / bandwidth +
   compute, plus a fixed cost per collective (:data:`COLLECTIVES_PER_STEP`), which is what
   makes a plan that mixes types pay for the extra collectives of each sharding it adds.
@@ -21,7 +22,7 @@ byte and compute models (``cost_model``), in the same unit (ms):
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, Iterable, List, Optional
+from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
 from torchrec.distributed.planner.types import Perf, ShardEstimator, ShardingOption, Topology
@@ -42,6 +43,14 @@ COLLECTIVES_PER_STEP = {"table_wise": 5, "column_wise": 5, "table_column_wise": 
 DEFAULT_COLLECTIVE_MS = 0.2
 
 
+def traffic_of(so: ShardingOption, world_size: int) -> cm.TableTraffic:
+    """The cost model's view of a sharding option (pooling = mean ids per bag per feature)."""
+    feats = max(1, len(so.input_lengths))
+    pooling = sum(so.input_lengths) / feats if so.input_lengths else 1.0
+    return cm.TableTraffic(rows=so.tensor.shape[0], dim=so.tensor.shape[1], features=feats, pooling=pooling,
+                           batch=so.batch_size, world=world_size)
+
+
 @dataclass
 class TrafficTable:
     """The workload the model prices: per table its traffic (pooling from the statistics)."""
@@ -51,15 +60,10 @@ class TrafficTable:
 
     def of(self, so: ShardingOption, world: int) -> cm.TableTraffic:
         t = self.traffic.get(so.name)
-        if t is not None:
-            return t
-        feats = max(1, len(so.input_lengths))
-        pooling = sum(so.input_lengths) / feats if so.input_lengths else 1.0
-        return cm.TableTraffic(rows=so.tensor.shape[0], dim=so.tensor.shape[1], features=feats, pooling=pooling,
-                               batch=so.batch_size, world=world)
+        return t if t is not None else traffic_of(so, world)
 
 
-def _hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) -> List[int]:
+def hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) -> List[int]:
     """Row bounds of a hybrid option (table-wise cold: on ``owner``, default its shard's rank)."""
     from torchrec_hybrid.sharding.row_blocks import single_owner_bounds
 
@@ -69,28 +73,50 @@ def _hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) 
     return [0] + [int(s.offset[0] + s.size[0]) for s in so.shards]
 
 
-def option_rank_bytes(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: bool = True,
-                      owner: Optional[int] = None) -> torch.Tensor:
-    """Bytes each rank sends per step for this option's table (``[W]``); owners are the
-    shards' ranks (or ``owner`` for a one-shard option not yet placed)."""
+def _hybrid_loads(so: ShardingOption, world: int, owner: Optional[int] = None
+                  ) -> Tuple[float, torch.Tensor, torch.Tensor]:
+    """(coverage, owners' shares of the cold lookups, hot rows per owner) of a hybrid option."""
+    ch = so.hybrid_choice
+    shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, hybrid_bounds(so, world, owner))
+    return ch.coverage, shares, hot
+
+
+def option_rank_cost(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: bool = True,
+                     owner: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Bytes each rank sends (``[W]``) and each rank's compute work (``[W, len(WORK_TERMS)]``)
+    per step for this option's table: the one dispatch from a sharding type to the cost
+    model. Owners are the shards' ranks (or ``owner`` for a one-shard option not yet placed)."""
     st = so.sharding_type
     if st == FREQUENCY_HYBRID:
-        ch = so.hybrid_choice
-        shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, _hybrid_bounds(so, world, owner))
-        return cm.hybrid_rank_bytes(t, ch.coverage, shares, hot)
+        cov, shares, hot = _hybrid_loads(so, world, owner)
+        return cm.hybrid_rank_bytes(t, cov, shares, hot), cm.hybrid_rank_work(t, cov, shares, hot)
     if st == cm.TABLE_WISE:
-        return cm.table_wise_rank_bytes(t, owner if owner is not None else (so.shards[0].rank or 0))
+        rank = owner if owner is not None else (so.shards[0].rank or 0)
+        return cm.table_wise_rank_bytes(t, rank), cm.table_wise_rank_work(t, rank)
     if st in (cm.COLUMN_WISE, "table_column_wise"):
-        owners = [owner if s.rank is None else s.rank for s in so.shards]
-        return cm.column_wise_rank_bytes(t, [o or 0 for o in owners], [s.size[1] for s in so.shards])
+        owners = [(owner if s.rank is None else s.rank) or 0 for s in so.shards]
+        dims = [s.size[1] for s in so.shards]
+        return cm.column_wise_rank_bytes(t, owners, dims), cm.column_wise_rank_work(t, owners, dims)
     if st in (cm.ROW_WISE, "table_row_wise", "grid_shard"):
-        return cm.symmetric_rank_bytes(cm.stock_bytes(cm.ROW_WISE, t, gloo=gloo), world)
+        return cm.symmetric_rank_bytes(cm.stock_bytes(cm.ROW_WISE, t, gloo=gloo), world), cm.row_wise_rank_work(t)
     if st == cm.DATA_PARALLEL:
-        return cm.symmetric_rank_bytes(cm.stock_bytes(st, t), world)
-    raise ValueError(f"table {so.name!r}: no byte model for sharding type {st!r}")
+        return cm.symmetric_rank_bytes(cm.stock_bytes(st, t), world), cm.data_parallel_rank_work(t)
+    raise ValueError(f"table {so.name!r}: no cost model for sharding type {st!r}")
 
 
-def _groups(options: Iterable[ShardingOption]) -> Dict[str, set]:
+def option_mean_bytes(so: ShardingOption, world_size: int) -> Optional[float]:
+    """Mean bytes per rank per step of one planned option, as the hot-set sizing priced it
+    (hybrid: its cold layout's, ``HotSetChoice.bytes_per_step``); None: type not modelled."""
+    choice = getattr(so, "hybrid_choice", None)
+    if so.sharding_type == FREQUENCY_HYBRID and choice is not None:
+        return float(choice.bytes_per_step)
+    try:
+        return cm.stock_bytes(so.sharding_type, traffic_of(so, world_size), num_column_shards=len(so.shards))
+    except ValueError:
+        return None
+
+
+def sharding_groups(options: Iterable[ShardingOption]) -> Dict[str, set]:
     """Sharding types per module path (each is one sharding group with its own collectives)."""
     out: Dict[str, set] = {}
     for so in options:
@@ -98,57 +124,41 @@ def _groups(options: Iterable[ShardingOption]) -> Dict[str, set]:
     return out
 
 
+def plan_rank_cost(options: List[ShardingOption], traffic: TrafficTable, world: int,
+                   validate_ids: bool = True) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Bytes each rank sends and each rank's compute work per step under a partitioned plan:
+    its tables' (:func:`option_rank_cost`) plus, per module, the overhead bytes and one fixed
+    work term per sharding group (stock types, hybrid)."""
+    sent = torch.zeros(world, dtype=torch.float64)
+    work = torch.zeros(world, len(cm.WORK_TERMS), dtype=torch.float64)
+    for so in options:
+        b, w = option_rank_cost(so, traffic.of(so, world), world, traffic.gloo)
+        sent += b
+        work += w
+    for path, types in sharding_groups(options).items():
+        hybrid_features = sum(traffic.of(so, world).features for so in options
+                              if so.path == path and so.sharding_type == FREQUENCY_HYBRID)
+        sent += cm.module_overhead_rank_bytes(world, types, hybrid_features, validate_ids)
+        work[:, cm.WORK_TERMS.index("group_stock")] += len(types - {FREQUENCY_HYBRID})
+        work[:, cm.WORK_TERMS.index("group_hybrid")] += int(FREQUENCY_HYBRID in types)
+    return sent, work
+
+
 def plan_rank_bytes(options: List[ShardingOption], traffic: TrafficTable, world: int,
                     validate_ids: bool = True) -> torch.Tensor:
     """Bytes each rank sends per step under a partitioned plan, module overheads included."""
-    total = torch.zeros(world, dtype=torch.float64)
-    for so in options:
-        total += option_rank_bytes(so, traffic.of(so, world), world, traffic.gloo)
-    for path, types in _groups(options).items():
-        stock_dists = len(types - {cm.DATA_PARALLEL, FREQUENCY_HYBRID})
-        hybrid_features = sum(traffic.of(so, world).features for so in options
-                              if so.path == path and so.sharding_type == FREQUENCY_HYBRID)
-        total += cm.module_overhead_rank_bytes(world, stock_dists, hybrid_features, validate_ids)
-    return total
-
-
-def option_rank_work(so: ShardingOption, t: cm.TableTraffic, world: int, owner: Optional[int] = None
-                     ) -> torch.Tensor:
-    """Compute work of each rank per step for this option's table (``[W, len(WORK_TERMS)]``,
-    cost_model.py), owners as in :func:`option_rank_bytes`."""
-    st = so.sharding_type
-    if st == FREQUENCY_HYBRID:
-        ch = so.hybrid_choice
-        shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, _hybrid_bounds(so, world, owner))
-        return cm.hybrid_rank_work(t, ch.coverage, shares, hot)
-    if st == cm.TABLE_WISE:
-        return cm.table_wise_rank_work(t, owner if owner is not None else (so.shards[0].rank or 0))
-    if st in (cm.COLUMN_WISE, "table_column_wise"):
-        owners = [owner if s.rank is None else s.rank for s in so.shards]
-        return cm.column_wise_rank_work(t, [o or 0 for o in owners], [s.size[1] for s in so.shards])
-    if st in (cm.ROW_WISE, "table_row_wise", "grid_shard"):
-        return cm.row_wise_rank_work(t)
-    if st == cm.DATA_PARALLEL:
-        return cm.data_parallel_rank_work(t)
-    raise ValueError(f"table {so.name!r}: no compute model for sharding type {st!r}")
+    return plan_rank_cost(options, traffic, world, validate_ids)[0]
 
 
 def plan_rank_work(options: List[ShardingOption], traffic: TrafficTable, world: int) -> torch.Tensor:
-    """Compute work of each rank per step under a partitioned plan, ``[W, len(WORK_TERMS)]``:
-    its tables' work plus one fixed term per sharding group (stock types, hybrid)."""
-    total = torch.zeros(world, len(cm.WORK_TERMS), dtype=torch.float64)
-    for so in options:
-        total += option_rank_work(so, traffic.of(so, world), world)
-    for types in _groups(options).values():
-        total[:, cm.WORK_TERMS.index("group_stock")] += len(types - {FREQUENCY_HYBRID})
-        total[:, cm.WORK_TERMS.index("group_hybrid")] += int(FREQUENCY_HYBRID in types)
-    return total
+    """Compute work of each rank per step under a partitioned plan, ``[W, len(WORK_TERMS)]``."""
+    return plan_rank_cost(options, traffic, world)[1]
 
 
 def collectives_per_step(options: List[ShardingOption]) -> int:
     """Collectives a plan issues per step (per module: each sharding group's own)."""
     n = 0
-    for types in _groups(options).values():
+    for types in sharding_groups(options).values():
         n += sum(COLLECTIVES_PER_STEP.get(t, 5) for t in types)
         if FREQUENCY_HYBRID not in types:
             n += 1  # the id check's all-gather (the hybrid metadata carries it otherwise)
@@ -163,10 +173,10 @@ def plan_cost(options: List[ShardingOption], traffic: TrafficTable, topology: To
     from torchrec_hybrid.planner.estimators import bandwidths
 
     w = topology.world_size
-    per_rank = plan_rank_bytes(options, traffic, w)
+    per_rank, work = plan_rank_cost(options, traffic, w)
     n = collectives_per_step(options)
     bw = bandwidths(topology)["a2a"]
-    work_ms = compute.ms(plan_rank_work(options, traffic, w), per_rank) if compute else torch.zeros(w)
+    work_ms = compute.ms(work, per_rank) if compute else torch.zeros(w)
     rank_ms = per_rank / bw + work_ms
     busiest = int(torch.argmax(rank_ms))
     return {"cost_ms": float(rank_ms[busiest]) + n * collective_ms, "busiest_bytes": float(per_rank.max()),
@@ -196,31 +206,27 @@ class BytesPerfEstimator(ShardEstimator):
         bw = bandwidths(self._topology)["a2a"]
         for so in sharding_options:
             t = self._traffic.of(so, w)
-            work = None
-            if self._compute is not None:
-                single = len(so.shards) == 1
-                work = self._compute.ms(option_rank_work(so, t, w, owner=0 if single else None),
-                                        option_rank_bytes(so, t, w, self._traffic.gloo, owner=0 if single else None))
+            single = len(so.shards) == 1
+            sent, work = option_rank_cost(so, t, w, self._traffic.gloo, owner=0 if single else None)
+            ms = None if self._compute is None else self._compute.ms(work, sent)
             for i, shard in enumerate(so.shards):
-                through = shard_traffic(so, t, w, i, self._traffic.gloo)
-                fwd = 0.0 if work is None else float(work.sum() if len(so.shards) == 1 else work[i])
-                shard.perf = Perf(fwd_compute=fwd, fwd_comms=through / bw, bwd_compute=0.0, bwd_comms=0.0)
+                fwd = 0.0 if ms is None else float(ms.sum() if single else ms[i])
+                comms = shard_traffic(so, t, w, i, sent) / bw
+                shard.perf = Perf(fwd_compute=fwd, fwd_comms=comms, bwd_compute=0.0, bwd_comms=0.0)
 
 
-def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int, gloo: bool = True) -> float:
-    """Bytes per step passing through the owner of shard ``index`` (sent by it, or to it)."""
+def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int, sent: torch.Tensor) -> float:
+    """Bytes per step passing through the owner of shard ``index`` (sent by it, or to it);
+    ``sent``: the option's bytes per rank (:func:`option_rank_cost`, one-shard options on rank 0)."""
     st = so.sharding_type
     if st == cm.TABLE_WISE or (st == FREQUENCY_HYBRID and len(so.shards) == 1):
-        return float(option_rank_bytes(so, t, world, gloo, owner=0).sum())
+        return float(sent.sum())
     if st in (cm.COLUMN_WISE, "table_column_wise"):
-        d = so.shards[index].size[1]
-        return float(cm.table_wise_rank_bytes(t, 0, dim=d).sum())
+        return float(cm.table_wise_rank_bytes(t, 0, dim=so.shards[index].size[1]).sum())
     if st == FREQUENCY_HYBRID:
-        ch = so.hybrid_choice
-        shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, _hybrid_bounds(so, world))
+        cov, shares, hot = _hybrid_loads(so, world)
         own = torch.zeros(world, dtype=torch.float64)
         own[index] = 1.0
         # what rank `index` sends as owner + what each other rank sends to it
-        alone = cm.hybrid_rank_bytes(t, ch.coverage, shares * own, hot * own)
-        return float(alone.sum())
-    return float(option_rank_bytes(so, t, world, gloo).sum()) / max(1, len(so.shards))
+        return float(cm.hybrid_rank_bytes(t, cov, shares * own, hot * own).sum())
+    return float(sent.sum()) / max(1, len(so.shards))

@@ -23,12 +23,11 @@ from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly
+from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
 from torchrec_hybrid.planner.compute_costs import default_compute_costs
 from torchrec_hybrid.planner.cost_model import ComputeCosts
-from torchrec_hybrid.planner.estimators import traffic_of
-from torchrec_hybrid.planner.plan_cost import DEFAULT_COLLECTIVE_MS, TrafficTable, plan_cost, plan_rank_bytes
-from torchrec_hybrid.sharding import row_blocks
+from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, TrafficTable, hybrid_bounds, plan_cost,
+                                               plan_rank_bytes, traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
 from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -223,11 +222,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 continue
             choice = so.hybrid_choice
             ids = choice.hot_ids if choice.hot_ids is not None else torch.empty(0, dtype=torch.int64)
-            rows, cols = so.tensor.shape[0], so.tensor.shape[1]
-            if len(so.shards) == 1:
-                bounds = row_blocks.single_owner_bounds(rows, topo.world_size, so.shards[0].rank)
-            else:
-                bounds = [0] + [int(s.offset[0] + s.size[0]) for s in so.shards]
+            bounds, cols = hybrid_bounds(so, topo.world_size), so.tensor.shape[1]
             spec = EnumerableShardingSpec([
                 ShardMetadata(shard_offsets=[bounds[r], 0], shard_sizes=[bounds[r + 1] - bounds[r], cols],
                               placement=placement(topo.compute_device, r, topo.local_world_size))
@@ -282,15 +277,3 @@ def _check_sharder_hot_ids(module, sharders, plan: Optional[ShardingPlan] = None
     for s in sharders or []:
         if getattr(s, "hot_ids", None):
             check_hot_ids(s.hot_ids, plan, tables=tables)
-
-
-def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]]):
-    """The constraints without ``frequency_hybrid`` (TorchRec's own planner does not know it)."""
-    if not constraints:
-        return constraints
-    out = {}
-    for name, c in constraints.items():
-        if c.sharding_types and FREQUENCY_HYBRID in c.sharding_types:
-            c = dataclasses.replace(c, sharding_types=[t for t in c.sharding_types if t != FREQUENCY_HYBRID] or None)
-        out[name] = c
-    return out

@@ -11,14 +11,13 @@ hybrid tables the cheapest stock alternative by the same model.
 from __future__ import annotations
 
 import logging
-from typing import List, Optional
+from typing import List
 
 import torchrec.distributed.planner.stats as tr_stats
 from torchrec.distributed.planner.types import ShardingOption
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.planner.estimators import traffic_of
+from torchrec_hybrid.planner.plan_cost import option_mean_bytes
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)
@@ -27,25 +26,13 @@ ABBREVIATION = "FH"
 MB = 1024 * 1024
 
 
-def option_bytes(so: ShardingOption, world_size: int) -> Optional[float]:
-    """Cost-model bytes per rank per step of one planned option (None: type not modelled)."""
-    choice = getattr(so, "hybrid_choice", None)
-    if so.sharding_type == FREQUENCY_HYBRID and choice is not None:
-        return float(choice.bytes_per_step)
-    tr = traffic_of(so, world_size)
-    try:
-        return cm.stock_bytes(so.sharding_type, tr, num_column_shards=len(so.shards))
-    except ValueError:
-        return None
-
-
 def communication_table(best_plan: List[ShardingOption], world_size: int) -> List[str]:
-    """Rows of the per-table communication summary (also used by validate.py)."""
+    """Rows of the per-table communication summary (mean bytes per rank, ``plan_cost.option_mean_bytes``)."""
     header = ["Table", "Sharding", "Rows", "Hot rows", "Coverage", "Est. MB/step/rank", "Best stock (MB)"]
     rows = [header]
     total = 0.0
     for so in sorted(best_plan, key=lambda o: o.fqn):
-        b = option_bytes(so, world_size)
+        b = option_mean_bytes(so, world_size)
         total += b or 0.0
         ch = getattr(so, "hybrid_choice", None)
         hot, cov, best = "-", "-", "-"
