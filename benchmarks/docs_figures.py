@@ -1,0 +1,662 @@
+"""The measured figures of README.md, docs/results.md and benchmarks/README.md, from the committed results.
+
+    .venv/bin/python -m benchmarks.docs_figures            # check: names every figure that drifted (exit 1)
+    .venv/bin/python -m benchmarks.docs_figures --write    # rewrite the marked tables from the results files
+
+Nothing is measured here: every figure is read or derived from a file a benchmark script writes
+(``benchmarks/results/*.json``: ``python -m benchmarks``, ``benchmarks.product``, ``benchmarks.drift``,
+``benchmarks.simulate``, ``benchmarks.calibrate``). Tables sit between ``<!-- table: NAME ... -->`` and
+``<!-- end table -->`` and ``--write`` renders them again. Figures in prose are ``SNIPPETS``: a
+template filled from ``facts()`` that must stand verbatim in its doc (whitespace folded); prose is
+not rewritten, so when a results file changes the check names the sentence to reword. Finally no
+ratio, MB, kB, ms, % or minute figure may stand in a doc outside a table or a snippet
+(``unbound_figures``). ``tests/test_docs_figures.py`` runs the check.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import re
+import statistics
+import sys
+from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(REPO, "benchmarks", "results")
+DOCS = {"README.md": os.path.join(REPO, "README.md"),
+        "docs/results.md": os.path.join(REPO, "docs", "results.md"),
+        "benchmarks/README.md": os.path.join(REPO, "benchmarks", "README.md")}
+START = "<!-- table: {} (python -m benchmarks.docs_figures --write) -->"
+END = "<!-- end table -->"
+
+WORKLOADS = ("onehot", "multihot", "sorted-onehot", "sorted-multihot", "uniform")
+HYBRID = ("hybrid_planner", "hybrid_planner_bytes")  # CPU-priced, network-priced
+
+
+def load(name: str) -> Dict[str, Any]:
+    with open(os.path.join(RESULTS, name + ".json")) as f:
+        return json.load(f)
+
+
+# ---------------------------------------------------------------- formatting
+
+
+def x2(v: float) -> str:
+    return f"{v:.2f}x"
+
+
+def span(values: Iterable[float], fmt: Callable[[float], str], sep: str = "-") -> str:
+    """'lo-hi' of the formatted min and max (one value when they print alike); a unit suffix once."""
+    vs = sorted(values)
+    lo, hi = fmt(vs[0]), fmt(vs[-1])
+    if lo == hi:
+        return lo
+    unit = re.sub(r"^[\d.,]+", "", hi)
+    return lo[: len(lo) - len(unit)] + sep + hi if unit and lo.endswith(unit) else lo + sep + hi
+
+
+def unique(values: Iterable[Any], what: str) -> Any:
+    vs = list(dict.fromkeys(values))
+    if len(vs) != 1:
+        raise ValueError(f"{what}: expected one value, the results have {vs}")
+    return vs[0]
+
+
+def single(items: Sequence[Any], what: str) -> Any:
+    if len(items) != 1:
+        raise ValueError(f"{what}: expected one, the results have {len(items)}")
+    return items[0]
+
+
+def ceil_to(v: float, step: float) -> float:
+    return math.ceil(round(v / step, 9)) * step
+
+
+def types_text(types: Dict[str, int]) -> str:
+    return " + ".join(f"{n} {k}" for k, n in sorted(types.items()))
+
+
+def n_hybrid(types: Dict[str, int]) -> int:
+    return sum(n for k, n in types.items() if k.startswith("frequency_hybrid"))
+
+
+def n_layout(types: Dict[str, int], layout: str) -> int:
+    return sum(n for k, n in types.items() if k == f"frequency_hybrid/{layout}-cold")
+
+
+# ---------------------------------------------------------------- product benchmark
+
+
+def product() -> Dict[Tuple[str, int], Dict[str, Any]]:
+    """(workload, W) -> result, from product_w4.json and product_w28.json."""
+    out = {}
+    for name in ("product_w4", "product_w28"):
+        for r in load(name)["results"]:
+            out[(r["workload"], r["world"])] = r
+    return out
+
+
+def _total(counts: Dict[str, int], what: str) -> int:
+    return counts[f"fwd_{what}"] + counts[f"bwd_{what}"]
+
+
+def _est_error(r: Dict[str, Any]) -> float:
+    """Largest |estimate / measured - 1| over the ranks of all three plans of one result."""
+    return max(abs(e) for m in (*HYBRID, "stock_planner") for e in (r[m]["estimate_error_per_rank"] or [0.0]))
+
+
+def _plan_cost_ms(lines: List[str], prefix: str) -> float:
+    """The planner's priced cost of one candidate in its logged comparison: ``"*"`` the one it returned."""
+    match = (lambda ln: ln.startswith("*")) if prefix == "*" else (lambda ln: ln.lstrip("* ").startswith(prefix))
+    line = unique((ln for ln in lines[1:] if match(ln)), f"comparison line {prefix!r}")
+    return float(re.search(r", ([\d.]+) ms;", line).group(1))
+
+
+LABELS = {"onehot": "one id per feature, B={batch}", "multihot": "DLRMv2 multi-hot sizes, B={batch}",
+          "sorted-onehot": "frequency-sorted ids, one-hot", "sorted-multihot": "frequency-sorted ids, multi-hot",
+          "uniform": "uniform ids, one-hot"}
+SHORT = {"onehot": "one-hot", "multihot": "DLRMv2 multi-hot", "sorted-onehot": "frequency-sorted one-hot",
+         "sorted-multihot": "frequency-sorted multi-hot", "uniform": "uniform ids, one-hot"}
+
+
+def table_readme_product() -> str:
+    """README: the W=4 product run, CPU-priced / network-priced against the stock planner."""
+    p = product()
+    rows = ["| workload | busiest-rank bytes vs stock planner: CPU-priced / network-priced "
+            "| median step vs stock: CPU-priced / network-priced | model vs measured bytes per rank |",
+            "|---|---:|---:|---:|"]
+    for w in WORKLOADS:
+        r = p[(w, 4)]
+        q = [r["ratios"][m] for m in HYBRID]
+        # bold: under half the stock plan's bytes, or a step 1.3x the stock plan's or more
+        b = [f"**{x2(v['busiest'])}**" if v["busiest"] < 0.5 else x2(v["busiest"]) for v in q]
+        s = [f"**{x2(v['step'])}**" if v["step"] >= 1.3 else x2(v["step"]) for v in q]
+        err = f"within {ceil_to(_est_error(r) * 100, 1):.0f}%"
+        rows.append(f"| {LABELS[w].format(batch=r['batch'])} | {b[0]} / {b[1]} | {s[0]} / {s[1]} | {err} |")
+    return "\n".join(rows)
+
+
+def _product_grid(key: str) -> str:
+    p = product()
+    worlds = sorted({w for _, w in p})
+    rows = ["| workload | " + " | ".join(f"W={w}" for w in worlds) + " |", "|---|" + "---:|" * len(worlds)]
+    for wl in WORKLOADS:
+        cells = [" / ".join(x2(p[(wl, w)]["ratios"][m][key]) for m in HYBRID) for w in worlds]
+        rows.append(f"| {SHORT[wl]} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
+def table_results_product_bytes() -> str:
+    return _product_grid("busiest")
+
+
+def table_results_product_steps() -> str:
+    return _product_grid("step")
+
+
+def table_results_step_counts(world: int = 4) -> str:
+    p = product()
+    labels = {"hybrid_planner": "CPU-priced (data_parallel + table_wise)", "hybrid_planner_bytes":
+              "network-priced (hybrid)", "stock_planner": "stock planner"}
+    rows = ["| W | plan | collectives | host syncs | ops dispatched |", "|---:|---|---:|---:|---:|"]
+    for m, label in labels.items():
+        cs = [p[(w, world)][m]["counts"] for w in WORKLOADS]
+        cell = [" / ".join(span((c[f"{d}_{k}"] for c in cs), str) for d in ("fwd", "bwd"))
+                for k in ("collectives", "host_syncs", "ops")]
+        rows.append(f"| {world} | {label} | " + " | ".join(cell) + " |")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- headline run (python -m benchmarks --headline)
+
+
+def _mb(v: float) -> str:
+    """Two decimals below 20 MB, three significant figures above."""
+    return f"{v:.2f}" if v < 20 else f"{v:.3g}"
+
+
+def _ratio(v: float) -> str:
+    return f"{v:.2f}x" if v < 2 else (f"{v:.1f}x" if v < 10 else f"{v:.0f}x")
+
+
+def _headline_table(with_time: bool) -> str:
+    c = single(load("headline")["configurations"], "headline configurations")
+    res = c["results"]
+    tw = res["table_wise"]["bytes_per_rank_per_step"]
+    planned = res["planner"]["planned_types"]
+    names = {"row_wise": "row_wise (by hand)", "planner": "stock planner (" + " + ".join(
+        f"all {k}" if len(planned) == 1 else f"{n} {k}" for k, n in planned.items()) + ")"}
+    head = "| type | MB sent / rank / step | vs table_wise |" + (" median step |" if with_time else "")
+    rows = [head, "|---|---:|---:|" + ("---:|" if with_time else "")]
+    for t in c["workload"]["types"]:
+        if t == "planner" and not with_time:
+            continue
+        r = res[t]
+        mb = _mb(r["bytes_per_rank_per_step"] / 1e6)
+        if t == "frequency_hybrid":
+            mb += f" (model {_mb(r['expected_bytes_per_rank_per_step'] / 1e6)})"
+        ratio = _ratio(r["bytes_per_rank_per_step"] / tw)
+        if t == "frequency_hybrid" and with_time:
+            ratio = f"**{ratio}**"
+        row = f"| {names.get(t, t)} | {mb} | {ratio} |"
+        if with_time:
+            row += f" {r['step_time_s']['median'] * 1e3:.0f} ms |"
+        rows.append(row)
+    return "\n".join(rows)
+
+
+def table_readme_headline() -> str:
+    return _headline_table(with_time=True)
+
+
+def table_results_headline() -> str:
+    return _headline_table(with_time=False)
+
+
+# ---------------------------------------------------------------- projection (python -m benchmarks.simulate)
+
+
+def table_results_projection(worlds: Sequence[int] = (8, 64, 1024)) -> str:
+    one, multi = load("projected"), load("projected_multihot")
+    rows = ["| W | one-hot: hybrid / table_wise | multi-hot, row-wise cold / table_wise "
+            "| multi-hot, table-wise cold / table_wise |", "|---:|---:|---:|---:|"]
+    for w in worlds:
+        i, j = one["worlds"].index(w), multi["worlds"].index(w)
+        b, m = one["bytes"], multi["bytes"]
+        rows.append(f"| {w} | {x2(b['frequency_hybrid_best_H'][i] / b['table_wise'][i])} "
+                    f"| {x2(m['frequency_hybrid_row_wise_cold'][j] / m['table_wise'][j])} "
+                    f"| {x2(m['frequency_hybrid_table_wise_cold'][j] / m['table_wise'][j])} |")
+    return "\n".join(rows)
+
+
+def _projection_ratios(name: str, column: str) -> List[float]:
+    d = load(name)
+    return [h / t for h, t in zip(d["bytes"][column], d["bytes"]["table_wise"])]
+
+
+# ---------------------------------------------------------------- drift (python -m benchmarks.drift)
+
+
+def table_bench_drift() -> str:
+    d = load("drift")
+    stock = d["runs"]["stock"]["mean_bytes"]
+    stock_label = "stock (" + " + ".join(f"{n} {k}" for k, n in d["stock_types"].items()) + ")"
+    rows = ["| plan | MB / rank / step (mean) | last point | last point / ideal | max over points / ideal "
+            "| vs stock |", "|---|---:|---:|---:|---:|---:|"]
+    for plan in ("static", "refreshed", "ideal", "stock"):
+        r = d["runs"][plan]
+        last = r["last_point_bytes"] / d["runs"]["ideal"]["last_point_bytes"]
+        top = max(d["ratio_to_ideal"][plan])
+        cells = [x2(last), x2(top)]
+        if plan == "refreshed":
+            cells = [f"**{c}**" for c in cells]
+        rows.append(f"| {stock_label if plan == 'stock' else plan} | {r['mean_bytes'] / 1e6:.3f} "
+                    f"| {r['last_point_bytes'] / 1e6:.3f} | {cells[0]} | {cells[1]} | {x2(r['mean_bytes'] / stock)} |")
+    return "\n".join(rows)
+
+
+TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
+    "readme_product": ("README.md", table_readme_product),
+    "readme_headline": ("README.md", table_readme_headline),
+    "results_product_bytes": ("docs/results.md", table_results_product_bytes),
+    "results_product_steps": ("docs/results.md", table_results_product_steps),
+    "results_step_counts": ("docs/results.md", table_results_step_counts),
+    "results_headline": ("docs/results.md", table_results_headline),
+    "results_projection": ("docs/results.md", table_results_projection),
+    "bench_drift": ("benchmarks/README.md", table_bench_drift),
+}
+
+
+# ---------------------------------------------------------------- figures in prose
+
+
+def _minutes(seconds: float) -> str:
+    m = max(1, round(seconds / 60))
+    return f"{m} minute" + ("s" if m > 1 else "")
+
+
+def facts() -> Dict[str, str]:
+    """Every figure the docs quote in prose, formatted as they quote it, by name."""
+    f: Dict[str, str] = {}
+    p = product()
+    worlds = sorted({w for _, w in p})
+    w4 = {wl: p[(wl, 4)] for wl in WORKLOADS}
+    onehots, multihots = ("onehot", "sorted-onehot", "uniform"), ("multihot", "sorted-multihot")
+
+    # --- product runs: what they ran
+    a4, a28 = load("product_w4")["args"], load("product_w28")["args"]
+    f["w4_cmd"] = f"--world {' '.join(map(str, a4['world']))} --steps {a4['steps']}"
+    f["w28_cmd"] = f"--world {' '.join(map(str, a28['world']))} --steps {a28['steps']}"
+    f["w4_steps"] = str(a4["steps"])
+    f["w4_setup"] = (f"{unique(a4['world'], 'product_w4 world')} gloo ranks on 2 CPU cores, the 26 Criteo-Kaggle "
+                     f"tables capped at {a4['rows_cap'] // 1000}k rows")
+    f["stats_batches"] = str(unique((a4["stats_batches"], a28["stats_batches"]), "stats batches"))
+    f["batch_onehot"] = str(unique((r["batch"] for (wl, _), r in p.items() if wl in onehots), "one-hot batch"))
+    f["batch_multihot"] = str(unique((r["batch"] for (wl, _), r in p.items() if wl in multihots), "multi-hot batch"))
+
+    # --- the CPU-priced plan (hybrid_planner)
+    cpu = {k: r["types"]["hybrid_planner"] for k, r in p.items()}
+    if any(n_hybrid(t) for t in cpu.values()):
+        raise ValueError("a CPU-priced plan has frequency_hybrid tables: reword the docs")
+    f["cpu_types_onehot"] = unique((types_text(t) for (wl, _), t in cpu.items() if wl in onehots), "CPU types 1-hot")
+    f["cpu_types_multihot_w2"] = unique((types_text(cpu[(wl, 2)]) for wl in multihots), "CPU types multi-hot W=2")
+    f["cpu_types_multihot_w48"] = unique((types_text(cpu[(wl, w)]) for wl in multihots for w in worlds if w > 2),
+                                         "CPU types multi-hot W=4, 8")
+    f["w4_cpu_types_onehot"] = unique((types_text(cpu[(wl, 4)]) for wl in onehots), "CPU types one-hot W=4")
+    f["w4_cpu_types_multihot"] = unique((types_text(cpu[(wl, 4)]) for wl in multihots), "CPU types multi-hot W=4")
+    f["w4_cpu_bytes"] = span((r["ratios"]["hybrid_planner"]["busiest"] for r in w4.values()), x2)
+    f["w4_cpu_step"] = span((r["ratios"]["hybrid_planner"]["step"] for r in w4.values()), x2)
+    f["cpu_bytes"] = span((r["ratios"]["hybrid_planner"]["busiest"] for r in p.values()), x2)
+    f["cpu_step"] = span((r["ratios"]["hybrid_planner"]["step"] for r in p.values()), x2)
+    # the same two plans on the same batches up to a relabelling of ids: one-hot vs frequency-sorted one-hot
+    relabel = []
+    for w in worlds:
+        a, b = p[("onehot", w)], p[("sorted-onehot", w)]
+        for m in ("hybrid_planner", "stock_planner"):
+            if a["types"][m] != b["types"][m]:
+                raise ValueError(f"W={w} {m}: one-hot and sorted one-hot plans differ; reword the noise note")
+        if x2(a["ratios"]["hybrid_planner"]["busiest"]) != x2(b["ratios"]["hybrid_planner"]["busiest"]):
+            raise ValueError(f"W={w}: one-hot and sorted one-hot byte ratios differ; reword the noise note")
+        relabel.append((w, x2(a["ratios"]["hybrid_planner"]["step"]), x2(b["ratios"]["hybrid_planner"]["step"])))
+    f["w4_relabel"] = " and ".join(next(r[1:] for r in relabel if r[0] == 4))
+    f["relabel"] = ", ".join(f"{a} / {b} at W={w}" for w, a, b in relabel)
+    cost = [_plan_cost_ms(r["comparison"]["hybrid_planner"], "*")
+            / _plan_cost_ms(r["comparison"]["hybrid_planner"], "stock") for r in w4.values()]
+    f["w4_cpu_cost"] = span(cost, x2)
+
+    # --- the network-priced plan (hybrid_planner_bytes)
+    net = {k: r["types"]["hybrid_planner_bytes"] for k, r in p.items()}
+    f["w4_net_tables"] = span((n_hybrid(net[(wl, 4)]) for wl in WORKLOADS), str)
+    f["net_tables"] = span((n_hybrid(t) for t in net.values()), str)
+    f["net_tw_cold_multihot"] = span((n_layout(net[(wl, w)], "table_wise") for wl in multihots for w in worlds), str)
+    f["w4_net_onehot"] = x2(w4["onehot"]["ratios"]["hybrid_planner_bytes"]["busiest"])
+    f["w4_net_multihot"] = x2(w4["multihot"]["ratios"]["hybrid_planner_bytes"]["busiest"])
+    sorted_balance = max(w4[wl]["ratios"]["hybrid_planner_bytes"]["busiest_over_mean"]
+                         for wl in ("sorted-onehot", "sorted-multihot"))
+    f["w4_net_sorted_balance"] = f"{sorted_balance:.2f}"
+    f["w4_net_slow"] = span((w4[wl]["ratios"]["hybrid_planner_bytes"]["step"] for wl in (*multihots, "uniform")),
+                            lambda v: f"{v:.1f}x")
+    f["net_slow_w48"] = span((p[(wl, w)]["ratios"]["hybrid_planner_bytes"]["step"] for wl in (*multihots, "uniform")
+                              for w in worlds if w > 2), lambda v: f"{v:.1f}x")
+    bal = {k: r["ratios"]["hybrid_planner_bytes"]["busiest_over_mean"] for k, r in p.items()}
+    f["net_balance_small"] = span((v for (_, w), v in bal.items() if w <= 4), lambda v: f"{v:.2f}")
+    (wl8, w8), top8 = max(((k, v) for k, v in bal.items() if k[1] > 4), key=lambda kv: kv[1])
+    f["net_balance_big"] = f"up to {top8:.2f} (W={w8}, {SHORT[wl8].replace('DLRMv2 ', '')})"
+    gap = max(abs(q["mean"] - q["busiest"]) for r in p.values() for q in r["ratios"].values())
+    f["mean_vs_busiest"] = f"{ceil_to(gap, 0.01):.2f}"
+    f["est_error"] = f"{ceil_to(max(_est_error(r) for r in p.values()) * 100, 0.1):.1f}%"
+    f["w4_est_error"] = f"{ceil_to(max(_est_error(r) for r in w4.values()) * 100, 1):.0f}%"
+
+    # --- per-step counts at W=4 (forward + backward)
+    c = {m: [w4[wl][m]["counts"] for wl in WORKLOADS] for m in (*HYBRID, "stock_planner")}
+    f["w4_net_collectives"] = span((_total(x, "collectives") for x in c["hybrid_planner_bytes"]), str)
+    f["w4_stock_collectives"] = span((_total(x, "collectives") for x in c["stock_planner"]), str)
+    f["w4_net_syncs"] = span((_total(x, "host_syncs") for x in c["hybrid_planner_bytes"]), str)
+    f["w4_stock_syncs"] = span((_total(x, "host_syncs") for x in c["stock_planner"]), str)
+    f["w4_syncs_ratio"] = span((_total(h, "host_syncs") / _total(s, "host_syncs")
+                                for h, s in zip(c["hybrid_planner_bytes"], c["stock_planner"])), lambda v: f"{v:.1f}x")
+    f["w4_ops_ratio"] = span((_total(h, "ops") / _total(s, "ops")
+                              for h, s in zip(c["hybrid_planner_bytes"], c["stock_planner"])), lambda v: f"{v:.1f}x")
+
+    # --- calibration (python -m benchmarks.calibrate)
+    cal = load("calibration")
+    f["cal_rms"] = f"{cal['fit']['rms_ms']:.1f} ms"
+    f["cal_steps"] = span((q["measured_mean_ms"] for q in cal["fit"]["per_plan"]), lambda v: f"{v:.0f} ms")
+    f["cal_runs"] = {1: "one run", 2: "two runs", 3: "three runs"}.get(len(cal["args"]["refit"] or [1]),
+                                                                      f"{len(cal['args']['refit'])} runs")
+
+    # --- projection (python -m benchmarks.simulate [--multi-hot])
+    one, multi = load("projected"), load("projected_multihot")
+    f["proj_max_w"] = f"{max(one['worlds']):,}"
+    f["proj_min_w"], f["proj_max_w_plain"] = str(min(one["worlds"])), str(max(one["worlds"]))
+    if one["worlds"] != multi["worlds"]:
+        raise ValueError("the two projections differ in their world sizes")
+    f["proj_onehot"] = span(_projection_ratios("projected", "frequency_hybrid_best_H"), x2)
+    f["proj_top2000_onehot"] = span(_projection_ratios("projected", "frequency_hybrid_top2000"), x2)
+    tw_cold = _projection_ratios("projected_multihot", "frequency_hybrid_table_wise_cold")
+    rw_cold = _projection_ratios("projected_multihot", "frequency_hybrid_row_wise_cold")
+    f["proj_tw_cold"] = span(tw_cold, x2)
+    f["proj_tw_cold_last"] = x2(tw_cold[-1])
+    f["proj_rw_cold_first"], f["proj_rw_cold_last"] = f"{rw_cold[0]:.1f}x", f"{rw_cold[-1]:.1f}x"
+    f["proj_rw_cold_exact"] = f"{x2(rw_cold[0])}, {x2(rw_cold[-1])}"
+    f["proj_setup"] = (f"Zipf({one['alpha']}), dim {one['dim']}, B={one['batch_per_rank']} per rank")
+    f["proj_cap"] = f"{max(one['cardinalities']) // 1_000_000}M"
+    if multi["alpha"] != one["alpha"] or multi["dim"] != one["dim"]:
+        raise ValueError("the two projections differ in alpha or dim")
+
+    # --- drift (python -m benchmarks.drift)
+    d = load("drift")
+    runs, acc, ref = d["runs"], d["acceptance"], d["refresh"]
+    f["drift_within"] = f"{math.ceil((acc['refreshed_max_over_ideal'] - 1) * 100)}%"
+    f["drift_steps"] = f"{d['steps']:,}"
+    f["drift_wall"] = f"{d['wall_s']:.0f} s"
+    f["drift_minutes"] = f"~{round(d['wall_s'] / 60)} min"
+    f["drift_point"] = str(d["args"]["point"])
+    f["drift_static_last"] = x2(acc["static_last_over_ideal"])
+    f["drift_static_first"] = x2(acc["static_last_over_first"])
+    f["drift_every"] = str(ref["every"])
+    f["drift_decay"] = str(d["args"]["decay"])
+    f["drift_merge_mb"] = f"{ref['mean_merge_bytes_per_rank'] / 1e6:.1f} MB"
+    f["drift_merge_mb3"] = f"{ref['mean_merge_bytes_per_rank'] / 1e6:.2f} MB"
+    f["drift_refresh_ms"] = f"{ref['mean_time_s'] * 1e3:.0f} ms mean, {ref['max_time_s'] * 1e3:.0f} ms max"
+    f["drift_rows"] = f"{d['rows']:,}"
+    f["drift_bytes_per_row"] = str(round(d["stats_bytes_per_rank"] / d["rows"]))
+    f["drift_switch"] = f"{ref['mean_switch_bytes_per_rank'] / 1e3:.0f} kB"
+    with_refresh = runs["refreshed"]["mean_bytes_with_refresh"]
+    f["drift_merge_per_step"] = f"{(with_refresh - runs['refreshed']['mean_bytes']) / 1e6:.2f} MB"
+    f["drift_with_refresh"] = f"{with_refresh / 1e6:.3f} MB"
+    f["drift_with_refresh_vs_static"] = x2(with_refresh / runs["static"]["mean_bytes"])
+    f["drift_with_refresh_vs_ideal"] = x2(with_refresh / runs["ideal"]["mean_bytes"])
+    f["drift_hot_rows"] = f"{d['hot_rows']:,}"
+    f["drift_stats_batches"] = str(d["args"]["stats_batches"])
+    f["drift_setup"] = (f"{d['world']} gloo ranks (`--world`), the 26 Criteo-Kaggle tables capped at "
+                        f"{d['args']['rows_cap'] // 1000}k rows, dim {d['args']['dim']}, B={d['args']['batch']} per "
+                        f"rank, one id per feature, Zipf({d['args']['alpha']})")
+
+    # --- headline and sweeps (python -m benchmarks [--headline|--quick])
+    hd, full, quick = load("headline"), load("full"), load("quick")
+    hc = single(hd["configurations"], "headline configuration")
+    hw = hc["workload"]
+    f["hl_setup"] = (f"{hw['batch_per_rank']:,} samples per rank, one id per feature, Zipf({hw['alpha']}), "
+                     f"{hw['hot_rows']:,} hot rows, {hw['steps']} timed steps")
+    f["hl_machine"] = (f"Headline ({hw['world']} gloo ranks on {hd['machine']['cpus']} CPU cores, 26 Criteo-Kaggle "
+                       f"tables capped at {hw['rows_cap'] // 1000}k rows, dim {hw['dim']},")
+    f["hl_setup_short"] = f"B={hw['batch_per_rank']}, {hw['hot_rows']:,} hot rows, {hw['steps']} interleaved steps"
+    if hw["multi_hot"]:
+        raise ValueError("the headline configuration is multi-hot: reword the docs")
+    ratio = hc["ratios"]["bytes_hybrid_over_table_wise"]
+    f["hl_third"] = "under a third" if ratio < 1 / 3 else f"{x2(ratio)}"
+
+    def vs(config: Dict[str, Any]) -> Tuple[str, str]:
+        res = config["results"]
+        t = res["frequency_hybrid"]["step_time_s"]["median"]
+        return (x2(t / res[config["ratios"]["fastest_stock_type"]]["step_time_s"]["median"]),
+                x2(t / res["table_wise"]["step_time_s"]["median"]))
+
+    fc = next(x for x in full["configurations"] if x["workload"]["name"] == hw["name"])
+    (f["hl_vs_fastest"], f["hl_vs_tw"]), (f["full_vs_fastest"], f["full_vs_tw"]) = vs(hc), vs(fc)
+    fastest = unique((hc["ratios"]["fastest_stock_type"], fc["ratios"]["fastest_stock_type"]), "fastest stock type")
+    f["hl_fastest"] = "the stock planner's plan" if fastest == "planner" else fastest
+    small = [x for x in full["configurations"] if x["workload"]["rows_cap"] < hw["rows_cap"]]
+    f["sweep_setup"] = (f"B={unique((x['workload']['batch_per_rank'] for x in small), 'sweep batch')}, "
+                        f"{unique((x['workload']['rows_cap'] for x in small), 'sweep rows') // 1000}k-row tables")
+    times = [x["ratios"]["time_hybrid_over_fastest_stock"] for x in small]
+    f["sweep_time"] = span(times, x2)
+    f["sweep_time_median"] = f"{statistics.median(times):.1f}"
+    mh = [x for x in small if x["workload"]["multi_hot"]]
+    f["sweep_hot_rows"] = str(unique((x["workload"]["hot_rows"] for x in small), "sweep hot rows"))
+    f["sweep_multihot"] = span((x["ratios"]["bytes_hybrid_over_table_wise"] for x in mh), x2)
+    over: Dict[int, List[str]] = {}
+    for x in mh:
+        if x["ratios"]["bytes_hybrid_over_table_wise"] > 1:
+            a = x["workload"]["alpha"]
+            label = "uniform" if a == 0 else f"Zipf {a}"
+            over.setdefault(x["workload"]["world"], [])
+            if label not in over[x["workload"]["world"]]:
+                over[x["workload"]["world"]].append(label)
+    n_over = sum(x["ratios"]["bytes_hybrid_over_table_wise"] > 1 for x in mh)
+    f["sweep_multihot_over"] = (f"more than table_wise in {n_over} of {len(mh)} configurations: "
+                                + "; ".join(f"W={w}: {', '.join(v)}" for w, v in sorted(over.items())))
+    f["sweep_uniform"] = span((x["ratios"]["bytes_hybrid_over_table_wise"] for x in small
+                               if not x["workload"]["multi_hot"] and x["workload"]["alpha"] == 0), x2)
+    qmh = [x["ratios"]["bytes_hybrid_over_table_wise"] for x in quick["configurations"] if x["workload"]["multi_hot"]]
+    f["quick_multihot"] = ("slightly *more* than" if all(1 < v < 1.1 for v in qmh) else
+                           f"{span(qmh, x2)} of") + " table_wise"
+    f["quick_minutes"] = _minutes(quick["runtime_s"])
+    f["full_minutes"] = _minutes(full["runtime_s"])
+    f["headline_minutes"] = f"~{max(1, round(hd['runtime_s'] / 60))} min"
+    f["quick_budget"] = "< 5 min" if quick["runtime_s"] < 300 else f"~{round(quick['runtime_s'] / 60)} min"
+    f["full_budget"] = "< 15 min" if full["runtime_s"] < 900 else f"~{round(full['runtime_s'] / 60)} min"
+    return f
+
+
+# (doc, template): the filled template must stand in the doc, whitespace folded
+SNIPPETS: List[Tuple[str, str]] = [
+    # README.md: the product
+    ("README.md", "python -m benchmarks.product {w4_cmd}"),
+    ("README.md", "{w4_setup}"),
+    ("README.md", "statistics from {stats_batches} other batches"),
+    ("README.md", "{w4_steps} steps interleaved"),
+    ("README.md", "({w4_cpu_types_onehot} one-hot, {w4_cpu_types_multihot} multi-hot: the small tables "
+                  "data-parallel, which alone sends {w4_cpu_bytes} the stock plan's bytes)"),
+    ("README.md", "its steps are {w4_cpu_step} the stock planner's"),
+    ("README.md", "the same two plans on the same batches up to a relabelling of the ids (one-hot and "
+                  "frequency-sorted one-hot) measured {w4_relabel}"),
+    ("README.md", "it picks frequency_hybrid for {w4_net_tables} tables: {w4_net_onehot} the bytes one-hot, "
+                  "{w4_net_multihot} multi-hot, balanced on sorted ids (busiest / mean <= {w4_net_sorted_balance}), "
+                  "but {w4_net_slow} the step here with multi-hot bags or uniform ids"),
+    ("README.md", "Per step that plan issues {w4_net_collectives} collectives (forward + backward), as many as the "
+                  "stock plan ({w4_stock_collectives}), but {w4_net_syncs} host syncs against {w4_stock_syncs} and "
+                  "{w4_ops_ratio} the dispatched ops"),
+    ("README.md", "Projected to {proj_max_w} ranks"),
+    ("README.md", "table-wise cold stays at {proj_tw_cold_last} table_wise's bytes with multi-hot bags, "
+                  "row-wise cold grows to {proj_rw_cold_last}"),
+    # README.md: drift
+    ("README.md", "the refreshed hot set stays within {drift_within} of an ideal one over {drift_steps} steps "
+                  "while a static one ends at {drift_static_last} its bytes"),
+    ("README.md", "({drift_merge_mb} per rank every {drift_every} steps there: with it, "
+                  "{drift_with_refresh_vs_ideal} the ideal's bytes)"),
+    # README.md: benchmarks
+    ("README.md", "`.venv/bin/python -m benchmarks --quick` (about {quick_minutes}; the full default run takes "
+                  "about {full_minutes}"),
+    ("README.md", "{hl_machine} {hl_setup};"),
+    ("README.md", "The hybrid sends {hl_third} of table_wise's bytes."),
+    ("README.md", "its median step was {hl_vs_fastest} the fastest stock plan's ({hl_fastest}) and {hl_vs_tw} "
+                  "hand-placed table_wise's in the run above, and {full_vs_fastest} and {full_vs_tw} in the same "
+                  "configuration of the full run (`full.md`)"),
+    ("README.md", "At the smaller sweep sizes ({sweep_setup}; `full.json`) that fixed per-step cost makes it "
+                  "{sweep_time} as slow as the fastest stock plan (median {sweep_time_median})"),
+    ("README.md", "Multi-hot (DLRMv2 sizes) with only {sweep_hot_rows} hot rows sends {sweep_multihot} "
+                  "table_wise's bytes ({sweep_multihot_over}), one-hot uniform ids {sweep_uniform}"),
+    ("README.md", "the hybrid stays at {proj_onehot} table_wise"),
+    # docs/results.md: the product
+    ("docs/results.md", "`python -m benchmarks.product {w4_cmd}` -> `benchmarks/results/product_w4.md`; "
+                        "`{w28_cmd}` -> `product_w28.md`"),
+    ("docs/results.md", "statistics from {stats_batches} other batches"),
+    ("docs/results.md", "One-hot B={batch_onehot} per rank, multi-hot B={batch_multihot}."),
+    ("docs/results.md", "It returns {cpu_types_onehot} on the one-hot workloads at every W and on the multi-hot "
+                        "ones at W=2, {cpu_types_multihot_w48} on the multi-hot ones at W=4 and 8: no "
+                        "frequency_hybrid table."),
+    ("docs/results.md", "{net_tables} frequency_hybrid tables (with multi-hot bags {net_tw_cold_multihot} of them "
+                        "with table-wise cold)"),
+    ("docs/results.md", "(mean-rank ratio within {mean_vs_busiest} of it everywhere; the planner's per-rank "
+                        "estimate within {est_error} for every plan)"),
+    ("docs/results.md", "Busiest rank / mean rank of the network-priced plan: {net_balance_small} (W=2, 4), "
+                        "{net_balance_big}."),
+    ("docs/results.md", "the same two plans on the same batches up to a relabelling of the ids (CPU-priced, "
+                        "one-hot vs frequency-sorted one-hot) measured {relabel}. Their byte ratios are equal."),
+    ("docs/results.md", "The hybrid issues as many collectives per step as the stock plan ({w4_net_collectives} "
+                        "against {w4_stock_collectives}); it has {w4_syncs_ratio} the host syncs (input check, "
+                        "hot/cold split, split sizes) and {w4_ops_ratio} the dispatched ops (forward + backward)."),
+    ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
+                        "bags or uniform ids"),
+    ("docs/results.md", "brings the step back near stock ({cpu_step}) and still sends {cpu_bytes} the bytes"),
+    ("docs/results.md", "(RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box"),
+    ("docs/results.md", "ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
+    ("docs/results.md", "{hl_setup_short}"),
+    ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
+    # benchmarks/README.md
+    ("benchmarks/README.md", "--headline   # the acceptance configuration alone ({headline_minutes} here)"),
+    ("benchmarks/README.md", "--quick      # {quick_budget} on 2 CPU cores"),
+    ("benchmarks/README.md", "# {full_budget}: full sweep"),
+    ("benchmarks/README.md", "python -m benchmarks.product {w4_cmd} --out out/product_w4 "),
+    ("benchmarks/README.md", "python -m benchmarks.product {w28_cmd} --out out/product_w28 "),
+    ("benchmarks/README.md", "python -m benchmarks.drift                        # {drift_minutes} here"),
+    ("benchmarks/README.md", "{drift_setup}"),
+    ("benchmarks/README.md", "the {drift_hot_rows} most frequent rows of {drift_stats_batches} earlier batches hot"),
+    ("benchmarks/README.md", "decayed by {drift_decay} per batch, and every {drift_every} steps"),
+    ("benchmarks/README.md", "Committed run ({drift_steps} steps, {drift_wall};"),
+    ("benchmarks/README.md", "The refreshed hot set stays within {drift_within} of the ideal at every point "
+                             "({drift_point} steps each); the frozen one nearly doubles its bytes "
+                             "({drift_static_first} its first point, {drift_static_last} the ideal at the end)"),
+    ("benchmarks/README.md", "A refresh costs {drift_refresh_ms} (slowest rank, merge + switch) and "
+                             "{drift_merge_mb3} per rank for the merge: one all-reduce of the hybrid tables' "
+                             "counters, {drift_bytes_per_row} bytes per row, here {drift_rows} rows; the switch "
+                             "itself sends {drift_switch}"),
+    ("benchmarks/README.md", "the merge adds {drift_merge_per_step} per step, so on these tables refreshed + merge "
+                             "is {drift_with_refresh}/step: {drift_with_refresh_vs_static} static but "
+                             "{drift_with_refresh_vs_ideal} ideal"),
+    ("benchmarks/README.md", "the hybrid sent {quick_multihot} in the quick run"),
+    ("benchmarks/README.md", "stays at {proj_onehot} table_wise from W={proj_min_w} to W={proj_max_w_plain}"),
+    ("benchmarks/README.md", "row-wise cold grows from {proj_rw_cold_first} table_wise at W={proj_min_w} to "
+                             "{proj_rw_cold_last} at W={proj_max_w_plain} ({proj_rw_cold_exact})"),
+    ("benchmarks/README.md", "table-wise cold stays at {proj_tw_cold} table_wise at every W"),
+]
+
+
+# ---------------------------------------------------------------- check / write
+
+
+def fold(text: str) -> str:
+    return re.sub(r"\s+", " ", text)
+
+
+def marked(text: str, name: str) -> str:
+    start = START.format(name)
+    if start not in text or END not in text.split(start, 1)[1]:
+        raise KeyError(f"no table markers for {name!r}")
+    return text.split(start, 1)[1].split(END, 1)[0]
+
+
+# a measured figure: a ratio (0.66x, 0.86-1.13x), a size or time (6.7 MB, 17 kB, 46 ms, 165 s), a percentage
+# or a duration in minutes; wall times in seconds only as "<n> s" before ";" or ")" (not "s" of a word)
+FIGURE = re.compile(r"(?<![\w.])\d[\d.,]*(?:-\d[\d.,]*)?(?:x\b|%|\s?(?:MB|kB|ms)\b|\s(?:minutes?|min)\b|\ss(?=[;)]))")
+
+
+def unbound_figures(name: str, text: str, fact: Dict[str, str]) -> List[str]:
+    """Figures in ``text`` that are neither in a generated table nor in a checked snippet."""
+    for table, (doc, _) in TABLES.items():
+        if doc == name and START.format(table) in text:
+            text = text.replace(marked(text, table), "\n")
+    text = fold(text)
+    for doc, template in SNIPPETS:
+        if doc == name:
+            text = text.replace(fold(template.format(**fact)), " ")
+    return [m.group(0) for m in FIGURE.finditer(text)]
+
+
+def check() -> List[str]:
+    """Every drifted figure, as a sentence naming the doc and what the results file says."""
+    problems = []
+    fact = facts()
+    texts = {}
+    for name, path in DOCS.items():
+        with open(path) as f:
+            texts[name] = f.read()
+    for table, (doc, render) in TABLES.items():
+        try:
+            got = marked(texts[doc], table).strip()
+        except KeyError as e:
+            problems.append(f"{doc}: {e.args[0]}")
+            continue
+        want = render()
+        if got != want:
+            problems.append(f"{doc}: table {table} drifted from its results file; want\n{want}\ngot\n{got}")
+    for doc, template in SNIPPETS:
+        want = fold(template.format(**fact))
+        if want not in fold(texts[doc]):
+            problems.append(f"{doc}: expected the sentence {want!r} (figures from the results files)")
+    for name, text in texts.items():
+        stray = unbound_figures(name, text, fact)
+        if stray:
+            problems.append(f"{name}: figures bound to no results file: {stray}")
+    return problems
+
+
+def write() -> List[str]:
+    """Rewrite every marked table from the results files; returns the docs changed."""
+    changed = []
+    for name, path in DOCS.items():
+        with open(path) as f:
+            text = f.read()
+        new = text
+        for table, (doc, render) in TABLES.items():
+            if doc == name:
+                new = new.replace(marked(new, table), "\n\n" + render() + "\n\n")
+        if new != text:
+            with open(path, "w") as f:
+                f.write(new)
+            changed.append(name)
+    return changed
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--write", action="store_true", help="rewrite the marked tables, then check")
+    a = ap.parse_args(argv)
+    if a.write:
+        for name in write():
+            print(f"rewrote tables in {name}")
+    problems = check()
+    for p in problems:
+        print(p, file=sys.stderr)
+    if not problems:
+        print(f"{len(TABLES)} tables and {len(SNIPPETS)} sentences match benchmarks/results/")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
