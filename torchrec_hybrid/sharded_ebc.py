@@ -8,9 +8,10 @@ The input check (``validate_ids``, on by default) looks at each rank's batch bef
 collective: its structure (keys and their order against the first batch, which fixes the
 stock feature permutation; lengths, values and weights sizes; weights present exactly when
 the module is weighted; no variable batch per feature with hybrid tables), every id against
-its table size, and (``validate_weights``) every per-sample weight for NaN / inf. A rank
-never raises on its own: it records its first problem in its report (three int64 words,
-:func:`input_dist.id_report_words`) and goes on with a harmless empty batch, so the step's
+its table size, and (``validate_weights``) every per-sample weight for NaN / inf, on the
+device without a host sync. A rank never raises on its own: it records its first problem in
+its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
+harmless batch (empty when malformed; bad ids and weights replaced by 0), so the step's
 collectives complete; the reports ride the hybrid cold metadata all-to-all (or, without
 hybrid tables, one small all-gather) and every rank raises the same
 :class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
@@ -111,15 +112,16 @@ class IdCheck:
     gathered: Optional[torch.Tensor] = None
     work: Optional[dist.Work] = None
 
-    def reports(self, dist_input: List[Any]) -> torch.Tensor:
-        """Every rank's int64 report ``[W, 3]`` (waits for them if they are still on the way)."""
+    def reports(self, dist_input: List[Any]) -> List[List[int]]:
+        """Every rank's report ``[code, index, value]`` (waits for them if they are still on
+        the way). Carried ones are host data already (the cold exchange's one sync)."""
         if self.carried:
             words = next(x for x in dist_input if isinstance(x, HybridLookupInput)).id_reports
             assert words is not None  # carried: the cold metadata brought every rank's report
             return id_reports_from_words(words)
         if self.work is not None:
             self.work.wait()
-        return (self.report if self.gathered is None else self.gathered).view(-1, 3)
+        return (self.report if self.gathered is None else self.gathered).view(-1, 3).tolist()
 
 
 @dataclass
@@ -269,7 +271,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._feature_index = {f: i for i, f in enumerate(self._feature_names)}
         # the keys of the first batch: the stock input dist fixes its feature permutation then
         self._reference_keys: Optional[Tuple[str, ...]] = None
-        self._limit_cache: Dict[tuple, Tuple[torch.Tensor, torch.Tensor]] = {}
+        self._limit_cache: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, bool]] = {}
         self._no_report = torch.zeros(3, dtype=torch.int64)
         self._no_report_words = torch.zeros(ID_REPORT_WORDS, dtype=torch.int32)
         for c in hybrid:
@@ -369,7 +371,10 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return features, check
 
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck) -> KeyedJaggedTensor:
-        """Every id against its table's size, every weight finite (one host sync, vectorised)."""
+        """Every id against its table's size, every weight finite: vectorised and without a
+        host sync. The first problem becomes ``check.report`` (on the device; all zeros when
+        there is none) and bad ids / weights are replaced by 0, so the step runs on in step
+        with the other ranks until the verdicts are read, before any lookup."""
         keys = tuple(features.keys())
         values = features.values()
         cached = self._limit_cache.get((keys, values.dtype))
@@ -377,41 +382,45 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             top = torch.iinfo(values.dtype).max
             limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
                                  dtype=values.dtype, device=values.device)
-            index = torch.tensor([self._feature_index.get(k, -1) for k in keys], dtype=torch.int64)
-            cached = self._limit_cache[(keys, values.dtype)] = (limit, index)
-        limit, feature_of_key = cached
-        counts = torch.tensor(features.length_per_key(), device=values.device)
-        limit_of_value = torch.repeat_interleave(limit, counts, output_size=values.numel())
+            features_of_keys = [self._feature_index.get(k, -1) for k in keys]
+            index = torch.tensor(features_of_keys, dtype=torch.int64, device=values.device)
+            cached = self._limit_cache[(keys, values.dtype)] = (limit, index, min(features_of_keys, default=0) >= 0)
+        limit, feature_of_key, all_known = cached
         weights = features.weights_or_none()
         check_weights = self._validate_weights and weights is not None and weights.is_floating_point()
-        bad_any = torch.ne(torch.minimum(values.clamp(min=0), limit_of_value), values).any()
-        if check_weights:  # a float64 sum of float32 weights is finite unless a weight is not
-            assert weights is not None
-            bad_any = bad_any | ~weights.sum(dtype=torch.float64).isfinite()
-        if not bool(bad_any):  # the one host sync of the check
+        if values.numel() == 0:
             return features
-        # rare path: find this rank's first problem (keys that are no feature are not checked)
-        known = torch.repeat_interleave(feature_of_key.to(values.device) >= 0, counts, output_size=values.numel())
-        bad = ((values < 0) | (values > limit_of_value)) & known
-        bad_weight = None if not check_weights else ~torch.isfinite(weights) & known
+        counts = torch.tensor(features.length_per_key(), device=values.device)
+        n = values.numel()
+        bad = (values < 0) | (values > torch.repeat_interleave(limit, counts, output_size=n))
+        known = None if all_known else torch.repeat_interleave(feature_of_key >= 0, counts, output_size=n)
+        if known is not None:
+            bad &= known
         ends = torch.cumsum(counts, 0)
-        if bool(bad.any()):
-            i = int(bad.nonzero()[0])
-            key = int(torch.searchsorted(ends, i, right=True))
-            check.report = torch.tensor([_BAD_ID, int(feature_of_key[key]), int(values[i])], dtype=torch.int64)
-        elif bad_weight is not None and bool(bad_weight.any()):
+        report = self._first_problem(bad, _BAD_ID, values.to(torch.int64), feature_of_key, ends)
+        if check_weights:
             assert weights is not None
-            i = int(bad_weight.nonzero()[0])
-            key = int(torch.searchsorted(ends, i, right=True))
-            bits = int(weights[i:i + 1].to(torch.float32).view(torch.int32))
-            check.report = torch.tensor([_BAD_WEIGHT, int(feature_of_key[key]), bits], dtype=torch.int64)
-        else:  # only keys that are no feature have such ids or weights
-            return features
-        if bad_weight is not None:
-            assert weights is not None
-            weights = torch.where(bad_weight, torch.zeros_like(weights), weights)
-        return KeyedJaggedTensor(keys=list(keys), values=torch.where(bad, torch.zeros_like(values), values),
-                                 weights=weights, lengths=features.lengths(), stride=features.stride())
+            bad_weight = ~torch.isfinite(weights)
+            if known is not None:
+                bad_weight &= known
+            bits = weights.to(torch.float32).view(torch.int32).to(torch.int64)
+            report = torch.where(report[0] != 0, report,
+                                 self._first_problem(bad_weight, _BAD_WEIGHT, bits, feature_of_key, ends))
+            weights = torch.where(bad_weight, 0, weights)
+        check.report = report
+        return KeyedJaggedTensor(keys=list(keys), values=torch.where(bad, 0, values), weights=weights,
+                                 lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
+                                 length_per_key=features.length_per_key(), offset_per_key=features.offset_per_key())
+
+    @staticmethod
+    def _first_problem(bad: torch.Tensor, code: int, value: torch.Tensor, feature_of_key: torch.Tensor,
+                       ends: torch.Tensor) -> torch.Tensor:
+        """``[code, feature, value]`` of the first True of ``bad`` (int64, on its device), or
+        zeros when there is none; ``ends``: where each key's values end."""
+        found, first = bad.max(0)  # the first True (documented), and whether there is one
+        i = first.view(1)  # tensors throughout: an int would sync
+        feature = feature_of_key.index_select(0, torch.searchsorted(ends, i, right=True))
+        return torch.cat([torch.full_like(feature, code), feature, value.index_select(0, i)]) * found
 
     def _structure_problem(self, features: KeyedJaggedTensor) -> Optional[List[int]]:
         """This rank's first structural problem as a report ``[code, index, value]``, or None.
@@ -530,15 +539,12 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         check, ctx.id_check = ctx.id_check, None
         if check is None:
             return
-        reports = check.reports(input).cpu()
-        codes = reports[:, 0]
-        if int(codes.abs().sum()) == 0:
+        reports = check.reports(input)
+        if not any(code for code, _, _ in reports):
             return
-        msgs = []
-        for r in codes.nonzero().view(-1).tolist():  # only on the error path
-            code, index, value = (int(v) for v in reports[r])
-            msgs.append(f"rank {r}: {self._describe(code, index, value)}")
-        present = set(codes.tolist())
+        msgs = [f"rank {r}: {self._describe(code, index, value)}"  # only on the error path
+                for r, (code, index, value) in enumerate(reports) if code]
+        present = {code for code, _, _ in reports}
         if present - {_OK, _BAD_ID, _BAD_WEIGHT}:
             cls: type = MalformedBatchError
             what = "malformed batch"

@@ -73,14 +73,18 @@ def test_expensive_hybrid_compute_makes_the_planner_keep_stock_types():
     assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in dear.values())
 
 
-def test_compute_prices_shrink_the_hot_set():
+def test_compute_prices_move_the_hot_set():
     cfg, st = _skewed()
-    free, _ = plan_for(cfg, st, compute_costs=None, compare_plans=False)
-    # every hot row is looked up by its owner each step: dear lookups make hot rows dearer
-    dear_rows, _ = plan_for(cfg, st, compute_costs=cm.ComputeCosts(lookup=200.0), compare_plans=False)
-    h_free = free._hybrid_enumerator.choices["big"]["row_wise"].hot_rows
-    h_dear = dear_rows._hybrid_enumerator.choices["big"]["row_wise"].hot_rows
-    assert 0 < h_dear < h_free
+
+    def hot_rows(costs):
+        planner, _ = plan_for(cfg, st, compute_costs=costs, compare_plans=False)
+        return planner._hybrid_enumerator.choices["big"]["row_wise"].hot_rows
+
+    free = hot_rows(None)
+    # every id is pooled against the replica and a cold one again at its owner: dear lookups
+    # or dear cold-id handling make cold ids dearer, so more rows are worth keeping hot
+    assert 0 < free < hot_rows(cm.ComputeCosts(lookup=200.0))
+    assert free < hot_rows(cm.ComputeCosts(ids_hybrid=2000.0))
 
 
 def test_bad_compute_costs_are_refused():

@@ -13,6 +13,12 @@ import torch
 from torchrec_hybrid.sharding.segments import segment_positions
 
 
+def partial_units(dims: List[int]) -> List[int]:
+    """Units of one bag's pooled vector per feature: 1 (a row) when every feature has one
+    width, else the feature's width (elements)."""
+    return [1] * len(dims) if len(set(dims)) <= 1 else list(dims)
+
+
 class LaneLayout:
     """The owner's cold lookup split in lanes: one TBE call per lane, each with its own batch.
 

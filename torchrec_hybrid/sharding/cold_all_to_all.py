@@ -35,8 +35,12 @@ class ColdBags:
     """What an owner received in one step: the payload and, per source rank, its metadata.
 
     counts / ids: non-empty bags and ids per ``[source, feature]`` (int64), and their host
-    copies (from the split-size sync that precedes the payload); reports: the ``R`` extra
-    metadata words per source (int32 ``[W, R]``), or None.
+    copies (from the split-size sync that precedes the payload); reports / host_reports: the
+    ``R`` extra metadata words per source (int32 ``[W, R]``, and as host lists), or None.
+    host_return_units / host_partial_units: the output all-to-all's split sizes, per rank:
+    the units of partial sums this rank returns to it (its bags received here), and that it
+    returns to this rank (this rank's bags sent there) - known here, so the output dist
+    needs no host sync of its own. host_sent_bags: how many bags this rank sent in all.
     """
 
     payload: torch.Tensor
@@ -46,6 +50,10 @@ class ColdBags:
     host_ids: List[List[int]]
     weighted: bool
     reports: Optional[torch.Tensor]
+    host_reports: Optional[List[List[int]]] = None
+    host_return_units: Optional[List[int]] = None
+    host_partial_units: Optional[List[int]] = None
+    host_sent_bags: int = 0
 
     def record_stream(self, stream: torch.Stream) -> None:
         for t in (self.payload, self.counts, self.ids, self.reports):
@@ -116,12 +124,20 @@ class ColdIdsAllToAll:
     Args:
         pg: the sharding's process group.
         num_features: F, the features of the sharding.
+        feature_units: per feature, the output dist's units of one partial sum (1 when every
+            feature is one width: it moves rows; else the feature's width: it moves elements).
+            The output all-to-all's split sizes are then computed in this exchange's host
+            sync (:attr:`ColdBags.host_return_units`, :attr:`ColdBags.host_partial_units`).
     """
 
-    def __init__(self, pg: dist.ProcessGroup, num_features: int, device: torch.device) -> None:
+    def __init__(self, pg: dist.ProcessGroup, num_features: int, device: torch.device,
+                 feature_units: Optional[List[int]] = None) -> None:
         self._pg, self._world = pg, pg.size()
         self._features = num_features
-        self._send_order = {p: round_robin_order(p, self._world, device) for p in (2, 3)}
+        # segments: W destinations then the padding, of each part (lengths, ids[, weights])
+        self._send_order = {p: round_robin_order(p, self._world + 1, device) for p in (2, 3)}
+        units = feature_units if feature_units is not None else [1] * num_features
+        self._units = torch.tensor(units, dtype=torch.int64, device=device)
 
     def __call__(self, counts: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
                  weights: Optional[torch.Tensor], report: Optional[torch.Tensor]) -> Awaitable[Awaitable[ColdBags]]:
@@ -129,8 +145,9 @@ class ColdIdsAllToAll:
 
         counts / ids: non-empty bags and ids per ``[destination, feature]``; lengths / rows /
         weights: those bags' lengths, ids and weights, in (destination, feature, sample)
-        order; report: R int32 words for every rank (each rank's call passes the same R), or
-        None (R = 0).
+        order, each possibly followed by padding that is not sent (buffers of a size known
+        before the counts keep the caller free of host syncs); report: R int32 words for
+        every rank (each rank's call passes the same R), or None (R = 0).
         """
         W, F = self._world, self._features
         weighted = weights is not None
@@ -140,40 +157,61 @@ class ColdIdsAllToAll:
             header.append(report.view(1, -1).expand(W, -1))
         meta = torch.cat(header, 1).to(torch.int32)
         bags_per_dest, ids_per_dest = counts.view(W, F).sum(1), ids.view(W, F).sum(1)
-        sizes = torch.cat([bags_per_dest, ids_per_dest] + ([ids_per_dest] if weighted else [])).to(torch.int32)
+        bag_pad = (lengths.numel() - bags_per_dest.sum()).view(1)
+        id_pad = (rows.numel() - ids_per_dest.sum()).view(1)
+        seg = [bags_per_dest, bag_pad, ids_per_dest, id_pad] + ([ids_per_dest, id_pad] if weighted else [])
         values = [lengths.to(torch.int32), rows.to(torch.int32)]
         if weights is not None:
             values.append(weights.to(torch.float32).view(torch.int32))
-        _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(self._send_order[parts], sizes, torch.cat(values),
-                                                                None)
-        send_splits = bags_per_dest + (parts - 1) * ids_per_dest
+        flat = torch.cat(values)
+        _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(
+            self._send_order[parts], torch.cat(seg).to(torch.int32), flat, None, flat.numel())
+        send_splits = (bags_per_dest + (parts - 1) * ids_per_dest).to(torch.int64)
+        sent_units = torch.cat([(counts.view(W, F).to(torch.int64) * self._units).sum(1), bags_per_dest.sum().view(1)])
         if W == 1:
-            return Deferred(lambda: Deferred(lambda: self._bags(payload, meta, weighted,
-                                                                meta[:, :2 * F].reshape(-1).tolist())))
+            return Deferred(lambda: Deferred(lambda: self._received(payload, meta, send_splits, sent_units,
+                                                                    weighted, None)))
         recv_meta = torch.empty_like(meta)
         meta_work = dist.all_to_all_single(recv_meta, meta, group=self._pg, async_op=True)
 
         def splits_ready() -> Awaitable[ColdBags]:
             meta_work.wait()
-            counts = recv_meta[:, :2 * F].to(torch.int64)
-            received = counts[:, :F].sum(1) + (parts - 1) * counts[:, F:].sum(1)
-            # one host sync: the split sizes, and the counts the owner's padding needs
-            host = torch.cat([send_splits, received, counts.view(-1)]).tolist()
-            recv = payload.new_empty(sum(host[W:2 * W]))
-            work = dist.all_to_all_single(recv, payload, host[W:2 * W], host[:W], group=self._pg,
-                                          async_op=True)
-
-            def payload_ready() -> ColdBags:
-                work.wait()
-                return self._bags(recv, recv_meta, weighted, host[2 * W:])
-
-            return Deferred(payload_ready)
+            return self._received(payload, recv_meta, send_splits, sent_units, weighted, "start")
 
         return Deferred(splits_ready)
 
-    def _bags(self, payload, meta, weighted, host: List[int]) -> ColdBags:
+    def _received(self, payload: torch.Tensor, recv_meta: torch.Tensor, send_splits: torch.Tensor,
+                  sent_units: torch.Tensor, weighted: bool, start: Optional[str]):
+        """The step's one host sync - every split size of the payload and of the output
+        all-to-all, the counts the owner's padding needs, the reports - then the payload
+        all-to-all (``start``; on one rank the payload is what arrived)."""
+        W, F = self._world, self._features
+        parts = 3 if weighted else 2
+        counts = recv_meta[:, :2 * F].to(torch.int64)
+        received = counts[:, :F].sum(1) + (parts - 1) * counts[:, F:].sum(1)
+        return_units = (counts[:, :F] * self._units).sum(1)
+        host = torch.cat([send_splits, received, return_units, sent_units, counts.view(-1),
+                          recv_meta[:, 2 * F:].reshape(-1).to(torch.int64)]).tolist()
+        send, recv = host[:W], host[W:2 * W]
+        split = dict(host_return_units=host[2 * W:3 * W], host_partial_units=host[3 * W:4 * W],
+                     host_sent_bags=host[4 * W])
+        rest = host[4 * W + 1:]
+        r = recv_meta.size(1) - 2 * F
+        reports = [rest[2 * F * W + i * r: 2 * F * W + (i + 1) * r] for i in range(W)] if r else None
+        if start is None:
+            return self._bags(payload[:send[0]], recv_meta, weighted, rest[:2 * F * W], reports, split)
+        out = payload.new_empty(sum(recv))
+        work = dist.all_to_all_single(out, payload[:sum(send)], recv, send, group=self._pg, async_op=True)
+
+        def payload_ready() -> ColdBags:
+            work.wait()
+            return self._bags(out, recv_meta, weighted, rest[:2 * F * W], reports, split)
+
+        return Deferred(payload_ready)
+
+    def _bags(self, payload, meta, weighted, host: List[int], reports, split) -> ColdBags:
         F = self._features
         rows = [host[i:i + 2 * F] for i in range(0, len(host), 2 * F)]  # per source (W of them)
         return ColdBags(payload=payload, counts=meta[:, :F].to(torch.int64), ids=meta[:, F:2 * F].to(torch.int64),
                         host_counts=[r[:F] for r in rows], host_ids=[r[F:] for r in rows], weighted=weighted,
-                        reports=meta[:, 2 * F:] if meta.size(1) > 2 * F else None)
+                        reports=meta[:, 2 * F:] if meta.size(1) > 2 * F else None, host_reports=reports, **split)

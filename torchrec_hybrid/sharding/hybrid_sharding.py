@@ -127,6 +127,7 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             row_bounds=[self._bounds[self._tables[i].name] for i in feature_tables],
             device=device,
             exchange_touched=self._exchange_touched,
+            feature_dims=self.embedding_dims(),
         )
         self._input_dists.append(dist_)
         return dist_

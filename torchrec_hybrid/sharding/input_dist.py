@@ -4,9 +4,12 @@ Per step and per rank (local batch B, F features of hybrid tables):
 1. every id becomes a key ``table_offset + id`` (all tables at once) and is looked up in a
    dense key -> hot-slot map (one gather), or, when the tables are too large in total for
    such a map, by binary search in the sorted hot keys -> a hot slot or "cold";
-2. hot ids stay local, as indices into the replicated hot TBE;
-3. cold ids are bucketized by owner (row-wise blocks, the stock RW layout); only the
-   non-empty bags go to their owner, in two all-to-alls (cold_all_to_all.py).
+2. every id is bucketized by owner (row-wise blocks, the stock RW layout), hot ids into an
+   extra bucket that stays here; only the non-empty cold bags go to their owner, in two
+   all-to-alls (cold_all_to_all.py);
+3. every id is also a lookup of the replicated hot TBE, cold ones of a row that is zero.
+Every shape is known before any data is read, so nothing here waits for the device (on a
+GPU, a data-dependent size such as a hot/cold split's would be a host sync per step).
 The forward does all local work and returns a :class:`HybridInputDistAwaitable`; the cold
 all-to-all starts when the sharded module hands it this step's id-check report
 (:meth:`HybridInputDistAwaitable.start`), so the verdicts ride the cold metadata.
@@ -17,8 +20,9 @@ also all-gathered (a bit mask), overlapping the all-to-alls: only rows some rank
 may then be updated (hot_replica.py).
 """
 
+import itertools
 from dataclasses import dataclass
-from typing import Callable, List, Optional
+from typing import Callable, List, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -29,6 +33,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding import row_blocks
+from torchrec_hybrid.sharding.cells import partial_units
 from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll
 from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
@@ -40,16 +45,18 @@ class HybridLookupInput:
 
     cold: the bags received from every rank for the rows this rank owns (local row ids),
         only the non-empty ones, ``cold.counts[w, f]`` from rank w for feature f.
-    hot_indices / hot_offsets / hot_weights: the local batch's hot lookups, jagged by
-        (feature, sample); indices are hot slots (rows of the replicas, all groups numbered
-        together).
+    hot_indices / hot_offsets / hot_weights: the local batch's lookups for the replicas,
+        jagged by (feature, sample): every id, as a row of its feature's replica table, cold
+        ids as the table's zero row.
+    hot_bounds: where each table group's lookups start in them, and the end (host ints).
     touched: None, or () -> bool ``[total hot rows]``: the hot slots any rank looked up
         this step (when only those may be updated).
     hot: the hot set the ids were split by (hot_state.py): the lookup and output dist use
         it, so a refresh never mixes two sets within a step.
     sent_cells: the bags this rank sent (each with >= 1 cold id), in (owner, feature,
         sample) order - the order their partial sums come back in - as cells
-        ``sample * F + feature`` of the pooled output.
+        ``sample * F + feature`` of the pooled output; followed by padding (the count is
+        ``cold.host_sent_bags``).
     sent_counts: how many of them per ``[owner, feature]``.
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
     """
@@ -58,6 +65,7 @@ class HybridLookupInput:
     hot_indices: torch.Tensor
     hot_offsets: torch.Tensor
     hot_weights: Optional[torch.Tensor]
+    hot_bounds: List[int]
     touched: Optional[Callable[[], torch.Tensor]]
     hot: HotState
     sent_cells: torch.Tensor
@@ -65,10 +73,10 @@ class HybridLookupInput:
     lengths: torch.Tensor
 
     @property
-    def id_reports(self) -> Optional[torch.Tensor]:
-        """None, or every rank's id-check report words (:func:`id_report_words`), int32
-        ``[W, ID_REPORT_WORDS]``, carried to here by the cold ids' metadata all-to-all."""
-        return self.cold.reports
+    def id_reports(self) -> Optional[List[List[int]]]:
+        """None, or every rank's id-check report words (:func:`id_report_words`), ``W`` host
+        lists of ``ID_REPORT_WORDS``, carried to here by the cold ids' metadata all-to-all."""
+        return self.cold.host_reports
 
     # Hooks TorchRec's KJTList / pipelines call on their elements.
     def variable_stride_per_key(self) -> bool:
@@ -92,9 +100,19 @@ def id_report_words(report: torch.Tensor) -> torch.Tensor:
     return torch.cat([report[:2].to(torch.int32), report[2:].view(torch.int32)])
 
 
-def id_reports_from_words(words: torch.Tensor) -> torch.Tensor:
-    """Every rank's report words ``[W, ID_REPORT_WORDS]`` back as int64 reports ``[W, 3]``."""
-    return torch.cat([words[:, :2].to(torch.int64), words[:, 2:].clone().view(torch.int64)], 1)
+def id_reports_from_words(words: List[List[int]]) -> List[List[int]]:
+    """Every rank's report words (``W`` host lists of ``ID_REPORT_WORDS``) as reports
+    ``[code, index, value]`` (host arithmetic: no tensor, no sync)."""
+    return [[w[0], w[1], (w[2] & 0xFFFFFFFF) | (w[3] << 32)] for w in words]
+
+
+class _SentBags(NamedTuple):
+    """The non-empty cold bags this rank sends, front-packed into fixed-size buffers."""
+
+    counts: torch.Tensor  # per (owner, feature)  [W * F]
+    ids: torch.Tensor  # cold ids per (owner, feature)  [W * F]
+    lengths: torch.Tensor  # their lengths, then padding  [W * F * B]
+    cells: torch.Tensor  # their cells sample * F + feature, then padding  [W * F * B]
 
 
 class HybridInputDistAwaitable(Deferred):
@@ -139,14 +157,20 @@ class HybridSparseFeaturesDist(nn.Module):
             ``b[r] .. b[r+1]-1``), the cold shard's layout.
         device: where the ids live.
         exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
+        feature_dims: each feature's width, for the output all-to-all's split sizes, which
+            the cold exchange's host sync computes (cells.partial_units); None: 1 per feature.
     """
 
     # buffers (register_buffer in __init__)
     _hot_keys: torch.Tensor
     _key_slots: torch.Tensor
     _slot_map: Optional[torch.Tensor]
+    _route_map: Optional[torch.Tensor]
+    _row_map: Optional[torch.Tensor]
     _feature_key_offset: torch.Tensor
+    _feature_ids: torch.Tensor
     _block_sizes: torch.Tensor
+    _hot_sentinel: torch.Tensor
 
     def __init__(
         self,
@@ -157,6 +181,7 @@ class HybridSparseFeaturesDist(nn.Module):
         row_bounds: List[List[int]],
         device: torch.device,
         exchange_touched: bool = False,
+        feature_dims: Optional[List[int]] = None,
     ) -> None:
         super().__init__()
         self._pg = pg
@@ -169,17 +194,28 @@ class HybridSparseFeaturesDist(nn.Module):
         self._total_rows = int(rows.sum())
         self._exchange_requested = exchange_touched
         self._device = device
-        self.set_hot_state(state)
+        self._feature_tables = list(feature_tables)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
+        self.register_buffer("_feature_ids", torch.arange(self._num_features, device=device), persistent=False)
         # Even blocks (the stock row-wise layout) bucketize by division; any other layout by
-        # FBGEMM's per-feature block positions (a binary search per id).
-        block_sizes = [(b[-1] + self._world - 1) // self._world for b in row_bounds]
+        # FBGEMM's per-feature block positions (a binary search per id). Hot ids are routed
+        # to an extra bucket W by a sentinel id past every owner's block.
+        W = self._world
+        block_sizes = [(b[-1] + W - 1) // W for b in row_bounds]
+        sentinel = [W * max(1, s) for s in block_sizes]
         self.register_buffer(
-            "_block_sizes", torch.tensor(block_sizes, dtype=torch.int64, device=device), persistent=False
-        )
-        even = all(list(b) == row_blocks.even_bounds(b[-1], self._world) for b in row_bounds)
-        self._block_pos = None if even else [torch.tensor(b, dtype=torch.int64, device=device) for b in row_bounds]
-        self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device)
+            "_block_sizes", torch.tensor([max(1, s) for s in block_sizes], dtype=torch.int64, device=device),
+            persistent=False)
+        self.register_buffer("_hot_sentinel", torch.tensor(sentinel, dtype=torch.int64, device=device),
+                             persistent=False)
+        even = all(list(b) == row_blocks.even_bounds(b[-1], W) for b in row_bounds)
+        self._block_pos = None if even else [torch.tensor(list(b) + [s + 1], dtype=torch.int64, device=device)
+                                             for b, s in zip(row_bounds, sentinel)]
+        units = None if feature_dims is None else partial_units(feature_dims)
+        self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device, feature_units=units)
+        empty = torch.empty(0, dtype=torch.int64)
+        self._cells_cache: Tuple[int, torch.Tensor, torch.Tensor] = (-1, empty, empty)
+        self.set_hot_state(state)
 
     def set_hot_state(self, state: HotState) -> None:
         """Splits ids by ``state``'s hot set from the next forward on (refresh time: rebuilds
@@ -194,14 +230,29 @@ class HybridSparseFeaturesDist(nn.Module):
         self._exchange_touched = self._exchange_requested and self._total_hot > 0
         self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
         self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
-        # Tables small enough in total get a dense key -> slot map (one gather per id);
-        # larger ones use a binary search over the sorted hot keys (memory O(hot rows)).
-        slot_map = None
+        # Tables small enough in total get dense key maps (one gather per id and map): the id
+        # the bucketization routes (the id itself, or its table's sentinel when hot) and the
+        # replica row the hot lookup reads (the table's zero row when cold). Larger tables use
+        # a binary search over the sorted hot keys (memory O(hot rows)).
+        route_map = row_map = slot_map = None
         if self._total_rows <= DENSE_MAP_MAX_ROWS:
-            # int64: the slots index the hot TBE as they are, with no cast per step
-            slot_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
-            slot_map[hot_keys] = key_slots
-            slot_map = slot_map.to(device)
+            first = [self._feature_tables.index(t) for t in range(len(self._table_offset))]  # a feature per table
+            rows = torch.tensor(self._table_offset[1:] + [self._total_rows]) - torch.tensor(self._table_offset)
+            key_table = torch.repeat_interleave(torch.arange(len(first)), rows)
+            hot_table = key_table[hot_keys]
+            sentinel = self._hot_sentinel.cpu()[first]
+            shift, zero = state.feature_shift.cpu()[first], state.feature_zero_row.cpu()[first]
+            route_map = torch.arange(self._total_rows) - torch.tensor(self._table_offset)[key_table]
+            route_map[hot_keys] = sentinel[hot_table]
+            row_map = zero[key_table]
+            row_map[hot_keys] = key_slots - shift[hot_table]
+            route_map, row_map = route_map.to(device), row_map.to(device)
+            if self._exchange_touched:
+                slot_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
+                slot_map[hot_keys] = key_slots
+                slot_map = slot_map.to(device)
+        self.register_buffer("_route_map", route_map, persistent=False)
+        self.register_buffer("_row_map", row_map, persistent=False)
         self.register_buffer("_slot_map", slot_map, persistent=False)
 
     def forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
@@ -213,54 +264,28 @@ class HybridSparseFeaturesDist(nn.Module):
         B = features.stride()
         values = features.values()
         flat_lengths = features.lengths()
-        lengths = flat_lengths.view(F, B)
         weights = features.weights_or_none()
-        per_feature = torch.tensor(features.length_per_key(), device=values.device)
-        key_offset = torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=values.numel())
-        keys = values.to(torch.int64) + key_offset
-        if self._slot_map is not None:
-            slot = self._slot_map.index_select(0, keys)
-            is_hot = slot >= 0
-        elif self._total_hot > 0:
-            pos = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
-            is_hot = self._hot_keys.index_select(0, pos) == keys
-            slot = self._key_slots.index_select(0, pos)
-        else:
-            slot = torch.zeros_like(keys)
-            is_hot = torch.zeros_like(keys, dtype=torch.bool)
-        is_cold = ~is_hot
-        hot_slots, hot_lengths = torch.ops.fbgemm.masked_select_jagged_1d(slot, flat_lengths, is_hot)
-        cold_values, cold_lengths = torch.ops.fbgemm.masked_select_jagged_1d(values, flat_lengths, is_cold)
-        touched = self._start_touched_exchange(hot_slots) if self._exchange_touched else None
-        # the stock row-wise bucketization (what bucketize_kjt_before_all2all calls), called
-        # directly: the cold ids never need to be a KJT of their own
-        block_sizes = self._block_sizes if values.dtype == torch.int64 else self._block_sizes.to(values.dtype)
-        sent, local_rows, sent_weights, _, _ = torch.ops.fbgemm.block_bucketize_sparse_features(
-            cold_lengths.to(flat_lengths.dtype), cold_values, bucketize_pos=False, sequence=False,
-            block_sizes=block_sizes, my_size=W, weights=None if weights is None else weights[is_cold],
-            block_bucketize_pos=self._block_pos if self._block_pos is None or values.dtype == torch.int64
-            else [p.to(values.dtype) for p in self._block_pos],
-        )
-        # Only the non-empty (owner, feature, sample) bags travel, in that order: lengths on
-        # the wire scale with the cold lookups, not with W * F * B.
-        sent = sent.view(-1)
-        bag = sent.nonzero().view(-1)  # lengths are >= 0
-        group = torch.div(bag, B, rounding_mode="floor")  # owner * F + feature
-        per_group = torch.bincount(group, minlength=W * F)
-        ids_per_group, sent_lengths = sent.view(W * F, B).sum(1), sent.index_select(0, bag)
+        host_per_feature = features.length_per_key()
+        routed, hot_rows, touched = self._route(values, torch.tensor(host_per_feature, device=values.device))
+        sent, local_rows, sent_weights = self._bucketize(flat_lengths, routed, weights)
+        bags = self._nonempty_bags(sent[:W * F * B], B)
+        # Hot lookups: every id, cold ones on the zero row of their feature's replica table -
+        # a fixed shape, where a hot/cold split would need the hot count on the host.
+        state = self._state
         local = dict(
-            hot_indices=hot_slots,
-            hot_offsets=torch.ops.fbgemm.asynchronous_complete_cumsum(hot_lengths),
-            hot_weights=None if weights is None else weights[is_hot],
+            hot_indices=hot_rows,
+            hot_offsets=features.offsets(),
+            hot_weights=weights,
+            hot_bounds=self._group_bounds(host_per_feature),
             touched=touched,
-            hot=self._state,
-            sent_cells=(bag - group * B) * F + group % F,
-            sent_counts=per_group.view(W, F),
-            lengths=lengths,
+            hot=state,
+            sent_cells=bags.cells,
+            sent_counts=bags.counts.view(W, F),
+            lengths=flat_lengths.view(F, B),
         )
 
         def launch(id_report: Optional[torch.Tensor]) -> Awaitable[Awaitable[HybridLookupInput]]:
-            cold = self._cold_a2a(per_group, ids_per_group, sent_lengths, local_rows, sent_weights,
+            cold = self._cold_a2a(bags.counts, bags.ids, bags.lengths, local_rows, sent_weights,
                                   None if id_report is None else id_report.to(values.device))
 
             def metadata_arrived() -> Awaitable[HybridLookupInput]:
@@ -271,13 +296,78 @@ class HybridSparseFeaturesDist(nn.Module):
 
         return HybridInputDistAwaitable(launch)
 
-    def _start_touched_exchange(self, hot_slots: torch.Tensor) -> Callable[[], torch.Tensor]:
-        """Starts an async all-gather of this rank's looked-up hot slots (one byte each)."""
-        mine = torch.zeros(self._total_hot, dtype=torch.uint8, device=hot_slots.device)
-        mine[hot_slots] = 1
+    def _route(self, values: torch.Tensor, per_feature: torch.Tensor):
+        """Per id: the id the bucketization sees (hot ids: their table's sentinel, which
+        lands in bucket W), the replica row its hot lookup reads (cold ids: the zero row),
+        and, when only looked-up hot rows may be updated, the started exchange of those."""
+        n = values.numel()
+        keys = values.to(torch.int64) + torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=n)
+        if self._route_map is not None and self._row_map is not None:
+            routed, rows = self._route_map.index_select(0, keys), self._row_map.index_select(0, keys)
+            if not self._exchange_touched:
+                return routed, rows, None
+            assert self._slot_map is not None  # built with the maps when rows are exchanged
+            slot = self._slot_map.index_select(0, keys)
+            return routed, rows, self._start_touched_exchange(slot, slot >= 0)
+        fid = torch.repeat_interleave(self._feature_ids, per_feature, output_size=n)
+        if self._total_hot > 0:
+            pos = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
+            slot, is_hot = self._key_slots.index_select(0, pos), self._hot_keys.index_select(0, pos) == keys
+        else:
+            slot, is_hot = torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
+        state = self._state
+        routed = torch.where(is_hot, self._hot_sentinel.index_select(0, fid), values.to(torch.int64))
+        rows = torch.where(is_hot, slot - state.feature_shift.index_select(0, fid),
+                           state.feature_zero_row.index_select(0, fid))
+        return routed, rows, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
+
+    def _bucketize(self, lengths: torch.Tensor, routed: torch.Tensor, weights: Optional[torch.Tensor]):
+        """Every id bucketized by owner, hot ids (routed to their sentinel) into an extra
+        bucket W that is never sent: ``(lengths [(W + 1) * F * B], local rows, weights)`` in
+        (bucket, feature, sample) order, so the cold ids are a prefix. The stock row-wise
+        bucketization (what ``bucketize_kjt_before_all2all`` calls), on the flat ids."""
+        sent, rows, sent_weights, _, _ = torch.ops.fbgemm.block_bucketize_sparse_features(
+            lengths, routed, bucketize_pos=False, sequence=False, block_sizes=self._block_sizes,
+            my_size=self._world + 1, weights=weights, block_bucketize_pos=self._block_pos)
+        return sent.view(-1), rows, sent_weights
+
+    def _nonempty_bags(self, sent: torch.Tensor, B: int) -> "_SentBags":
+        """The non-empty (owner, feature, sample) bags of ``sent`` (lengths ``[W * F * B]``)
+        moved to the front in that order (a stable partition: no data-dependent shape)."""
+        W, F = self._world, self._num_features
+        nonempty = sent > 0
+        per_group = nonempty.view(W * F, B).sum(1)
+        before = torch.cumsum(nonempty, 0)  # non-empty bags up to and including each
+        index, cells = self._bag_cells(B, sent.device)
+        target = torch.where(nonempty, before - 1, before[-1:] + index - before) if sent.numel() else index
+        lengths = torch.empty_like(sent).index_copy_(0, target, sent)
+        return _SentBags(per_group, sent.view(W * F, B).sum(1), lengths,
+                         torch.empty_like(cells).index_copy_(0, target, cells))
+
+    def _bag_cells(self, B: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
+        """``arange(W * F * B)`` and each (owner, feature, sample) bag's cell
+        ``sample * F + feature``, cached per batch size (a training run has one or two)."""
+        if self._cells_cache[0] != B:
+            F = self._num_features
+            index = torch.arange(self._world * F * B, device=device)
+            group = torch.div(index, B, rounding_mode="floor")  # owner * F + feature
+            self._cells_cache = (B, index, (index - group * B) * F + group % F)
+        return self._cells_cache[1], self._cells_cache[2]
+
+    def _group_bounds(self, host_per_feature: List[int]) -> List[int]:
+        """Where each table group's ids start in the flat ids, and the end (host arithmetic)."""
+        cum = [0] + list(itertools.accumulate(host_per_feature))
+        return [cum[f] for f in self._state.group_feature_starts]
+
+    def _start_touched_exchange(self, slot: torch.Tensor, is_hot: torch.Tensor) -> Callable[[], torch.Tensor]:
+        """Starts an async all-gather of which hot slots this rank looks up (one byte each)."""
+        n = self._total_hot
+        mine = torch.zeros(n + 1, dtype=torch.uint8, device=slot.device)
+        mine[torch.where(is_hot, slot, n)] = 1  # cold ids mark the spare last byte
+        mine = mine[:n]
         if self._world == 1:
             return lambda: mine.bool()
-        every = torch.empty(self._world * self._total_hot, dtype=torch.uint8, device=hot_slots.device)
+        every = torch.empty(self._world * n, dtype=torch.uint8, device=slot.device)
         work = dist.all_gather_into_tensor(every, mine, group=self._pg, async_op=True)
 
         def union() -> torch.Tensor:

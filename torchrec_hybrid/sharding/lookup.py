@@ -49,6 +49,10 @@ class HybridLookupOutput:
     sent_cells: torch.Tensor  # sample side: the bags sent, (owner, feature, sample) order,
     sent_counts: torch.Tensor  # as cells ``sample * F + feature``; how many per [W, F]
     lengths: torch.Tensor  # [F, B] full bag lengths
+    # the output all-to-all's split sizes (units) per rank, known on the host since the cold
+    # exchange: partial sums this rank returns to it, and that it returns to this rank
+    host_return_units: List[int]
+    host_partial_units: List[int]
 
 
 class _ExtraBags:
@@ -139,14 +143,11 @@ class HybridLookup(nn.Module):
             if len(replicas) == 1:
                 return replicas[0].pool(replica, inp.hot_indices, inp.hot_offsets, inp.hot_weights, B)
             out = []
-            offsets = inp.hot_offsets
-            f0 = 0
-            for rep, nf, base in zip(replicas, self._feature_splits, layout.flat_bases):  # per group
-                off = offsets[f0 * B: (f0 + nf) * B + 1]
-                lo, hi = off[0], off[-1]
+            for g, (rep, nf, base) in enumerate(zip(replicas, self._feature_splits, layout.flat_bases)):  # per group
+                f0, lo, hi = sum(self._feature_splits[:g]), inp.hot_bounds[g], inp.hot_bounds[g + 1]
+                off = inp.hot_offsets[f0 * B: (f0 + nf) * B + 1]
                 w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
                 out.append(rep.pool(replica[base:base + rep.flat_size], inp.hot_indices[lo:hi], off - lo, w, B))
-                f0 += nf
             return torch.cat(out, dim=1)
 
         return HybridLookupOutput(
@@ -158,9 +159,11 @@ class HybridLookup(nn.Module):
             hot_slots=hot_slots,
             hot_counts=hot_counts,
             layout=layout,
-            sent_cells=inp.sent_cells,
+            sent_cells=inp.sent_cells[:inp.cold.host_sent_bags],
             sent_counts=inp.sent_counts,
             lengths=inp.lengths,
+            host_return_units=inp.cold.host_return_units or [],
+            host_partial_units=inp.cold.host_partial_units or [],
         )
 
     def flush(self) -> None:

@@ -30,7 +30,8 @@ from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
 
 
-ReceivePlan = Tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (replica_dst, units per owner, order)
+# (replica_dst, units per owner, order, units per owner as host ints, the zero rows' units)
+ReceivePlan = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int], torch.Tensor]
 
 
 class _Request:
@@ -132,19 +133,20 @@ class _Unpack(torch.autograd.Function):
     """Sample side receive buffer -> (partial sums in send order, the assembled hot replica).
 
     ``replica_src`` names, for every replica position, the received unit it copies (any
-    unit where no owner sent one: padding rows or rows nobody looked up, never read; None
-    when no row was sent at all). The backward needs no zero fill: partial and hot-row
-    positions cover the whole buffer.
+    unit where no owner sent one: rows nobody looked up, never read; None when no row was
+    sent at all); ``zero`` the units of the replicas' zero rows, which cold lookups read.
+    The backward needs no zero fill: partial and hot-row positions cover the whole buffer
+    (the zero rows' gradient is dropped).
     """
 
     @staticmethod
-    def forward(ctx, recv, part_src, row_src, row_dst, replica_src, replica_size):
+    def forward(ctx, recv, part_src, row_src, row_dst, replica_src, replica_size, zero):
         ctx.save_for_backward(part_src, row_src, row_dst)
         ctx.shape = recv.shape
         if replica_src is None:
-            replica = recv.new_empty((replica_size,) + tuple(recv.shape[1:]))
+            replica = recv.new_zeros((replica_size,) + tuple(recv.shape[1:]))
         else:
-            replica = recv.index_select(0, replica_src)
+            replica = recv.index_select(0, replica_src).index_fill_(0, zero, 0)
         return recv.index_select(0, part_src), replica
 
     @staticmethod
@@ -152,7 +154,7 @@ class _Unpack(torch.autograd.Function):
         part_src, row_src, row_dst = ctx.saved_tensors
         out = grad_partials.new_empty(ctx.shape).index_copy_(0, part_src, grad_partials)
         out.index_copy_(0, row_src, grad_replica.index_select(0, row_dst))
-        return out, None, None, None, None, None
+        return out, None, None, None, None, None, None
 
 
 class _AddPartials(torch.autograd.Function):
@@ -228,16 +230,21 @@ class HybridPooledEmbeddingDist(nn.Module):
         return segment_positions(layout.flat[slots], width), units
 
     def _receive_plan(self, layout: HotRowLayout, slots: torch.Tensor, per_owner: torch.Tensor) -> ReceivePlan:
-        """``(replica_dst, units per owner, order)``: where the received hot units go in the
-        replica, and for every replica unit which received hot unit (back to back) it copies
-        (0 where none: never read). Computed once when every hot row travels."""
+        """``(replica_dst, units per owner, order, host units)``: where the received hot units
+        go in the replica, and for every replica unit which received hot unit (back to back)
+        it copies (0 where none: never read). Computed once when every hot row travels (its
+        host copy then costs one sync per hot set; per step when only looked-up rows do)."""
         cached_slots, cached = self._replica_cache
         if cached_slots is slots and cached is not None:
             return cached
         dst, units = self._replica_positions(layout, slots, per_owner)
         order = torch.zeros(layout.flat_size // (self._uniform_dim or 1), dtype=torch.int64, device=dst.device)
         order[dst] = torch.arange(dst.numel(), device=dst.device)
-        plan = (dst, units, order)
+        if self._uniform_dim is not None:
+            zero = torch.div(layout.zero_flat, self._uniform_dim, rounding_mode="floor")
+        else:
+            zero = segment_positions(layout.zero_flat, layout.zero_width)
+        plan = (dst, units, order, units.tolist(), zero)
         self._replica_cache = (slots, plan)
         return plan
 
@@ -250,30 +257,31 @@ class HybridPooledEmbeddingDist(nn.Module):
         bag_units = self._units(out.cold_bag_counts)
         row_pos = out.hot_row_pos
         rows = torch.full_like(bag_units, row_pos.numel())
-        send_units = bag_units + rows
         bag_dst, row_dst = _interleave(bag_units, rows, bag_pos.numel(), row_pos.numel() * W)
         index = torch.empty(bag_pos.numel() + W * row_pos.numel(), dtype=torch.int64, device=bag_pos.device)
         index.index_copy_(0, bag_dst, bag_pos).index_copy_(0, row_dst, row_pos.repeat(W))
         # sample side: from each owner the bags we sent it (same order), then its hot rows
         part_pos = self._cells(out.sent_cells)
         part_units = self._units(out.sent_counts)
-        replica_dst, replica_units, order = self._receive_plan(out.layout, out.hot_slots, out.hot_counts)
+        replica_dst, replica_units, order, host_replica_units, zero = self._receive_plan(
+            out.layout, out.hot_slots, out.hot_counts)
         replica_size = out.layout.flat_size // unit
         part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
-        recv_units = part_units + replica_units
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
 
         cold = out.cold.reshape(-1, D) if D else out.cold.reshape(-1)
         send = _Pack.apply(cold, index, row_pos, row_dst, W)
-        splits = (torch.cat([send_units, recv_units]) * unit).tolist()  # the one host sync here
-        req = _Request(self._pg, splits[:W], splits[W:])
+        # split sizes from the host copies the cold exchange made (no sync of its own)
+        send_splits = [(u + row_pos.numel()) * unit for u in out.host_return_units]
+        recv_splits = [(u + r) * unit for u, r in zip(out.host_partial_units, host_replica_units)]
+        req = _Request(self._pg, send_splits, recv_splits)
         token = _AllToAllRequest.apply(send.reshape(-1), req)
 
         @record_function("## hybrid:output_dist_wait ##")
         def finish() -> torch.Tensor:
             recv = _AllToAllWait.apply(token, req)
             partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
-                                              replica_src, replica_size)
+                                              replica_src, replica_size, zero)
             pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
             if self._any_mean:
                 per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
