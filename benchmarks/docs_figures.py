@@ -489,7 +489,7 @@ SNIPPETS: List[Tuple[str, str]] = [
                   "{w4_net_multihot} multi-hot, balanced on sorted ids (busiest / mean <= {w4_net_sorted_balance}), "
                   "but {w4_net_slow} the step here with multi-hot bags or uniform ids"),
     ("README.md", "Per step that plan issues {w4_net_collectives} collectives (forward + backward), as many as the "
-                  "stock plan ({w4_stock_collectives}), but {w4_net_syncs} host syncs against {w4_stock_syncs} and "
+                  "stock plan ({w4_stock_collectives}), {w4_net_syncs} host syncs against {w4_stock_syncs} and "
                   "{w4_ops_ratio} the dispatched ops"),
     ("README.md", "Projected to {proj_max_w} ranks"),
     ("README.md", "table-wise cold stays at {proj_tw_cold_last} table_wise's bytes with multi-hot bags, "
@@ -529,8 +529,9 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "the same two plans on the same batches up to a relabelling of the ids (CPU-priced, "
                         "one-hot vs frequency-sorted one-hot) measured {relabel}. Their byte ratios are equal."),
     ("docs/results.md", "The hybrid issues as many collectives per step as the stock plan ({w4_net_collectives} "
-                        "against {w4_stock_collectives}); it has {w4_syncs_ratio} the host syncs (input check, "
-                        "hot/cold split, split sizes) and {w4_ops_ratio} the dispatched ops (forward + backward)."),
+                        "against {w4_stock_collectives}); it has {w4_syncs_ratio} the host syncs (one read of the cold "
+                        "exchange's split sizes, the rest KJT's and FBGEMM's own) and {w4_ops_ratio} the dispatched "
+                        "ops (forward + backward)."),
     ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
                         "bags or uniform ids"),
     ("docs/results.md", "brings the step back near stock ({cpu_step}) and still sends {cpu_bytes} the bytes"),
