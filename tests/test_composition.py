@@ -113,17 +113,20 @@ def test_unknown_sharding_types_option_raises():
 
 
 def _qcomm_sharder():
+    """Quantized comms frequency_hybrid cannot honour (INT8 rowwise; FP16 / BF16 it can:
+    tests/test_qcomms.py)."""
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 
-    reg = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.BF16),
+    reg = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.INT8, backward_precision=CommType.BF16),
                                     device=torch.device("cpu"))
     return HybridEmbeddingBagCollectionSharder(qcomm_codecs_registry=reg)
 
 
-def test_planner_does_not_offer_hybrid_with_quantized_comms():
+def test_planner_does_not_offer_hybrid_with_quantized_comms_it_cannot_honour():
     types = _types(_planner().plan(ThreeKinds(), _sharders(_qcomm_sharder())))
     assert FREQUENCY_HYBRID not in types.values()
-    with pytest.raises(ValueError, match="table 'b0'.*quantized comms .*POOLED_EMBEDDINGS_ALL_TO_ALL forward"):
+    with pytest.raises(ValueError, match="table 'b0'.*quantized comms .*POOLED_EMBEDDINGS_ALL_TO_ALL'\\] forward "
+                                         "codec INT8"):
         _planner({"b0": ParameterConstraints(sharding_types=[FREQUENCY_HYBRID])}).plan(
             ThreeKinds(), _sharders(_qcomm_sharder()))
 

@@ -19,10 +19,10 @@ from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybri
 WORLD = 2
 
 
-def _registry(*ops):
+def _registry(*ops, precision="FP16"):
     from torchrec.distributed.fbgemm_qcomm_codec import CommOp, CommType, QCommsConfig, get_qcomm_codecs_registry
 
-    cfg = QCommsConfig(forward_precision=CommType.FP16, backward_precision=CommType.FP16)
+    cfg = QCommsConfig(forward_precision=CommType[precision], backward_precision=CommType[precision])
     return get_qcomm_codecs_registry(cfg, comm_ops=[getattr(CommOp, o) for o in ops] if ops else None,
                                      device=torch.device("cpu"))
 
@@ -130,7 +130,8 @@ def _all_cases(rank, world):
     sgd = dict(OPTIMIZERS["sgd"])
     out = {
         # refusals
-        "qcomm_fp16": _refused(lambda: _build_hybrid(world, qcomm=_registry())),
+        # FP16 / BF16 are honoured (tests/test_qcomms.py); row-wise codecs are not
+        "qcomm_int8": _refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"))),
         "output_dtype": _refused(lambda: _build_hybrid(world, fused={**sgd, "output_dtype": SparseType.FP16})),
         "gradient_clipping": _refused(lambda: _build_hybrid(world, fused={**sgd, "gradient_clipping": True,
                                                                           "max_gradient": 0.01})),
@@ -139,11 +140,14 @@ def _all_cases(rank, world):
         "uvm_kernel": _refused(lambda: _build_hybrid(world, kernel="fused_uvm_caching")),
         "feature_processor": _refused(lambda: _fp_hybrid(world)),
         "embedding_collection": _refused(lambda: _ec_hybrid(world)),
-        # accepted: codecs that hybrid traffic does not take, or modules without hybrid tables
+        # accepted: codecs the hybrid honours, codecs that hybrid traffic does not take, or
+        # modules without hybrid tables
+        "qcomm_fp16": _refused(lambda: _build_hybrid(world, qcomm=_registry())),
         "qcomm_reduce_scatter_only": _refused(lambda: _build_hybrid(
-            world, qcomm=_registry("POOLED_EMBEDDINGS_REDUCE_SCATTER"),
+            world, qcomm=_registry("POOLED_EMBEDDINGS_REDUCE_SCATTER", precision="INT8"),
             kinds={"t0": "hybrid", "t1": "rw", "t2": "tw", "t3": "tw"})),
-        "qcomm_stock_only": _refused(lambda: _build_hybrid(world, qcomm=_registry(), kinds={"t0": "tw"})),
+        "qcomm_stock_only": _refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"),
+                                                           kinds={"t0": "tw"})),
     }
     # supported: trains like stock row_wise
     rw_adagrad = dict(OPTIMIZERS["rowwise_adagrad"])
@@ -171,7 +175,7 @@ def outcomes():
 
 
 @pytest.mark.parametrize("case, words", [
-    ("qcomm_fp16", ["['t0', 't2']", "quantized comms", "POOLED_EMBEDDINGS_ALL_TO_ALL forward torch.float16"]),
+    ("qcomm_int8", ["['t0', 't2']", "quantized comms", "['POOLED_EMBEDDINGS_ALL_TO_ALL'] forward codec INT8 rowwise"]),
     ("output_dtype", ["table 't0'", "output_dtype", "FP32"]),
     ("gradient_clipping", ["table 't0'", "gradient_clipping"]),
     ("counter_decay", ["table 't0'", "weight_decay_mode=COUNTER"]),
@@ -188,8 +192,8 @@ def test_refused_at_shard_time(outcomes, case, words):
         assert "'t1'" not in msg and "'t3'" not in msg  # stock tables are not named
 
 
-@pytest.mark.parametrize("case", ["qcomm_reduce_scatter_only", "qcomm_stock_only"])
-def test_codecs_for_stock_tables_accepted(outcomes, case):
+@pytest.mark.parametrize("case", ["qcomm_fp16", "qcomm_reduce_scatter_only", "qcomm_stock_only"])
+def test_supported_codecs_and_codecs_for_stock_tables_accepted(outcomes, case):
     assert outcomes[case] == ("built", "")
 
 

@@ -89,6 +89,27 @@ def sebc_fix_mean_pooling(sebc) -> None:
     sebc._has_mean_pooling_callback = bool(divided)
 
 
+# --- FBGEMM quantized comms ---------------------------------------------------------------
+
+
+def qcomm_codec_setting(codec) -> Optional[str]:
+    """What an FBGEMM ``QuantizedCommCodec`` was configured as, e.g. ``"FP8 rowwise (row_dim
+    32)"`` (``_comm_precision``, ``_row_dim``; checked against fbgemm_gpu 1.8); None for any
+    other codec."""
+    precision = getattr(codec, "_comm_precision", None)
+    if precision is None:
+        return None
+    name = getattr(precision, "name", str(precision))
+    row_dim = getattr(codec, "_row_dim", -1)
+    if name == "FP8":
+        return f"FP8 rowwise (row_dim {row_dim})" if row_dim > 0 else "FP8 (element-wise)"
+    if name == "MX4":
+        return f"MX4 (groups of {row_dim})"
+    if name == "INT8":
+        return "INT8 rowwise"
+    return name
+
+
 # --- TorchRec planner ---------------------------------------------------------------------
 
 

@@ -43,6 +43,7 @@ from torchrec_hybrid.sharding.input_dist import (
     id_reports_from_words,
 )
 from torchrec_hybrid.sharding.lookup import HybridLookup
+from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, codec_problems, describe_codec_problems
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
 
 logger = logging.getLogger(__name__)
@@ -136,26 +137,19 @@ class HybridEmbeddingBagCollectionContext(EmbeddingBagCollectionContext):
             self.id_check.gathered.record_stream(stream)
 
 
-# The comm op whose codec a frequency_hybrid table's traffic would take: its output dist is an
-# all-to-all of pooled embeddings (partial sums and hot rows); it never reduce-scatters, so a
-# POOLED_EMBEDDINGS_REDUCE_SCATTER codec (row_wise tables) does not concern it.
-HYBRID_COMM_OPS = ("POOLED_EMBEDDINGS_ALL_TO_ALL",)
+# The comm op whose codecs a frequency_hybrid table's traffic takes: its output dist is an
+# all-to-all of pooled embeddings (partial sums and hot rows), encoded by the codecs a
+# qcomm_codecs_registry gives it (FP16 / BF16; sharding/output_dist.py). It never
+# reduce-scatters, so a POOLED_EMBEDDINGS_REDUCE_SCATTER codec (row_wise tables) does not concern it.
+HYBRID_COMM_OPS = (OUTPUT_COMM_OP,)
 _UNVERIFIED_DECAY_MODES = ("COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
 
 
-def quantized_comm_codecs(qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> List[str]:
-    """The non-FP32 codecs of ``qcomm_codecs_registry`` that would apply to frequency_hybrid
-    traffic, described (``"POOLED_EMBEDDINGS_ALL_TO_ALL forward torch.float16"``)."""
-    out = []
-    for op in HYBRID_COMM_OPS:
-        codecs = (qcomm_codecs_registry or {}).get(op)
-        if codecs is None:
-            continue
-        for direction in ("forward", "backward"):
-            dtype = getattr(getattr(codecs, direction), "quantized_dtype", torch.float32)
-            if dtype != torch.float32:
-                out.append(f"{op} {direction} {dtype}")
-    return out
+def unsupported_comm_codecs(qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> List[str]:
+    """The entries of ``qcomm_codecs_registry`` frequency_hybrid traffic cannot honour, described
+    (``output_dist.codec_problems``: codecs other than FP16 / BF16 / FP32 for
+    ``POOLED_EMBEDDINGS_ALL_TO_ALL``, entries for comm ops TorchRec does not define)."""
+    return codec_problems(qcomm_codecs_registry)
 
 
 def _unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
@@ -184,7 +178,8 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
                            fused_params: Optional[Dict[str, Any]],
                            qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> None:
     """Refuses (``ValueError``) what a frequency_hybrid table in ``plan`` cannot honour yet:
-    quantized comms, a compute kernel other than ``fused`` (UVM / caching / key-value), and
+    quantized-comm codecs other than FP16 / BF16 on its output all-to-all
+    (:func:`unsupported_comm_codecs`), a compute kernel other than ``fused`` (UVM / caching / key-value), and
     the fused options of :func:`_unsupported_fused_options` (from the sharder's fused params
     or the plan's per-table ones). Deterministic on every rank; raised before any collective."""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -194,11 +189,11 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
     if not hybrid:
         return
     problems = []
-    codecs = quantized_comm_codecs(qcomm_codecs_registry)
-    if codecs:
-        problems.append(f"tables {hybrid}: {FREQUENCY_HYBRID} does not support quantized comms yet "
-                        f"(qcomm_codecs_registry has {', '.join(codecs)}); use FP32 codecs for "
-                        "POOLED_EMBEDDINGS_ALL_TO_ALL or a stock sharding type for these tables")
+    codecs = describe_codec_problems(qcomm_codecs_registry)
+    if codecs is not None:
+        problems.append(f"tables {hybrid}: {FREQUENCY_HYBRID} cannot honour quantized comms {codecs}; use FP16, "
+                        "BF16 or FP32 codecs for POOLED_EMBEDDINGS_ALL_TO_ALL, or a stock sharding type for "
+                        "these tables")
     for name in hybrid:
         ps = plan[name]
         if ps.compute_kernel != EmbeddingComputeKernel.FUSED.value:

@@ -20,7 +20,9 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         hot_ids: ``{table_name: 1-D int64 tensor of distinct row ids}`` replicated on every
             rank (tables missing here get no hot rows). Identical on all ranks.
         fused_params: FBGEMM fused optimizer settings, applied to hot and cold rows alike.
-        qcomm_codecs_registry: as for the stock sharder (used by the stock types).
+        qcomm_codecs_registry: as for the stock sharder. frequency_hybrid tables honour its
+            ``POOLED_EMBEDDINGS_ALL_TO_ALL`` codecs on their output all-to-all (FP16 / BF16,
+            forward and backward apart, like TorchRec's pooled all-to-all) and refuse others.
         stats / hot_set_rule: alternatively a ``FrequencyStats`` and a ``HotSetRule``; the
             hot ids are then selected from them (deterministically, same on all ranks).
         validate_ids: per-step input check on all ranks: batch structure and id ranges (see
@@ -31,7 +33,8 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             type of ``EmbeddingBagCollectionSharder`` plus ``frequency_hybrid``.
 
     Refused at shard time (``ValueError``, on every rank, before any collective), for
-    frequency_hybrid tables only: quantized comms, fused options that would be ignored or
+    frequency_hybrid tables only: quantized comms other than FP16 / BF16 / FP32 (INT8, FP8,
+    MX4; ``sharding/output_dist.py``), fused options that would be ignored or
     change the training (``sharded_ebc.check_hybrid_supported``), and an EBC inside a
     ``FeatureProcessedEmbeddingBagCollection`` (its feature processors would not run on the
     hybrid lookup input).

@@ -2,7 +2,14 @@
 
 This is the communication model of docs/architecture.md §5, made exact for what the code in
 this repository and stock TorchRec 1.8 put on the wire (fp32 embeddings, gloo ring
-collectives, W ranks, local batch B). Every function returns *bytes sent by one rank in one
+collectives, W ranks, local batch B). Quantized comms (a sharder's ``qcomm_codecs_registry``)
+change the bytes per element of the pooled collectives, forward and backward apart
+(:class:`CommElems`, carried by each :class:`TableTraffic`): the pooled all-to-all of
+table_wise / column_wise and the hybrid's output all-to-all (partial sums and hot-row
+sync) take ``POOLED_EMBEDDINGS_ALL_TO_ALL``'s, row_wise's reduce-scatter and all-gather
+``POOLED_EMBEDDINGS_REDUCE_SCATTER``'s, as TorchRec's own estimators price them; ids,
+lengths and data_parallel's all-reduce stay as they are. The formulas below are written
+for fp32 (4 bytes per element each way). Every function returns *bytes sent by one rank in one
 step* (averaged over ranks), so a figure can be checked against ``wchar`` of
 ``/proc/self/io`` (see ``torchrec_hybrid.comm_bytes``). No torchrec objects: the
 benchmarks and the planner both import this file.
@@ -57,12 +64,41 @@ _OPTIMIZER_STATE = {
 }
 
 
+A2A_COMM_OP = "POOLED_EMBEDDINGS_ALL_TO_ALL"  # TorchRec CommOp names (qcomm_codecs_registry keys)
+RS_COMM_OP = "POOLED_EMBEDDINGS_REDUCE_SCATTER"
+
+
+@dataclass(frozen=True)
+class CommElems:
+    """Bytes per element of pooled vectors on the wire, forward and backward: the pooled
+    all-to-all (``a2a_*``) and the reduce-scatter / all-gather pair (``rs_*``). fp32 unless a
+    quantized-comms codec says otherwise (:meth:`from_qcomm_dtype_sizes`)."""
+
+    a2a_fwd: float = FP32
+    a2a_bwd: float = FP32
+    rs_fwd: float = FP32
+    rs_bwd: float = FP32
+
+    @classmethod
+    def from_qcomm_dtype_sizes(cls, sizes: Optional[Dict[str, Sequence[float]]]) -> "CommElems":
+        """From TorchRec's ``SharderData.qcomm_dtype_sizes`` (``{comm op name: (forward bytes,
+        backward bytes)}``, what its planner reads off ``sharder.qcomm_codecs_registry``)."""
+        sizes = sizes or {}
+        a2a = sizes.get(A2A_COMM_OP, (FP32, FP32))
+        rs = sizes.get(RS_COMM_OP, (FP32, FP32))
+        return cls(float(a2a[0]), float(a2a[1]), float(rs[0]), float(rs[1]))
+
+
+FP32_COMMS = CommElems()
+
+
 @dataclass(frozen=True)
 class TableTraffic:
     """What one table sees per step on one rank.
 
     rows, dim: table shape. features: features looking it up (F). pooling: mean ids per bag
-    per feature (L). batch: local batch size (B). world: ranks (W).
+    per feature (L). batch: local batch size (B). world: ranks (W). comm: bytes per element
+    of its pooled collectives (quantized comms; default fp32).
     """
 
     rows: int
@@ -71,6 +107,7 @@ class TableTraffic:
     pooling: float
     batch: int
     world: int
+    comm: CommElems = FP32_COMMS
 
     @property
     def bags(self) -> float:
@@ -97,7 +134,7 @@ def table_wise_bytes(t: TableTraffic, id_bytes: int = INT64, length_bytes: int =
     remote = (t.world - 1) / t.world
     return {
         "input": remote * (t.lookups * id_bytes + t.bags * length_bytes),
-        "output": remote * t.bags * t.dim * FP32 * 2,
+        "output": remote * t.bags * t.dim * (t.comm.a2a_fwd + t.comm.a2a_bwd),
     }
 
 
@@ -107,7 +144,7 @@ def column_wise_bytes(t: TableTraffic, num_shards: int, id_bytes: int = INT64,
     remote = (t.world - 1) / t.world
     return {
         "input": remote * num_shards * (t.lookups * id_bytes + t.bags * length_bytes),
-        "output": remote * t.bags * t.dim * FP32 * 2,
+        "output": remote * t.bags * t.dim * (t.comm.a2a_fwd + t.comm.a2a_bwd),
     }
 
 
@@ -119,10 +156,10 @@ def row_wise_bytes(t: TableTraffic, id_bytes: int = INT64, length_bytes: int = I
     with ``comm_bytes``), twice NCCL's (W-1)/W.
     """
     w = t.world
-    reduce_scatter = (2 if gloo else 1) * (w - 1) * t.bags * t.dim * FP32
+    reduce_scatter = (2 if gloo else 1) * (w - 1) * t.bags * t.dim * t.comm.rs_fwd
     return {
         "input": (w - 1) * t.bags * length_bytes + (w - 1) / w * t.lookups * id_bytes,
-        "output": reduce_scatter + (w - 1) * t.bags * t.dim * FP32,
+        "output": reduce_scatter + (w - 1) * t.bags * t.dim * t.comm.rs_bwd,
     }
 
 
@@ -188,11 +225,12 @@ def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torc
     remote = (w - 1) / w
     # P(a bag has >= 1 cold id on a given owner) = 1 - (1 - c/W)^L, for each of W-1 remote owners
     bag_hit = 1.0 - torch.pow(1.0 - cold / w, t.pooling) if w > 1 else torch.zeros_like(cold)
+    both = t.comm.a2a_fwd + t.comm.a2a_bwd  # the output all-to-all, forward + backward (2 * FP32)
     return {
         "lengths": (w - 1) * (t.bags * bag_hit * INT32 + t.features * 2 * INT32),
         "cold_ids": cold * remote * t.lookups * INT32,
-        "partials": 2 * t.dim * FP32 * t.bags * (w - 1) * bag_hit,
-        "hot_sync": 2 * remote * h * t.dim * FP32,
+        "partials": both * t.dim * t.bags * (w - 1) * bag_hit,
+        "hot_sync": 2 * remote * h * t.dim * (both / 2),
     }
 
 
@@ -272,8 +310,8 @@ def table_wise_rank_bytes(t: TableTraffic, owner: int, id_bytes: int = INT64, le
     vectors to every other rank; each other rank sends its ids and lengths and, in backward,
     its pooled gradient."""
     d = t.dim if dim is None else dim
-    out = _rank_vector(t.world) + t.lookups * id_bytes + t.bags * length_bytes + t.bags * d * FP32
-    out[owner] = (t.world - 1) * t.bags * d * FP32
+    out = _rank_vector(t.world) + t.lookups * id_bytes + t.bags * length_bytes + t.bags * d * t.comm.a2a_bwd
+    out[owner] = (t.world - 1) * t.bags * d * t.comm.a2a_fwd
     return out
 
 
@@ -312,10 +350,11 @@ def hybrid_rank_bytes(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_o
     cold = max(0.0, 1.0 - float(coverage))
     hit = hybrid_owner_hit(t, coverage, shares)  # [W]
     hot = hot_per_owner.to(torch.float64)
-    to_owner = t.bags * hit * (INT32 + t.dim * FP32) + t.lookups * cold * shares.to(torch.float64) * INT32 \
-        + hot * t.dim * FP32  # what any rank sends to owner j (0 when j is itself)
+    fwd, bwd = t.comm.a2a_fwd, t.comm.a2a_bwd  # the output all-to-all's bytes per element
+    to_owner = t.bags * hit * (INT32 + t.dim * bwd) + t.lookups * cold * shares.to(torch.float64) * INT32 \
+        + hot * t.dim * bwd  # what any rank sends to owner j (0 when j is itself)
     out = to_owner.sum() - to_owner  # to every owner but itself
-    out += (w - 1) * (t.bags * hit * t.dim * FP32 + hot * t.dim * FP32)
+    out += (w - 1) * (t.bags * hit * t.dim * fwd + hot * t.dim * fwd)
     return out
 
 
@@ -336,8 +375,9 @@ def hybrid_layout_bytes(t: TableTraffic, coverage, hot_rows, shares: torch.Tenso
     hit_sum = ((1.0 - torch.pow(1.0 - cold * m, t.pooling)) * n).sum(-1)  # sum over owners of P(hit)
     remote = (w - 1) / w
     per_rank_bags = remote * t.bags * hit_sum  # bags sent to remote owners, per rank
-    return (per_rank_bags * (INT32 + 2 * t.dim * FP32) + cold.squeeze(-1) * remote * t.lookups * INT32
-            + 2 * remote * h * t.dim * FP32 + (w - 1) * t.features * 2 * INT32)
+    both = t.comm.a2a_fwd + t.comm.a2a_bwd  # the output all-to-all, forward + backward
+    return (per_rank_bags * (INT32 + 2 * t.dim * (both / 2)) + cold.squeeze(-1) * remote * t.lookups * INT32
+            + 2 * remote * h * t.dim * (both / 2) + (w - 1) * t.features * 2 * INT32)
 
 
 def module_overhead_rank_bytes(world: int, types: Iterable[str], hybrid_features: int,

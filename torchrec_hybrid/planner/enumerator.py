@@ -36,7 +36,7 @@ from torchrec.distributed.types import ShardingType
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
-from torchrec_hybrid.planner.estimators import HybridStorageEstimator, bandwidths, optimizer_name
+from torchrec_hybrid.planner.estimators import HybridStorageEstimator, bandwidths, comm_elems, optimizer_name
 from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator, TrafficTable, traffic_of
 from torchrec_hybrid.planner.types import HotSetChoice
 from torchrec_hybrid.sharding import row_blocks
@@ -80,11 +80,12 @@ def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]], fallb
     return out
 
 
-def _quantized_codecs(sharder: Any) -> List[str]:
-    """The sharder's non-FP32 codecs that frequency_hybrid traffic would take (it refuses them)."""
-    from torchrec_hybrid.sharded_ebc import quantized_comm_codecs  # not at import: a cycle via planner.types
+def _unsupported_codecs(sharder: Any) -> List[str]:
+    """The sharder's quantized-comm codecs frequency_hybrid cannot honour (it refuses them at
+    shard time; FP16 / BF16 on the pooled all-to-all it honours, and the cost model prices)."""
+    from torchrec_hybrid.sharded_ebc import unsupported_comm_codecs  # not at import: a cycle via planner.types
 
-    return quantized_comm_codecs(getattr(sharder, "qcomm_codecs_registry", None))
+    return unsupported_comm_codecs(getattr(sharder, "qcomm_codecs_registry", None))
 
 
 def _layout_shares(layout: str, world: int) -> torch.Tensor:
@@ -177,10 +178,10 @@ class HybridEnumerator(EmbeddingEnumerator):
                 why_not[name] = (f"it has {rows} rows, fewer than the {world} ranks, and {FREQUENCY_HYBRID} "
                                  "needs at least one cold row per rank")
                 continue
-            codecs = _quantized_codecs(sharder)
+            codecs = _unsupported_codecs(sharder)
             if codecs:
-                why_not[name] = (f"its sharder has quantized comms ({', '.join(codecs)}), which "
-                                 f"{FREQUENCY_HYBRID} does not support yet")
+                why_not[name] = (f"its sharder has quantized comms {FREQUENCY_HYBRID} cannot honour "
+                                 f"({', '.join(codecs)}; only FP16 / BF16 / FP32 codecs)")
                 logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
                 continue
             profile, n_fixed = self._profile(opts[0], sharder)
@@ -242,11 +243,13 @@ class HybridEnumerator(EmbeddingEnumerator):
         return kept
 
     def _profile(self, so: ShardingOption, sharder: Any) -> Tuple[hot_set.TableProfile, Optional[int]]:
-        """The table's coverage curve: statistics, else the sharder's hot ids, else uniform."""
+        """The table's coverage curve: statistics, else the sharder's hot ids, else uniform
+        (its traffic priced with the sharder's quantized comms, so H is sized for them too)."""
         w = self._topology.world_size
-        tr = traffic_of(so, w)
+        data_map = _compat.enumerator_sharder_data_map(self)
+        tr = traffic_of(so, w, comm_elems(data_map, so) or cm.FP32_COMMS)
         per_row = tr.dim * so.tensor.element_size() + cm.optimizer_state_bytes_per_row(
-            optimizer_name(_compat.enumerator_sharder_data_map(self), so), tr.dim)
+            optimizer_name(data_map, so), tr.dim)
         cap = min(self._max_hot_rows, tr.rows)
         st = self._frequency_stats
         if st is not None and so.name in getattr(st, "table_names", []):

@@ -3,12 +3,13 @@
 TorchRec's storage estimator raises for an unknown sharding type, so hybrid options get
 :class:`HybridStorageEstimator` (it reads ``sharding_option.hybrid_choice``). Perf of every
 option, stock or hybrid, comes from one byte model: ``plan_cost.BytesPerfEstimator``.
-Units follow TorchRec's estimators (bandwidths in bytes/ms, so perf in ms).
+Units follow TorchRec's estimators (bandwidths in bytes/ms, so perf in ms). Quantized comms
+reach the cost model as TorchRec's planner reads them (:func:`comm_elems`, :func:`sharder_comms`).
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Any, Dict, Iterable, Optional
 
 from torchrec.distributed.planner.types import (
     CollectiveType,
@@ -42,6 +43,25 @@ def optimizer_name(sharder_data_map, so: ShardingOption) -> Optional[str]:
     if opt is None:
         return None
     return getattr(opt, "name", None) or str(opt)
+
+
+def comm_elems(sharder_data_map, so: ShardingOption) -> Optional[cm.CommElems]:
+    """Bytes per element the option's sharder puts on the pooled collectives, from TorchRec's
+    ``SharderData.qcomm_dtype_sizes`` (its codecs' ``quantized_dtype``, forward and backward;
+    what TorchRec's own estimators price stock types with); None without sharder data."""
+    data = (sharder_data_map or {}).get(so.module_type_key)
+    if data is None:
+        return None
+    return cm.CommElems.from_qcomm_dtype_sizes(getattr(data, "qcomm_dtype_sizes", None))
+
+
+def sharder_comms(sharders: Iterable[Any]) -> Dict[str, cm.CommElems]:
+    """:func:`comm_elems` of each sharder by the module type it shards (the key of
+    ``ShardingOption.module_type_key``), for pricing plans outside an enumerator."""
+    from torchrec.distributed.planner.utils import build_sharder_data, sharder_name
+
+    return {sharder_name(s.module_type): cm.CommElems.from_qcomm_dtype_sizes(build_sharder_data(s).qcomm_dtype_sizes)
+            for s in sharders}
 
 
 class HybridStorageEstimator(ShardEstimator):

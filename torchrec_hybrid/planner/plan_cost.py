@@ -17,11 +17,17 @@ byte and compute models (``cost_model``), in the same unit (ms):
 - :func:`plan_cost` turns both into a step cost: the busiest rank's bytes / bandwidth +
   compute, plus a fixed cost per collective (:data:`COLLECTIVES_PER_STEP`), which is what
   makes a plan that mixes types pay for the extra collectives of each sharding it adds.
+
+Quantized comms: each option's traffic carries the bytes per element its sharder's
+``qcomm_codecs_registry`` puts on the pooled collectives (``cm.CommElems``, forward and
+backward apart), read the way TorchRec's planner reads them (``SharderData.qcomm_dtype_sizes``;
+estimators.py), so stock and hybrid options are priced with the same codecs.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import dataclasses
+from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
@@ -43,24 +49,30 @@ COLLECTIVES_PER_STEP = {"table_wise": 5, "column_wise": 5, "table_column_wise": 
 DEFAULT_COLLECTIVE_MS = 0.2
 
 
-def traffic_of(so: ShardingOption, world_size: int) -> cm.TableTraffic:
-    """The cost model's view of a sharding option (pooling = mean ids per bag per feature)."""
+def traffic_of(so: ShardingOption, world_size: int, comm: cm.CommElems = cm.FP32_COMMS) -> cm.TableTraffic:
+    """The cost model's view of a sharding option (pooling = mean ids per bag per feature;
+    ``comm``: its sharder's quantized comms, ``estimators.comm_elems``)."""
     feats = max(1, len(so.input_lengths))
     pooling = sum(so.input_lengths) / feats if so.input_lengths else 1.0
     return cm.TableTraffic(rows=so.tensor.shape[0], dim=so.tensor.shape[1], features=feats, pooling=pooling,
-                           batch=so.batch_size, world=world_size)
+                           batch=so.batch_size, world=world_size, comm=comm)
 
 
 @dataclass
 class TrafficTable:
-    """The workload the model prices: per table its traffic (pooling from the statistics)."""
+    """The workload the model prices: per table its traffic (pooling from the statistics),
+    and per module type (``ShardingOption.module_type_key``) its sharder's quantized comms
+    (``comms``; absent: fp32)."""
 
     traffic: Dict[str, cm.TableTraffic]
     gloo: bool = True
+    comms: Dict[str, cm.CommElems] = field(default_factory=dict)
 
     def of(self, so: ShardingOption, world: int) -> cm.TableTraffic:
         t = self.traffic.get(so.name)
-        return t if t is not None else traffic_of(so, world)
+        t = t if t is not None else traffic_of(so, world)
+        comm = self.comms.get(so.module_type_key)
+        return t if comm is None or comm == t.comm else dataclasses.replace(t, comm=comm)
 
 
 def hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) -> List[int]:
@@ -200,12 +212,15 @@ class BytesPerfEstimator(ShardEstimator):
         self._compute = compute
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
-        from torchrec_hybrid.planner.estimators import bandwidths
+        from torchrec_hybrid.planner.estimators import bandwidths, comm_elems
 
         w = self._topology.world_size
         bw = bandwidths(self._topology)["a2a"]
         for so in sharding_options:
             t = self._traffic.of(so, w)
+            comm = comm_elems(sharder_data_map, so)  # the sharder's quantized comms, as TorchRec reads them
+            if comm is not None and comm != t.comm:
+                t = dataclasses.replace(t, comm=comm)
             single = len(so.shards) == 1
             sent, work = option_rank_cost(so, t, w, self._traffic.gloo, owner=0 if single else None)
             ms = None if self._compute is None else self._compute.ms(work, sent)

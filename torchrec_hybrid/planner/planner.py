@@ -25,7 +25,8 @@ from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, Sha
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
 from torchrec_hybrid.planner.compute_costs import default_compute_costs
-from torchrec_hybrid.planner.cost_model import ComputeCosts
+from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
+from torchrec_hybrid.planner.estimators import sharder_comms
 from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, TrafficTable, hybrid_bounds, plan_cost,
                                                plan_rank_bytes, traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
@@ -136,6 +137,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self.candidates: List[PlanCandidate] = []
         self._chosen: Optional[PlanCandidate] = None
         self._traffic_table: Optional[TrafficTable] = None
+        self._comms: Dict[str, CommElems] = {}  # quantized comms per module type (the sharders')
 
     # -- planning ----------------------------------------------------------------------------
     def collective_plan(self, module, sharders=None, pg=None) -> ShardingPlan:
@@ -146,6 +148,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     def plan(self, module, sharders) -> ShardingPlan:
         _check_sharder_hot_ids(module, sharders)
+        self._comms = sharder_comms(sharders or [])
         mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
                                 _compat.planner_best_plan(self))
         self.candidates = [mixed]
@@ -176,6 +179,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             src = TrafficTable({so.name: traffic_of(so, topo.world_size) for so in options},
                                gloo=topo.compute_device == "cpu")
             self._traffic_table = src
+        src.comms = self._comms  # the sharders of this plan call
         return src
 
     def _pure_candidates(self, module, sharders, mixed: PlanCandidate) -> List[PlanCandidate]:

@@ -6,7 +6,9 @@ empty (row_blocks.py: even blocks, blocks of equal lookup cost, or every row on 
 the table-wise cold layout), and the cold lookups go to the owner of their block. The hot
 rows are also replicated on every rank, as copies their owners refresh every step
 (hot_replica.py). Because the cold shard is the only home of every row, state_dict,
-checkpoints and the fused optimizer state are exactly stock row-wise.
+checkpoints and the fused optimizer state are exactly stock row-wise. Quantized comms: the
+``POOLED_EMBEDDINGS_ALL_TO_ALL`` codecs of ``qcomm_codecs_registry`` encode the output
+all-to-all (FP16 / BF16; output_dist.py), the only hybrid collective that carries floats.
 """
 
 from typing import Any, Dict, List, Mapping, Optional
@@ -24,7 +26,7 @@ from torchrec_hybrid.sharding.hot_replica import zero_grad_is_noop
 from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup
-from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
+from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, HybridPooledEmbeddingDist, describe_codec_problems
 from torchrec_hybrid.sharding.row_blocks import bounds_of
 
 
@@ -32,8 +34,11 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
     """Frequency-hybrid sharding of pooled tables (one instance per EBC, all hybrid tables).
 
     Args:
-        sharding_infos / env / device / qcomm_codecs_registry: as for stock shardings.
+        sharding_infos / env / device: as for stock shardings.
         hot_ids: validated, sorted int64 hot row ids per table name.
+        qcomm_codecs_registry: as for stock shardings; its ``POOLED_EMBEDDINGS_ALL_TO_ALL``
+            codecs (FP16 / BF16, forward and backward apart) encode the output all-to-all
+            like TorchRec's pooled all-to-all; codecs it cannot honour raise ``ValueError``.
     """
 
     def __init__(
@@ -44,6 +49,10 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         hot_ids: Mapping[str, torch.Tensor],
         qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
     ) -> None:
+        problem = describe_codec_problems(qcomm_codecs_registry)
+        if problem is not None:  # the sharded EBC refuses these first (check_hybrid_supported); other callers here
+            raise ValueError(f"tables {sorted(i.embedding_config.name for i in sharding_infos)}: frequency_hybrid "
+                             f"cannot honour {problem}")
         super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
         self._setup = _compat.rw_sharding_setup(self)
         groups = _compat.sharding_grouped_configs(self)
@@ -145,4 +154,5 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]
         device = device if device is not None else self._setup.device
-        return HybridPooledEmbeddingDist(self._hybrid_pg, self.embedding_dims(), mean, device)
+        codecs = (self.qcomm_codecs_registry or {}).get(OUTPUT_COMM_OP)
+        return HybridPooledEmbeddingDist(self._hybrid_pg, self.embedding_dims(), mean, device, codecs)

@@ -11,17 +11,28 @@ TorchRec's request/wait pattern: ``forward`` starts the all-to-all and returns a
 (the model's dense part runs while it is in flight); the gradient's all-to-all starts as
 soon as autograd reaches the wait node and is waited for only where its result is needed.
 MEAN features are pooled as SUM on both paths and divided by the full bag length here.
+
+Quantized comms: the codec a ``qcomm_codecs_registry`` gives ``POOLED_EMBEDDINGS_ALL_TO_ALL``
+(what stock table_wise / column_wise pooled outputs take) encodes this all-to-all exactly
+where TorchRec's pooled all-to-all applies it: its forward codec the forward all-to-all
+(``create_context``, ``encode`` before sending, ``calc_quantized_size`` of every split,
+``decode`` on arrival), its backward codec the gradient's (encoded where the gradient is
+sent, decoded, then divided by W); loss scales are the codec's own (in encode / decode).
+Only element-wise codecs fit a buffer of variable-length runs of rows of several widths:
+FP16 and BF16 (FP32: no codec, the fp32 path). The rest are refused at shard time
+(:func:`codec_problems`).
 """
 
-from typing import List, Optional, Tuple
+from typing import Any, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.types import Awaitable
+from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodec, QuantizedCommCodecs
 
+from torchrec_hybrid import _compat
 from torchrec_hybrid._compat import Deferred
 
 from torchrec_hybrid.sharding.cells import CellPositions
@@ -33,30 +44,142 @@ from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_position
 # (replica_dst, units per owner, order, units per owner as host ints, the zero rows' units)
 ReceivePlan = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int], torch.Tensor]
 
+# -- quantized comms ---------------------------------------------------------------------------
+
+# The registry entry whose codecs this all-to-all takes (TorchRec's pooled all-to-all's).
+OUTPUT_COMM_OP = CommOp.POOLED_EMBEDDINGS_ALL_TO_ALL.name
+# Entries for traffic a frequency_hybrid table never takes (stock types in its module may).
+NOT_HYBRID_COMM_OPS = (CommOp.POOLED_EMBEDDINGS_REDUCE_SCATTER.name, CommOp.SEQUENCE_EMBEDDINGS_ALL_TO_ALL.name)
+# Quantized dtypes of the element-wise codecs this all-to-all honours (float32: no codec).
+ELEMENTWISE_CODEC_DTYPES = (torch.float16, torch.bfloat16)
+_SIZE_PROBES = (1, 3, 64, 1000)  # element counts a supported codec must keep (variable splits)
+
+
+def codec_dtype(codec: Any) -> torch.dtype:
+    """A codec's ``quantized_dtype`` (a property on FBGEMM's codec, a method on TorchRec's no-op)."""
+    dtype = codec.quantized_dtype
+    return dtype() if callable(dtype) else dtype
+
+
+class OutputCodecs(NamedTuple):
+    """The codecs the output all-to-all applies, per direction (None: fp32, no codec)."""
+
+    forward: Optional[QuantizedCommCodec] = None
+    backward: Optional[QuantizedCommCodec] = None
+
+
+# why a codec that is neither fp32 nor element-wise FP16 / BF16 cannot encode this all-to-all
+CODEC_REFUSAL_REASON = (
+    "the hybrid output all-to-all sends each destination a variable-length run of rows of mixed widths "
+    "(cold partial sums, then hot rows) and adds them up on arrival; row-wise and block codecs (INT8, FP8 "
+    "rowwise, MX4) quantize fixed groups of that buffer, which straddle the runs, and element-wise FP8 clamps "
+    "each partial sum and hot row at +-0.94 instead of the pooled sum stock sends. Only element-wise FP16 and "
+    "BF16 codecs (or FP32) are supported")
+
+
+def _unsupported(codec: Any) -> Optional[str]:
+    """``codec`` described if this all-to-all cannot honour it (None: it can, or it is fp32)."""
+    dtype = codec_dtype(codec)
+    if dtype == torch.float32:
+        return None
+    if dtype in ELEMENTWISE_CODEC_DTYPES:
+        try:
+            ctx = codec.create_context()
+            if all(codec.calc_quantized_size(n, ctx) == n for n in _SIZE_PROBES):
+                return None
+        except Exception:  # noqa: BLE001 - a codec that cannot size any split does not fit
+            pass
+    setting = _compat.qcomm_codec_setting(codec)
+    return f"{setting} ({dtype})" if setting else f"{type(codec).__name__} with quantized dtype {dtype}"
+
+
+def _problems(qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> Tuple[List[str], List[str]]:
+    """(output all-to-all codecs this all-to-all cannot honour, entries for unknown comm ops), described."""
+    codecs, ops = [], []
+    for op, entry in (qcomm_codecs_registry or {}).items():
+        if op in NOT_HYBRID_COMM_OPS or entry is None:
+            continue
+        if op != OUTPUT_COMM_OP:
+            ops.append(f"qcomm_codecs_registry[{op!r}] (not a TorchRec comm op; the hybrid's cold id "
+                       "all-to-alls carry int32 ids, lengths and weight bits and take no codec)")
+            continue
+        for direction in ("forward", "backward"):
+            what = _unsupported(getattr(entry, direction))
+            if what is not None:
+                codecs.append(f"qcomm_codecs_registry[{op!r}] {direction} codec {what}")
+    return codecs, ops
+
+
+def codec_problems(qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> List[str]:
+    """What of ``qcomm_codecs_registry`` a frequency_hybrid table cannot honour, each described
+    (``"qcomm_codecs_registry['POOLED_EMBEDDINGS_ALL_TO_ALL'] forward codec FP8 rowwise (row_dim
+    32) (torch.uint8)"``; why: :data:`CODEC_REFUSAL_REASON`): a codec other than FP16 / BF16 /
+    FP32 for the output all-to-all, and any entry for a comm op TorchRec does not define (the
+    hybrid's other collectives, the cold id all-to-alls, carry int32 and take no codec).
+    Entries for comm ops the hybrid never uses (reduce-scatter, sequence all-to-all) are left
+    to the stock tables that use them."""
+    codecs, ops = _problems(qcomm_codecs_registry)
+    return codecs + ops
+
+
+def describe_codec_problems(qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> Optional[str]:
+    """:func:`codec_problems` as one sentence, with the reason (None: nothing to refuse)."""
+    codecs, ops = _problems(qcomm_codecs_registry)
+    parts = (["; ".join(codecs) + f": {CODEC_REFUSAL_REASON}"] if codecs else []) + ops
+    return "; ".join(parts) if parts else None
+
+
+def output_codecs(codecs: Optional[QuantizedCommCodecs]) -> OutputCodecs:
+    """The codecs of a ``POOLED_EMBEDDINGS_ALL_TO_ALL`` entry this all-to-all applies (fp32
+    codecs: none); raises ``ValueError`` for one it cannot honour (:func:`codec_problems`)."""
+    if codecs is None:
+        return OutputCodecs()
+    problem = describe_codec_problems({OUTPUT_COMM_OP: codecs})
+    if problem is not None:
+        raise ValueError(f"frequency_hybrid cannot honour {problem}")
+    return OutputCodecs(*(None if codec_dtype(c) == torch.float32 else c for c in (codecs.forward, codecs.backward)))
+
+
+def _quantized_splits(codec: Optional[QuantizedCommCodec], splits: List[int], qctx: Any) -> List[int]:
+    return splits if codec is None else [codec.calc_quantized_size(n, qctx) for n in splits]
+
 
 class _Request:
     """One variable all-to-all in flight, shared by its request and wait nodes (and their
-    backward: the reverse all-to-all starts in the wait's backward, ends in the request's)."""
+    backward: the reverse all-to-all starts in the wait's backward, ends in the request's).
+    ``send`` / ``recv``: split sizes in fp32 elements; ``codecs``: what encodes each direction
+    (``qctx`` / ``grad_qctx``: their contexts for the step, TorchRec's ``qcomm_ctx``)."""
 
-    def __init__(self, pg: dist.ProcessGroup, send_splits: List[int], recv_splits: List[int]) -> None:
-        self.pg, self.send, self.recv = pg, send_splits, recv_splits
+    def __init__(self, pg: dist.ProcessGroup, send_splits: List[int], recv_splits: List[int],
+                 codecs: OutputCodecs = OutputCodecs()) -> None:
+        self.pg, self.send, self.recv, self.codecs = pg, send_splits, recv_splits, codecs
         self.work: Optional[dist.Work] = None
         self.out: Optional[torch.Tensor] = None
+        self.qctx: Any = None
         self.grad_work: Optional[dist.Work] = None
         self.grad_out: Optional[torch.Tensor] = None
+        self.grad_qctx: Any = None
 
 
 class _AllToAllRequest(torch.autograd.Function):
     """Starts ``all_to_all_single`` (async) and returns a token for :class:`_AllToAllWait`;
     backward waits for the reverse all-to-all the wait's backward started (TorchRec's
-    ``All2Allv_Req`` pattern) and, like TorchRec's pooled all-to-all, divides by W."""
+    ``All2Allv_Req`` pattern), decodes it and, like TorchRec's pooled all-to-all, divides by W.
+    With a forward codec the send buffer is encoded and every split is its quantized size
+    (TorchRec's ``All2All_Pooled_Req``)."""
 
     @staticmethod
     def forward(ctx, values, req: _Request):
         ctx.req = req
-        req.out = values.new_empty(sum(req.recv))
-        req.work = dist.all_to_all_single(req.out, values.contiguous(), req.recv, req.send, group=req.pg,
-                                          async_op=True)
+        codec = req.codecs.forward
+        send = values.contiguous()
+        if codec is not None:
+            req.qctx = codec.create_context()
+            send = codec.encode(send, req.qctx)
+        recv_splits = _quantized_splits(codec, req.recv, req.qctx)
+        req.out = send.new_empty(sum(recv_splits))
+        req.work = dist.all_to_all_single(req.out, send, recv_splits, _quantized_splits(codec, req.send, req.qctx),
+                                          group=req.pg, async_op=True)
         return values.new_empty(0)
 
     @staticmethod
@@ -65,15 +188,18 @@ class _AllToAllRequest(torch.autograd.Function):
         assert req.grad_work is not None and req.grad_out is not None  # started by _AllToAllWait.backward
         req.grad_work.wait()
         grad = req.grad_out
-        req.grad_work = req.grad_out = None  # no tensor kept on the graph's context (a reference cycle)
+        if req.codecs.backward is not None:
+            grad = req.codecs.backward.decode(grad, req.grad_qctx)
+        req.grad_work = req.grad_out = req.grad_qctx = None  # nothing kept on the graph's context (a cycle)
         if get_gradient_division():
             grad.div_(req.pg.size())
         return grad, None
 
 
 class _AllToAllWait(torch.autograd.Function):
-    """Waits for the request's all-to-all and returns what arrived; backward starts the
-    reverse all-to-all of the gradient (async) and hands the token its (empty) gradient."""
+    """Waits for the request's all-to-all and returns what arrived (decoded); backward starts
+    the reverse all-to-all of the gradient (async; encoded by the backward codec, TorchRec's
+    ``All2All_Pooled_Wait``) and hands the token its (empty) gradient."""
 
     @staticmethod
     def forward(ctx, token, req: _Request):
@@ -81,14 +207,23 @@ class _AllToAllWait(torch.autograd.Function):
         assert req.work is not None and req.out is not None
         req.work.wait()
         out = req.out
-        req.work = req.out = None  # the output must not stay reachable from its own grad_fn (a cycle)
+        if req.codecs.forward is not None:
+            out = req.codecs.forward.decode(out, req.qctx)
+        req.work = req.out = req.qctx = None  # the output must not stay reachable from its own grad_fn (a cycle)
         return out
 
     @staticmethod
     def backward(ctx, grad):
         req = ctx.req
-        req.grad_out = grad.new_empty(sum(req.send))
-        req.grad_work = dist.all_to_all_single(req.grad_out, grad.contiguous(), req.send, req.recv, group=req.pg,
+        codec = req.codecs.backward
+        send = grad.contiguous()
+        if codec is not None:
+            req.grad_qctx = codec.create_context()
+            send = codec.encode(send, req.grad_qctx)
+        recv_splits = _quantized_splits(codec, req.send, req.grad_qctx)
+        req.grad_out = send.new_empty(sum(recv_splits))
+        req.grad_work = dist.all_to_all_single(req.grad_out, send, recv_splits,
+                                               _quantized_splits(codec, req.recv, req.grad_qctx), group=req.pg,
                                                async_op=True)
         return grad.new_empty(0), None
 
@@ -189,6 +324,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         pg: process group.
         feature_dims: output width of each feature (sharding order).
         mean_features: which features use MEAN pooling.
+        codecs: the ``POOLED_EMBEDDINGS_ALL_TO_ALL`` entry of a ``qcomm_codecs_registry``
+            (None: fp32); FP16 / BF16 per direction, others raise (:func:`output_codecs`).
 
     The hot-row layout (replica positions of the hot slots) comes with each step's lookup
     output (``out.layout``), the version of the hot set its input was split by.
@@ -199,9 +336,10 @@ class HybridPooledEmbeddingDist(nn.Module):
     _mean_cols: torch.Tensor
 
     def __init__(self, pg: dist.ProcessGroup, feature_dims: List[int], mean_features: List[bool],
-                 device: torch.device) -> None:
+                 device: torch.device, codecs: Optional[QuantizedCommCodecs] = None) -> None:
         super().__init__()
         self._pg, self._world = pg, pg.size()
+        self._codecs = output_codecs(codecs)
         dims = torch.tensor(feature_dims, dtype=torch.int64)
         self._total_dim = int(dims.sum())
         self.register_buffer("_dims", dims.to(device), persistent=False)
@@ -274,7 +412,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         # split sizes from the host copies the cold exchange made (no sync of its own)
         send_splits = [(u + row_pos.numel()) * unit for u in out.host_return_units]
         recv_splits = [(u + r) * unit for u, r in zip(out.host_partial_units, host_replica_units)]
-        req = _Request(self._pg, send_splits, recv_splits)
+        req = _Request(self._pg, send_splits, recv_splits, self._codecs)
         token = _AllToAllRequest.apply(send.reshape(-1), req)
 
         @record_function("## hybrid:output_dist_wait ##")
