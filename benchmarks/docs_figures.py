@@ -278,15 +278,29 @@ def _minutes(seconds: float) -> str:
     return f"{m} minute" + ("s" if m > 1 else "")
 
 
+ONEHOTS, MULTIHOTS = ("onehot", "sorted-onehot", "uniform"), ("multihot", "sorted-multihot")
+
+
 def facts() -> Dict[str, str]:
     """Every figure the docs quote in prose, formatted as they quote it, by name."""
-    f: Dict[str, str] = {}
     p = product()
     worlds = sorted({w for _, w in p})
     w4 = {wl: p[(wl, 4)] for wl in WORKLOADS}
-    onehots, multihots = ("onehot", "sorted-onehot", "uniform"), ("multihot", "sorted-multihot")
+    f: Dict[str, str] = {}
+    f.update(_product_run_facts(p))
+    f.update(_cpu_plan_facts(p, worlds, w4))
+    f.update(_net_plan_facts(p, worlds, w4))
+    f.update(_step_count_facts(w4))
+    f.update(_calibration_facts())
+    f.update(_projection_facts())
+    f.update(_drift_facts())
+    f.update(_headline_and_sweep_facts())
+    return f
 
-    # --- product runs: what they ran
+
+def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, str]:
+    """What the product runs ran (command lines, setup, batch sizes): the docs quote them to reproduce the runs."""
+    f: Dict[str, str] = {}
     a4, a28 = load("product_w4")["args"], load("product_w28")["args"]
     f["w4_cmd"] = f"--world {' '.join(map(str, a4['world']))} --steps {a4['steps']}"
     f["w28_cmd"] = f"--world {' '.join(map(str, a28['world']))} --steps {a28['steps']}"
@@ -294,24 +308,38 @@ def facts() -> Dict[str, str]:
     f["w4_setup"] = (f"{unique(a4['world'], 'product_w4 world')} gloo ranks on 2 CPU cores, the 26 Criteo-Kaggle "
                      f"tables capped at {a4['rows_cap'] // 1000}k rows")
     f["stats_batches"] = str(unique((a4["stats_batches"], a28["stats_batches"]), "stats batches"))
-    f["batch_onehot"] = str(unique((r["batch"] for (wl, _), r in p.items() if wl in onehots), "one-hot batch"))
-    f["batch_multihot"] = str(unique((r["batch"] for (wl, _), r in p.items() if wl in multihots), "multi-hot batch"))
+    f["batch_onehot"] = str(unique((r["batch"] for (wl, _), r in p.items() if wl in ONEHOTS), "one-hot batch"))
+    f["batch_multihot"] = str(unique((r["batch"] for (wl, _), r in p.items() if wl in MULTIHOTS), "multi-hot batch"))
+    return f
 
-    # --- the CPU-priced plan (hybrid_planner)
+
+def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
+                    w4: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+    """The CPU-priced plan (hybrid_planner): its table types, byte and step ratios, relabelling noise and cost."""
+    f: Dict[str, str] = {}
     cpu = {k: r["types"]["hybrid_planner"] for k, r in p.items()}
     if any(n_hybrid(t) for t in cpu.values()):
         raise ValueError("a CPU-priced plan has frequency_hybrid tables: reword the docs")
-    f["cpu_types_onehot"] = unique((types_text(t) for (wl, _), t in cpu.items() if wl in onehots), "CPU types 1-hot")
-    f["cpu_types_multihot_w2"] = unique((types_text(cpu[(wl, 2)]) for wl in multihots), "CPU types multi-hot W=2")
-    f["cpu_types_multihot_w48"] = unique((types_text(cpu[(wl, w)]) for wl in multihots for w in worlds if w > 2),
+    f["cpu_types_onehot"] = unique((types_text(t) for (wl, _), t in cpu.items() if wl in ONEHOTS), "CPU types 1-hot")
+    f["cpu_types_multihot_w2"] = unique((types_text(cpu[(wl, 2)]) for wl in MULTIHOTS), "CPU types multi-hot W=2")
+    f["cpu_types_multihot_w48"] = unique((types_text(cpu[(wl, w)]) for wl in MULTIHOTS for w in worlds if w > 2),
                                          "CPU types multi-hot W=4, 8")
-    f["w4_cpu_types_onehot"] = unique((types_text(cpu[(wl, 4)]) for wl in onehots), "CPU types one-hot W=4")
-    f["w4_cpu_types_multihot"] = unique((types_text(cpu[(wl, 4)]) for wl in multihots), "CPU types multi-hot W=4")
+    f["w4_cpu_types_onehot"] = unique((types_text(cpu[(wl, 4)]) for wl in ONEHOTS), "CPU types one-hot W=4")
+    f["w4_cpu_types_multihot"] = unique((types_text(cpu[(wl, 4)]) for wl in MULTIHOTS), "CPU types multi-hot W=4")
     f["w4_cpu_bytes"] = span((r["ratios"]["hybrid_planner"]["busiest"] for r in w4.values()), x2)
     f["w4_cpu_step"] = span((r["ratios"]["hybrid_planner"]["step"] for r in w4.values()), x2)
     f["cpu_bytes"] = span((r["ratios"]["hybrid_planner"]["busiest"] for r in p.values()), x2)
     f["cpu_step"] = span((r["ratios"]["hybrid_planner"]["step"] for r in p.values()), x2)
-    # the same two plans on the same batches up to a relabelling of ids: one-hot vs frequency-sorted one-hot
+    f.update(_relabel_facts(p, worlds))
+    cost = [_plan_cost_ms(r["comparison"]["hybrid_planner"], "*")
+            / _plan_cost_ms(r["comparison"]["hybrid_planner"], "stock") for r in w4.values()]
+    f["w4_cpu_cost"] = span(cost, x2)
+    return f
+
+
+def _relabel_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int]) -> Dict[str, str]:
+    """The CPU-priced step ratios of one-hot vs frequency-sorted one-hot: the same plans on the same batches up to
+    a relabelling of ids, so their difference is the timing noise the docs quote."""
     relabel = []
     for w in worlds:
         a, b = p[("onehot", w)], p[("sorted-onehot", w)]
@@ -321,25 +349,26 @@ def facts() -> Dict[str, str]:
         if x2(a["ratios"]["hybrid_planner"]["busiest"]) != x2(b["ratios"]["hybrid_planner"]["busiest"]):
             raise ValueError(f"W={w}: one-hot and sorted one-hot byte ratios differ; reword the noise note")
         relabel.append((w, x2(a["ratios"]["hybrid_planner"]["step"]), x2(b["ratios"]["hybrid_planner"]["step"])))
-    f["w4_relabel"] = " and ".join(next(r[1:] for r in relabel if r[0] == 4))
-    f["relabel"] = ", ".join(f"{a} / {b} at W={w}" for w, a, b in relabel)
-    cost = [_plan_cost_ms(r["comparison"]["hybrid_planner"], "*")
-            / _plan_cost_ms(r["comparison"]["hybrid_planner"], "stock") for r in w4.values()]
-    f["w4_cpu_cost"] = span(cost, x2)
+    return {"w4_relabel": " and ".join(next(r[1:] for r in relabel if r[0] == 4)),
+            "relabel": ", ".join(f"{a} / {b} at W={w}" for w, a, b in relabel)}
 
-    # --- the network-priced plan (hybrid_planner_bytes)
+
+def _net_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
+                    w4: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+    """The network-priced plan (hybrid_planner_bytes): hybrid table counts, byte / step ratios, balance, model error."""
+    f: Dict[str, str] = {}
     net = {k: r["types"]["hybrid_planner_bytes"] for k, r in p.items()}
     f["w4_net_tables"] = span((n_hybrid(net[(wl, 4)]) for wl in WORKLOADS), str)
     f["net_tables"] = span((n_hybrid(t) for t in net.values()), str)
-    f["net_tw_cold_multihot"] = span((n_layout(net[(wl, w)], "table_wise") for wl in multihots for w in worlds), str)
+    f["net_tw_cold_multihot"] = span((n_layout(net[(wl, w)], "table_wise") for wl in MULTIHOTS for w in worlds), str)
     f["w4_net_onehot"] = x2(w4["onehot"]["ratios"]["hybrid_planner_bytes"]["busiest"])
     f["w4_net_multihot"] = x2(w4["multihot"]["ratios"]["hybrid_planner_bytes"]["busiest"])
     sorted_balance = max(w4[wl]["ratios"]["hybrid_planner_bytes"]["busiest_over_mean"]
                          for wl in ("sorted-onehot", "sorted-multihot"))
     f["w4_net_sorted_balance"] = f"{sorted_balance:.2f}"
-    f["w4_net_slow"] = span((w4[wl]["ratios"]["hybrid_planner_bytes"]["step"] for wl in (*multihots, "uniform")),
+    f["w4_net_slow"] = span((w4[wl]["ratios"]["hybrid_planner_bytes"]["step"] for wl in (*MULTIHOTS, "uniform")),
                             lambda v: f"{v:.1f}x")
-    f["net_slow_w48"] = span((p[(wl, w)]["ratios"]["hybrid_planner_bytes"]["step"] for wl in (*multihots, "uniform")
+    f["net_slow_w48"] = span((p[(wl, w)]["ratios"]["hybrid_planner_bytes"]["step"] for wl in (*MULTIHOTS, "uniform")
                               for w in worlds if w > 2), lambda v: f"{v:.1f}x")
     bal = {k: r["ratios"]["hybrid_planner_bytes"]["busiest_over_mean"] for k, r in p.items()}
     f["net_balance_small"] = span((v for (_, w), v in bal.items() if w <= 4), lambda v: f"{v:.2f}")
@@ -349,8 +378,12 @@ def facts() -> Dict[str, str]:
     f["mean_vs_busiest"] = f"{ceil_to(gap, 0.01):.2f}"
     f["est_error"] = f"{ceil_to(max(_est_error(r) for r in p.values()) * 100, 0.1):.1f}%"
     f["w4_est_error"] = f"{ceil_to(max(_est_error(r) for r in w4.values()) * 100, 1):.0f}%"
+    return f
 
-    # --- per-step counts at W=4 (forward + backward)
+
+def _step_count_facts(w4: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
+    """Per-step collectives, host syncs and ops (forward + backward) at W=4: network-priced plan against stock."""
+    f: Dict[str, str] = {}
     c = {m: [w4[wl][m]["counts"] for wl in WORKLOADS] for m in (*HYBRID, "stock_planner")}
     f["w4_net_collectives"] = span((_total(x, "collectives") for x in c["hybrid_planner_bytes"]), str)
     f["w4_stock_collectives"] = span((_total(x, "collectives") for x in c["stock_planner"]), str)
@@ -360,15 +393,21 @@ def facts() -> Dict[str, str]:
                                 for h, s in zip(c["hybrid_planner_bytes"], c["stock_planner"])), lambda v: f"{v:.1f}x")
     f["w4_ops_ratio"] = span((_total(h, "ops") / _total(s, "ops")
                               for h, s in zip(c["hybrid_planner_bytes"], c["stock_planner"])), lambda v: f"{v:.1f}x")
+    return f
 
-    # --- calibration (python -m benchmarks.calibrate)
+
+def _calibration_facts() -> Dict[str, str]:
+    """The cost-model fit (python -m benchmarks.calibrate): its RMS error, the measured steps and how many runs."""
     cal = load("calibration")
-    f["cal_rms"] = f"{cal['fit']['rms_ms']:.1f} ms"
-    f["cal_steps"] = span((q["measured_mean_ms"] for q in cal["fit"]["per_plan"]), lambda v: f"{v:.0f} ms")
-    f["cal_runs"] = {1: "one run", 2: "two runs", 3: "three runs"}.get(len(cal["args"]["refit"] or [1]),
-                                                                      f"{len(cal['args']['refit'])} runs")
+    return {"cal_rms": f"{cal['fit']['rms_ms']:.1f} ms",
+            "cal_steps": span((q["measured_mean_ms"] for q in cal["fit"]["per_plan"]), lambda v: f"{v:.0f} ms"),
+            "cal_runs": {1: "one run", 2: "two runs", 3: "three runs"}.get(len(cal["args"]["refit"] or [1]),
+                                                                          f"{len(cal['args']['refit'])} runs")}
 
-    # --- projection (python -m benchmarks.simulate [--multi-hot])
+
+def _projection_facts() -> Dict[str, str]:
+    """The projection to large W (python -m benchmarks.simulate [--multi-hot]): worlds, setup and byte ratios."""
+    f: Dict[str, str] = {}
     one, multi = load("projected"), load("projected_multihot")
     f["proj_max_w"] = f"{max(one['worlds']):,}"
     f["proj_min_w"], f["proj_max_w_plain"] = str(min(one["worlds"])), str(max(one["worlds"]))
@@ -386,8 +425,12 @@ def facts() -> Dict[str, str]:
     f["proj_cap"] = f"{max(one['cardinalities']) // 1_000_000}M"
     if multi["alpha"] != one["alpha"] or multi["dim"] != one["dim"]:
         raise ValueError("the two projections differ in alpha or dim")
+    return f
 
-    # --- drift (python -m benchmarks.drift)
+
+def _drift_facts() -> Dict[str, str]:
+    """The drift run (python -m benchmarks.drift): setup, static vs refreshed vs ideal bytes, refresh costs."""
+    f: Dict[str, str] = {}
     d = load("drift")
     runs, acc, ref = d["runs"], d["acceptance"], d["refresh"]
     f["drift_within"] = f"{math.ceil((acc['refreshed_max_over_ideal'] - 1) * 100)}%"
@@ -415,10 +458,22 @@ def facts() -> Dict[str, str]:
     f["drift_setup"] = (f"{d['world']} gloo ranks (`--world`), the 26 Criteo-Kaggle tables capped at "
                         f"{d['args']['rows_cap'] // 1000}k rows, dim {d['args']['dim']}, B={d['args']['batch']} per "
                         f"rank, one id per feature, Zipf({d['args']['alpha']})")
+    return f
 
-    # --- headline and sweeps (python -m benchmarks [--headline|--quick])
+
+def _headline_and_sweep_facts() -> Dict[str, str]:
+    """The headline run and the sweeps (python -m benchmarks [--headline|--quick]), then their run times."""
     hd, full, quick = load("headline"), load("full"), load("quick")
     hc = single(hd["configurations"], "headline configuration")
+    f = _headline_facts(hd, hc, full)
+    f.update(_sweep_facts(full, quick, hc["workload"]["rows_cap"]))
+    f.update(_run_time_facts(hd, full, quick))
+    return f
+
+
+def _headline_facts(hd: Dict[str, Any], hc: Dict[str, Any], full: Dict[str, Any]) -> Dict[str, str]:
+    """The headline configuration's setup and step times against the stock types, and its twin in the full sweep."""
+    f: Dict[str, str] = {}
     hw = hc["workload"]
     f["hl_setup"] = (f"{hw['batch_per_rank']:,} samples per rank, one id per feature, Zipf({hw['alpha']}), "
                      f"{hw['hot_rows']:,} hot rows, {hw['steps']} timed steps")
@@ -429,18 +484,26 @@ def facts() -> Dict[str, str]:
         raise ValueError("the headline configuration is multi-hot: reword the docs")
     ratio = hc["ratios"]["bytes_hybrid_over_table_wise"]
     f["hl_third"] = "under a third" if ratio < 1 / 3 else f"{x2(ratio)}"
-
-    def vs(config: Dict[str, Any]) -> Tuple[str, str]:
-        res = config["results"]
-        t = res["frequency_hybrid"]["step_time_s"]["median"]
-        return (x2(t / res[config["ratios"]["fastest_stock_type"]]["step_time_s"]["median"]),
-                x2(t / res["table_wise"]["step_time_s"]["median"]))
-
     fc = next(x for x in full["configurations"] if x["workload"]["name"] == hw["name"])
-    (f["hl_vs_fastest"], f["hl_vs_tw"]), (f["full_vs_fastest"], f["full_vs_tw"]) = vs(hc), vs(fc)
+    f["hl_vs_fastest"], f["hl_vs_tw"] = _step_vs_stock(hc)
+    f["full_vs_fastest"], f["full_vs_tw"] = _step_vs_stock(fc)
     fastest = unique((hc["ratios"]["fastest_stock_type"], fc["ratios"]["fastest_stock_type"]), "fastest stock type")
     f["hl_fastest"] = "the stock planner's plan" if fastest == "planner" else fastest
-    small = [x for x in full["configurations"] if x["workload"]["rows_cap"] < hw["rows_cap"]]
+    return f
+
+
+def _step_vs_stock(config: Dict[str, Any]) -> Tuple[str, str]:
+    """The hybrid's median step over the fastest stock type's and over table_wise's, in one configuration."""
+    res = config["results"]
+    t = res["frequency_hybrid"]["step_time_s"]["median"]
+    return (x2(t / res[config["ratios"]["fastest_stock_type"]]["step_time_s"]["median"]),
+            x2(t / res["table_wise"]["step_time_s"]["median"]))
+
+
+def _sweep_facts(full: Dict[str, Any], quick: Dict[str, Any], headline_rows_cap: int) -> Dict[str, str]:
+    """The sweeps' configurations on smaller tables than the headline's: setup, time and byte ratios."""
+    f: Dict[str, str] = {}
+    small = [x for x in full["configurations"] if x["workload"]["rows_cap"] < headline_rows_cap]
     f["sweep_setup"] = (f"B={unique((x['workload']['batch_per_rank'] for x in small), 'sweep batch')}, "
                         f"{unique((x['workload']['rows_cap'] for x in small), 'sweep rows') // 1000}k-row tables")
     times = [x["ratios"]["time_hybrid_over_fastest_stock"] for x in small]
@@ -449,6 +512,17 @@ def facts() -> Dict[str, str]:
     mh = [x for x in small if x["workload"]["multi_hot"]]
     f["sweep_hot_rows"] = str(unique((x["workload"]["hot_rows"] for x in small), "sweep hot rows"))
     f["sweep_multihot"] = span((x["ratios"]["bytes_hybrid_over_table_wise"] for x in mh), x2)
+    f["sweep_multihot_over"] = _sweep_multihot_over(mh)
+    f["sweep_uniform"] = span((x["ratios"]["bytes_hybrid_over_table_wise"] for x in small
+                               if not x["workload"]["multi_hot"] and x["workload"]["alpha"] == 0), x2)
+    qmh = [x["ratios"]["bytes_hybrid_over_table_wise"] for x in quick["configurations"] if x["workload"]["multi_hot"]]
+    f["quick_multihot"] = ("slightly *more* than" if all(1 < v < 1.1 for v in qmh) else
+                           f"{span(qmh, x2)} of") + " table_wise"
+    return f
+
+
+def _sweep_multihot_over(mh: List[Dict[str, Any]]) -> str:
+    """Which multi-hot sweep configurations send more than table_wise, by W: the docs name them."""
     over: Dict[int, List[str]] = {}
     for x in mh:
         if x["ratios"]["bytes_hybrid_over_table_wise"] > 1:
@@ -458,19 +532,17 @@ def facts() -> Dict[str, str]:
             if label not in over[x["workload"]["world"]]:
                 over[x["workload"]["world"]].append(label)
     n_over = sum(x["ratios"]["bytes_hybrid_over_table_wise"] > 1 for x in mh)
-    f["sweep_multihot_over"] = (f"more than table_wise in {n_over} of {len(mh)} configurations: "
-                                + "; ".join(f"W={w}: {', '.join(v)}" for w, v in sorted(over.items())))
-    f["sweep_uniform"] = span((x["ratios"]["bytes_hybrid_over_table_wise"] for x in small
-                               if not x["workload"]["multi_hot"] and x["workload"]["alpha"] == 0), x2)
-    qmh = [x["ratios"]["bytes_hybrid_over_table_wise"] for x in quick["configurations"] if x["workload"]["multi_hot"]]
-    f["quick_multihot"] = ("slightly *more* than" if all(1 < v < 1.1 for v in qmh) else
-                           f"{span(qmh, x2)} of") + " table_wise"
-    f["quick_minutes"] = _minutes(quick["runtime_s"])
-    f["full_minutes"] = _minutes(full["runtime_s"])
-    f["headline_minutes"] = f"~{max(1, round(hd['runtime_s'] / 60))} min"
-    f["quick_budget"] = "< 5 min" if quick["runtime_s"] < 300 else f"~{round(quick['runtime_s'] / 60)} min"
-    f["full_budget"] = "< 15 min" if full["runtime_s"] < 900 else f"~{round(full['runtime_s'] / 60)} min"
-    return f
+    return (f"more than table_wise in {n_over} of {len(mh)} configurations: "
+            + "; ".join(f"W={w}: {', '.join(v)}" for w, v in sorted(over.items())))
+
+
+def _run_time_facts(hd: Dict[str, Any], full: Dict[str, Any], quick: Dict[str, Any]) -> Dict[str, str]:
+    """How long the sweeps and the headline took, as the docs quote them (minutes, budgets)."""
+    return {"quick_minutes": _minutes(quick["runtime_s"]),
+            "full_minutes": _minutes(full["runtime_s"]),
+            "headline_minutes": f"~{max(1, round(hd['runtime_s'] / 60))} min",
+            "quick_budget": "< 5 min" if quick["runtime_s"] < 300 else f"~{round(quick['runtime_s'] / 60)} min",
+            "full_budget": "< 15 min" if full["runtime_s"] < 900 else f"~{round(full['runtime_s'] / 60)} min"}
 
 
 # (doc, template): the filled template must stand in the doc, whitespace folded

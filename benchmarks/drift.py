@@ -39,12 +39,14 @@ import os
 import resource
 import statistics
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 
 from benchmarks.product import _rank_slice as rank_slice  # one rank's part of a global batch
 
+from torchrec_hybrid.comm_bytes import count_sent_bytes, sent_bytes
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger("benchmarks.drift")
@@ -59,7 +61,44 @@ TINY = dict(world=2, batch=64, rows_cap=2000, dim=16, alpha=1.1, drift_rows=4.0,
 
 def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
     torch.set_num_threads(1)
-    import torch.distributed as dist
+    from torchrec_hybrid.stats import FrequencyStats, SyntheticCriteo, criteo_table_sizes, criteo_tables
+
+    sizes = criteo_table_sizes(max_rows=a["rows_cap"])
+    tables = criteo_tables(sizes, embedding_dim=a["dim"])
+    gen = SyntheticCriteo(sizes, batch_size=a["batch"] * world,
+                          num_batches=a["stats_batches"] + a["warmup"] + a["steps"],
+                          alpha=a["alpha"], seed=0, drift_rows=a["drift_rows"])
+    stream = iter(gen)
+    stats0, hot0 = _initial_hot_set(stream, tables, a)
+    pg = dist.GroupMember.WORLD
+    models, stock_types = _build_models(tables, hot0, world, a["batch"], pg)
+    hot_size = {t.name: int(hot0[t.name].numel()) for t in tables}
+    streaming = FrequencyStats(tables, decay=a["decay"])
+    run = _train(rank, world, a, gen, stream, models, stats0, streaming, hot_size,
+                 {t.name: t.feature_names[0] for t in tables}, pg)
+    dist.barrier()
+    emit({**run, "hot_rows": sum(hot_size.values()), "tables_with_hot_rows": sum(1 for n in hot_size.values() if n),
+          "stock_types": stock_types, "rows": sum(sizes),
+          "stats_bytes": int(sum(streaming.memory_bytes().values())),
+          "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+
+
+def _initial_hot_set(stream, tables, a: Dict[str, Any]):
+    """The hot set chosen once, before training, from the first ``stats_batches`` global batches; and the
+    statistics it came from (they price coverage later)."""
+    from torchrec_hybrid.stats import FrequencyStats, select_hot_ids
+
+    stats0 = FrequencyStats(tables)
+    for _ in range(a["stats_batches"]):  # the same global batches on every rank: no merge needed
+        stats0.update(next(stream))
+    hot0 = select_hot_ids(stats0, memory_budget_bytes=a["hot_rows"] * a["dim"] * 4,
+                          bytes_per_row=lambda c: c.embedding_dim * 4)
+    return stats0, hot0
+
+
+def _build_models(tables, hot0, world: int, batch: int, pg):
+    """The four models: three all-``frequency_hybrid`` DMPs starting from ``hot0`` and the stock planner's DMP;
+    with the stock plan's table count per sharding type."""
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -68,24 +107,9 @@ def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
     from torchrec.distributed.types import ShardingPlan
 
-    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid, refresh_hot_sets
-    from torchrec_hybrid.comm_bytes import count_sent_bytes, sent_bytes
-    from torchrec_hybrid.stats import FrequencyStats, SyntheticCriteo, criteo_table_sizes, criteo_tables
-    from torchrec_hybrid.stats import select_hot_ids
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
 
-    sizes = criteo_table_sizes(max_rows=a["rows_cap"])
-    tables = criteo_tables(sizes, embedding_dim=a["dim"])
-    B = a["batch"]
-    gen = SyntheticCriteo(sizes, batch_size=B * world, num_batches=a["stats_batches"] + a["warmup"] + a["steps"],
-                          alpha=a["alpha"], seed=0, drift_rows=a["drift_rows"])
-    stream = iter(gen)
-    stats0 = FrequencyStats(tables)
-    for _ in range(a["stats_batches"]):  # the same global batches on every rank: no merge needed
-        stats0.update(next(stream))
-    hot0 = select_hot_ids(stats0, memory_budget_bytes=a["hot_rows"] * a["dim"] * 4,
-                          bytes_per_row=lambda c: c.embedding_dim * 4)
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
-    pg = dist.GroupMember.WORLD
 
     def ebc():
         return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -101,22 +125,20 @@ def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
                                                 sharders=[sharder])
     stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))
     stock_plan = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
-                                          batch_size=B).collective_plan(ebc(), [stock_sharder], pg)
+                                          batch_size=batch).collective_plan(ebc(), [stock_sharder], pg)
     models["stock"] = DistributedModelParallel(ebc(), device=torch.device("cpu"), plan=stock_plan,
                                                sharders=[stock_sharder])
     stock_types: Dict[str, int] = {}
     for ps in next(iter(stock_plan.plan.values())).values():
         stock_types[ps.sharding_type] = stock_types.get(ps.sharding_type, 0) + 1
-    hot_size = {t.name: int(hot0[t.name].numel()) for t in tables}
-    feature_of = {t.name: t.feature_names[0] for t in tables}
-    streaming = FrequencyStats(tables, decay=a["decay"])
+    return models, stock_types
 
-    bar = None
-    if rank == 0:
-        from tqdm import tqdm
 
-        tqdm.monitor_interval = 0  # no monitor thread writing inside a measured window
-        bar = tqdm(total=a["warmup"] + a["steps"], desc=f"drift W={world}", unit="step", disable=not a["progress"])
+def _train(rank: int, world: int, a: Dict[str, Any], gen, stream, models: Dict[str, Any], stats0, streaming,
+           hot_size: Dict[str, int], feature_of: Dict[str, str], pg) -> Dict[str, Any]:
+    """The warm-up and timed steps of all four models on the same batches: per-step bytes and times, the
+    refreshes' records and each hot set's coverage at every point."""
+    bar = _progress_bar(rank, world, a)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     sent: Dict[str, List[int]] = {m: [] for m in MODELS}
     times: Dict[str, List[float]] = {m: [] for m in MODELS}
@@ -125,55 +147,78 @@ def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
     batches = [next(stream) for _ in range(a["warmup"])]  # warm-up: the first batches, untimed
     for i in range(a["warmup"] + a["steps"]):
         glob_kjt = batches[i] if i < a["warmup"] else next(stream)
-        kjt = rank_slice(glob_kjt, gen.hotness, rank, B)
+        kjt = rank_slice(glob_kjt, gen.hotness, rank, a["batch"])
         timed = i >= a["warmup"]
-        k = i % len(MODELS)
-        for name in MODELS[k:] + MODELS[:k]:  # rotated: no model always runs first
-            dist.barrier()
-            b0, t0 = sent_bytes(), time.perf_counter()
-            models[name](kjt).wait().values().sum().backward()
-            t1, b1 = time.perf_counter(), sent_bytes()
-            if timed:
-                sent[name].append(b1 - b0)
-                times[name].append(t1 - t0)
-        if not timed:
-            if bar is not None:
-                bar.update()
-            continue
-        s = i - a["warmup"] + 1  # timed steps done
-        streaming.update(kjt)  # what a trainer counts: the ids this rank trained on
-        if s % a["point"] == 0 or s == a["steps"]:  # coverage of the global batch by each hot set
-            for name in HYBRIDS:
-                hot = _hot_ids(models[name])
-                coverage[name].append(_share(stats0, glob_kjt, hot))
-        if s % a["every"] == 0 and s < a["steps"]:
-            dist.barrier()
-            t0 = time.perf_counter()
-            with count_sent_bytes() as merge_b:
-                streaming.all_reduce_(pg, check=not refreshes)
-            t1 = time.perf_counter()
-            with count_sent_bytes() as switch_b:
-                changed = refresh_hot_sets(models["refreshed"], stats=streaming)
-            t2 = time.perf_counter()
-            nxt = a["stats_batches"] + i + 1  # index of the next batch in the generator
-            top = gen.top_ids(nxt, max(hot_size.values()) or 1)
-            ideal = {t: top[feature_of[t]][:n] for t, n in hot_size.items()}
-            with count_sent_bytes() as ideal_b:
-                ideal_changed = refresh_hot_sets(models["ideal"], hot_ids=ideal)
-            refreshes.append({"step": s, "merge_s": t1 - t0, "switch_s": t2 - t1, "merge_bytes": merge_b[0],
-                              "switch_bytes": switch_b[0], "ideal_switch_bytes": ideal_b[0],
-                              "changed": int(sum(changed.values())),
-                              "ideal_changed": int(sum(ideal_changed.values()))})
+        _step_models(models, kjt, i, timed, sent, times)
+        if timed:
+            s = i - a["warmup"] + 1  # timed steps done
+            streaming.update(kjt)  # what a trainer counts: the ids this rank trained on
+            if s % a["point"] == 0 or s == a["steps"]:  # coverage of the global batch by each hot set
+                for name in HYBRIDS:
+                    hot = _hot_ids(models[name])
+                    coverage[name].append(_share(stats0, glob_kjt, hot))
+            if s % a["every"] == 0 and s < a["steps"]:
+                nxt = a["stats_batches"] + i + 1  # index of the next batch in the generator
+                refreshes.append(_refresh(models, streaming, pg, s, check=not refreshes,
+                                          ideal_ids=lambda: _ideal_hot_ids(gen, nxt, hot_size, feature_of)))
         if bar is not None:
             bar.update()
     if bar is not None:
         bar.close()
+    return {"sent": sent, "times": times, "refreshes": refreshes, "coverage": coverage}
+
+
+def _progress_bar(rank: int, world: int, a: Dict[str, Any]):
+    """Rank 0's tqdm bar over all steps (None on the other ranks), without tqdm's monitor thread."""
+    if rank != 0:
+        return None
+    from tqdm import tqdm
+
+    tqdm.monitor_interval = 0  # no monitor thread writing inside a measured window
+    return tqdm(total=a["warmup"] + a["steps"], desc=f"drift W={world}", unit="step", disable=not a["progress"])
+
+
+def _step_models(models: Dict[str, Any], kjt, i: int, timed: bool, sent: Dict[str, List[int]],
+                 times: Dict[str, List[float]]) -> None:
+    """One training step of every model, in an order rotated by step ``i`` (no model always runs first), each
+    behind a barrier; on a timed step, record each model's bytes sent and time."""
+    k = i % len(MODELS)
+    for name in MODELS[k:] + MODELS[:k]:
+        dist.barrier()
+        b0, t0 = sent_bytes(), time.perf_counter()
+        models[name](kjt).wait().values().sum().backward()
+        t1, b1 = time.perf_counter(), sent_bytes()
+        if timed:
+            sent[name].append(b1 - b0)
+            times[name].append(t1 - t0)
+
+
+def _refresh(models: Dict[str, Any], streaming, pg, step: int, check: bool,
+             ideal_ids: Callable[[], Dict[str, torch.Tensor]]) -> Dict[str, Any]:
+    """Merge the ranks' statistics and switch ``refreshed``'s hot sets (timed, bytes counted), then switch
+    ``ideal``'s to the data's true top ids (``ideal_ids``, computed after the timed part); their record."""
+    from torchrec_hybrid import refresh_hot_sets
+
     dist.barrier()
-    emit({"sent": sent, "times": times, "refreshes": refreshes, "coverage": coverage,
-          "hot_rows": sum(hot_size.values()), "tables_with_hot_rows": sum(1 for n in hot_size.values() if n),
-          "stock_types": stock_types, "rows": sum(sizes),
-          "stats_bytes": int(sum(streaming.memory_bytes().values())),
-          "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
+    t0 = time.perf_counter()
+    with count_sent_bytes() as merge_b:
+        streaming.all_reduce_(pg, check=check)
+    t1 = time.perf_counter()
+    with count_sent_bytes() as switch_b:
+        changed = refresh_hot_sets(models["refreshed"], stats=streaming)
+    t2 = time.perf_counter()
+    ideal = ideal_ids()
+    with count_sent_bytes() as ideal_b:
+        ideal_changed = refresh_hot_sets(models["ideal"], hot_ids=ideal)
+    return {"step": step, "merge_s": t1 - t0, "switch_s": t2 - t1, "merge_bytes": merge_b[0],
+            "switch_bytes": switch_b[0], "ideal_switch_bytes": ideal_b[0],
+            "changed": int(sum(changed.values())), "ideal_changed": int(sum(ideal_changed.values()))}
+
+
+def _ideal_hot_ids(gen, nxt: int, hot_size: Dict[str, int], feature_of: Dict[str, str]) -> Dict[str, torch.Tensor]:
+    """Each table's hot set re-chosen, at its current size, from the true top ids of generator batch ``nxt``."""
+    top = gen.top_ids(nxt, max(hot_size.values()) or 1)
+    return {t: top[feature_of[t]][:n] for t, n in hot_size.items()}
 
 
 def _hot_ids(model) -> Dict[str, torch.Tensor]:
@@ -194,42 +239,17 @@ def _share(stats, kjt, hot) -> float:
 def summarize(outs: List[Dict[str, Any]], a: Dict[str, Any]) -> Dict[str, Any]:
     world, steps, point = len(outs), len(outs[0]["sent"]["static"]), a["point"]
     bounds = list(range(0, steps, point))
-    points: Dict[str, Dict[str, List[float]]] = {}
-    for m in MODELS:
-        mean, busiest = [], []
-        for lo in bounds:
-            hi = min(steps, lo + point)
-            per_rank = [statistics.fmean(o["sent"][m][lo:hi]) for o in outs]
-            mean.append(statistics.fmean(per_rank))
-            busiest.append(max(per_rank))
-        points[m] = {"mean": mean, "busiest": busiest}
+    points = {m: _point_bytes(outs, m, bounds, steps, point) for m in MODELS}
     x = [min(steps, lo + point) for lo in bounds]  # a point is labelled by its last step
     per_step = {m: [statistics.fmean(o["sent"][m][s] for o in outs) for s in range(steps)] for m in MODELS}
-    runs: Dict[str, Any] = {}
-    for m in MODELS:
-        per_rank_mean = [statistics.fmean(o["sent"][m]) for o in outs]
-        step_s = [max(o["times"][m][s] for o in outs) for s in range(steps)]
-        runs[m] = {"mean_bytes": statistics.fmean(per_rank_mean), "busiest_bytes": max(per_rank_mean),
-                   "first_point_bytes": points[m]["mean"][0], "last_point_bytes": points[m]["mean"][-1],
-                   "median_step_s": statistics.median(step_s)}
+    runs = {m: _run_summary(outs, m, points[m], steps) for m in MODELS}
     ideal = points["ideal"]["mean"]
     ratio = {m: [v / i for v, i in zip(points[m]["mean"], ideal)] for m in MODELS}
     busiest_ratio = {m: [v / i for v, i in zip(points[m]["busiest"], points["ideal"]["busiest"])] for m in MODELS}
-    recs = [list(r) for r in zip(*(o["refreshes"] for o in outs))]  # [refresh][rank]
-    refresh = None
-    if recs:
-        per = [{"step": r[0]["step"], "time_s": max(x["merge_s"] + x["switch_s"] for x in r),
-                "merge_s": max(x["merge_s"] for x in r), "switch_s": max(x["switch_s"] for x in r),
-                "merge_bytes_per_rank": statistics.fmean(x["merge_bytes"] for x in r),
-                "switch_bytes_per_rank": statistics.fmean(x["switch_bytes"] for x in r),
-                "ideal_switch_bytes_per_rank": statistics.fmean(x["ideal_switch_bytes"] for x in r),
-                "changed": r[0]["changed"], "ideal_changed": r[0]["ideal_changed"]} for r in recs]
-        refresh = {"count": len(per), "every": a["every"], "per_refresh": per,
-                   "mean_time_s": statistics.fmean(p["time_s"] for p in per),
-                   "max_time_s": max(p["time_s"] for p in per),
-                   "mean_merge_bytes_per_rank": statistics.fmean(p["merge_bytes_per_rank"] for p in per),
-                   "mean_switch_bytes_per_rank": statistics.fmean(p["switch_bytes_per_rank"] for p in per)}
-        amortized = (refresh["mean_merge_bytes_per_rank"] + refresh["mean_switch_bytes_per_rank"]) * len(per) / steps
+    refresh = _refresh_summary(outs, a["every"])
+    if refresh is not None:
+        amortized = (refresh["mean_merge_bytes_per_rank"] + refresh["mean_switch_bytes_per_rank"]) \
+            * refresh["count"] / steps
         runs["refreshed"]["mean_bytes_with_refresh"] = runs["refreshed"]["mean_bytes"] + amortized
     o0 = outs[0]
     return {
@@ -246,6 +266,48 @@ def summarize(outs: List[Dict[str, Any]], a: Dict[str, Any]) -> Dict[str, Any]:
             "static_last_over_first": points["static"]["mean"][-1] / points["static"]["mean"][0],
         },
     }
+
+
+def _point_bytes(outs: List[Dict[str, Any]], m: str, bounds: List[int], steps: int,
+                 point: int) -> Dict[str, List[float]]:
+    """Model ``m``'s bytes per rank per step at each point (``point`` steps from each of ``bounds``): the mean
+    over ranks and the busiest rank's."""
+    mean, busiest = [], []
+    for lo in bounds:
+        hi = min(steps, lo + point)
+        per_rank = [statistics.fmean(o["sent"][m][lo:hi]) for o in outs]
+        mean.append(statistics.fmean(per_rank))
+        busiest.append(max(per_rank))
+    return {"mean": mean, "busiest": busiest}
+
+
+def _run_summary(outs: List[Dict[str, Any]], m: str, points: Dict[str, List[float]], steps: int) -> Dict[str, Any]:
+    """Model ``m`` over the whole run: mean and busiest bytes per rank, its first and last point, median step
+    (the slowest rank's)."""
+    per_rank_mean = [statistics.fmean(o["sent"][m]) for o in outs]
+    step_s = [max(o["times"][m][s] for o in outs) for s in range(steps)]
+    return {"mean_bytes": statistics.fmean(per_rank_mean), "busiest_bytes": max(per_rank_mean),
+            "first_point_bytes": points["mean"][0], "last_point_bytes": points["mean"][-1],
+            "median_step_s": statistics.median(step_s)}
+
+
+def _refresh_summary(outs: List[Dict[str, Any]], every: int) -> Optional[Dict[str, Any]]:
+    """The refreshes over ranks (time: the slowest rank; bytes: the mean per rank), each and on average; None
+    when there were none."""
+    recs = [list(r) for r in zip(*(o["refreshes"] for o in outs))]  # [refresh][rank]
+    if not recs:
+        return None
+    per = [{"step": r[0]["step"], "time_s": max(x["merge_s"] + x["switch_s"] for x in r),
+            "merge_s": max(x["merge_s"] for x in r), "switch_s": max(x["switch_s"] for x in r),
+            "merge_bytes_per_rank": statistics.fmean(x["merge_bytes"] for x in r),
+            "switch_bytes_per_rank": statistics.fmean(x["switch_bytes"] for x in r),
+            "ideal_switch_bytes_per_rank": statistics.fmean(x["ideal_switch_bytes"] for x in r),
+            "changed": r[0]["changed"], "ideal_changed": r[0]["ideal_changed"]} for r in recs]
+    return {"count": len(per), "every": every, "per_refresh": per,
+            "mean_time_s": statistics.fmean(p["time_s"] for p in per),
+            "max_time_s": max(p["time_s"] for p in per),
+            "mean_merge_bytes_per_rank": statistics.fmean(p["merge_bytes_per_rank"] for p in per),
+            "mean_switch_bytes_per_rank": statistics.fmean(p["switch_bytes_per_rank"] for p in per)}
 
 
 def markdown(r: Dict[str, Any]) -> List[str]:

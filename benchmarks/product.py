@@ -80,6 +80,28 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
                warmup: int, steps: int) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
+
+    from benchmarks.step_counts import count_training_step
+
+    tables, stats, batches = _data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
+    planners, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
+    logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
+    sent, times = _train(models, batches, warmup)
+    dist.barrier()
+    counts = {}
+    for name in MODELS:  # one more, untimed, step per model under the op counter
+        dist.barrier()
+        counts[name] = count_training_step(models[name], batches[-1])
+    out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
+                           "counts": counts}
+    if rank == 0:
+        out.update(_planner_report(planners, plans))
+    emit(out)
+
+
+def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg):
+    """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
+    hybrid planners, the plans and a DistributedModelParallel per plan, by model name."""
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -87,12 +109,8 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
-    from benchmarks.step_counts import count_training_step
-    from torchrec_hybrid.comm_bytes import sent_bytes
 
-    tables, stats, batches = _data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
-    pg = dist.GroupMember.WORLD
     topo = Topology(world_size=world, compute_device="cpu")
 
     def ebc():
@@ -108,12 +126,21 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     models = {name: DistributedModelParallel(ebc(), device=torch.device("cpu"), plan=plans[name],
                                              sharders=[hyb_sharder if name in HYBRID_MODELS else stock_sharder])
               for name in MODELS}
-    logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
+    return planners, plans, models
+
+
+def _train(models: Dict[str, Any], batches: List[Any], warmup: int):
+    """Train every model on each batch, the order rotating every step (no plan always runs first), each behind
+    a barrier; bytes sent and time of each model's steps after the ``warmup`` first."""
+    import torch.distributed as dist
+
+    from torchrec_hybrid.comm_bytes import sent_bytes
+
     sent: Dict[str, List[int]] = {m: [] for m in MODELS}
     times: Dict[str, List[float]] = {m: [] for m in MODELS}
     for i, kjt in enumerate(batches):
         k = i % len(MODELS)
-        for name in MODELS[k:] + MODELS[:k]:  # rotated: no plan always runs first
+        for name in MODELS[k:] + MODELS[:k]:
             dist.barrier()
             b0, t0 = sent_bytes(), time.perf_counter()
             models[name](kjt).wait().values().sum().backward()
@@ -121,23 +148,21 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
             if i >= warmup:
                 sent[name].append(b1 - b0)
                 times[name].append(t1 - t0)
-    dist.barrier()
-    counts = {}
-    for name in MODELS:  # one more, untimed, step per model under the op counter
-        dist.barrier()
-        counts[name] = count_training_step(models[name], batches[-1])
-    out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
-                           "counts": counts}
-    if rank == 0:
-        first = planners["hybrid_planner"]
-        est = {c.name.split(":")[0]: c.rank_bytes for c in first.candidates}
-        out["estimate"] = {m: p.estimated_rank_bytes() for m, p in planners.items()}
-        out["estimate"]["stock_planner"] = est.get("stock")
-        out["chosen"] = {m: [c.name for c in p.candidates if c.plan is plans[m]][:1] or ["?"]
-                         for m, p in planners.items()}
-        out["comparison"] = {m: p.comparison_table() for m, p in planners.items()}
-        out["types"] = {m: _types(p) for m, p in plans.items()}
-    emit(out)
+    return sent, times
+
+
+def _planner_report(planners: Dict[str, Any], plans: Dict[str, Any]) -> Dict[str, Any]:
+    """What the hybrid planners estimated (both plans' per-rank bytes), chose and compared, and each plan's
+    table count per type: rank 0 reports them."""
+    first = planners["hybrid_planner"]
+    est = {c.name.split(":")[0]: c.rank_bytes for c in first.candidates}
+    out: Dict[str, Any] = {"estimate": {m: p.estimated_rank_bytes() for m, p in planners.items()}}
+    out["estimate"]["stock_planner"] = est.get("stock")
+    out["chosen"] = {m: [c.name for c in p.candidates if c.plan is plans[m]][:1] or ["?"]
+                     for m, p in planners.items()}
+    out["comparison"] = {m: p.comparison_table() for m, p in planners.items()}
+    out["types"] = {m: _types(p) for m, p in plans.items()}
+    return out
 
 
 def _types(plan) -> Dict[str, int]:

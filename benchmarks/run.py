@@ -182,26 +182,54 @@ def main(argv=None) -> Dict:
     res = measure(main_w + sweep_w)
     results, sweep = res[:len(main_w)], res[len(main_w):]
 
-    from benchmarks import plots, report
+    from benchmarks import report
 
-    files = {}
-    if mode != "headline":
-        files["bytes_vs_alpha"] = plots.bytes_vs_alpha(results, os.path.join(a.out, f"{mode}_bytes_vs_alpha.png"))
-        files["bytes_vs_hot_rows"] = plots.bytes_vs_hot_rows(
-            sweep, _reference(results, sweep), os.path.join(a.out, f"{mode}_bytes_vs_hot_rows.png"))
+    files = _plots(mode, results, sweep, a.out)
     title = f"Benchmarks ({mode} run" + (f", overrides {overrides})" if overrides else ")")
     md = report.markdown(results + sweep, title)
     if mode in ("quick", "full") and not a.no_simulate:
-        from benchmarks import simulate
+        md += "\n" + _projection(mode, a.out, files)
+    doc = _document(mode, overrides, time.time() - t0, cuda, results, sweep, files)
+    headline = [r for r in results if r["workload"] == HEADLINE.as_dict()]  # every field, not just the name
+    if headline:
+        doc["headline"] = _headline(headline[0])
+    _write(a.out, mode, doc, md)
+    if headline:
+        print(json.dumps(doc["headline"], indent=1))
+    return doc
 
-        sim = simulate.simulate(samples=500_000 if mode == "quick" else 2_000_000)
-        simulate.plot(sim, os.path.join(a.out, "projected_bytes_vs_W.png"))
-        with open(os.path.join(a.out, "projected.json"), "w") as f:
-            json.dump(sim, f, indent=1)
-        md += "\n" + simulate.markdown(sim)
-        files["projected_bytes_vs_W"] = os.path.join(a.out, "projected_bytes_vs_W.png")
-    doc = {
-        "mode": mode, "subset": SUBSETS[mode], "overrides": overrides, "runtime_s": time.time() - t0,
+
+def _plots(mode: str, results: List[Dict], sweep: List[Dict], out: str) -> Dict[str, str]:
+    """The sweep plots (bytes vs alpha, bytes vs hot rows) of every mode but the headline; their paths by name."""
+    from benchmarks import plots
+
+    files = {}
+    if mode != "headline":
+        files["bytes_vs_alpha"] = plots.bytes_vs_alpha(results, os.path.join(out, f"{mode}_bytes_vs_alpha.png"))
+        files["bytes_vs_hot_rows"] = plots.bytes_vs_hot_rows(
+            sweep, _reference(results, sweep), os.path.join(out, f"{mode}_bytes_vs_hot_rows.png"))
+    return files
+
+
+def _projection(mode: str, out: str, files: Dict[str, str]) -> str:
+    """Project the bytes to large W (benchmarks.simulate), write its plot and projected.json, add the plot to
+    ``files``; its markdown section."""
+    from benchmarks import simulate
+
+    sim = simulate.simulate(samples=500_000 if mode == "quick" else 2_000_000)
+    simulate.plot(sim, os.path.join(out, "projected_bytes_vs_W.png"))
+    with open(os.path.join(out, "projected.json"), "w") as f:
+        json.dump(sim, f, indent=1)
+    md = simulate.markdown(sim)
+    files["projected_bytes_vs_W"] = os.path.join(out, "projected_bytes_vs_W.png")
+    return md
+
+
+def _document(mode: str, overrides: Dict[str, object], runtime_s: float, cuda: bool, results: List[Dict],
+              sweep: List[Dict], files: Dict[str, str]) -> Dict:
+    """The run's JSON document: what ran, on what machine, what each measure means, and the results."""
+    return {
+        "mode": mode, "subset": SUBSETS[mode], "overrides": overrides, "runtime_s": runtime_s,
         "machine": {"cpus": os.cpu_count(), "cuda": cuda, "python": platform.python_version(),
                     "platform": platform.platform()},
         "definitions": {
@@ -217,18 +245,16 @@ def main(argv=None) -> Dict:
         },
         "targets": TARGETS, "configurations": results, "hot_row_sweep": sweep, "files": files,
     }
-    headline = [r for r in results if r["workload"] == HEADLINE.as_dict()]  # every field, not just the name
-    if headline:
-        doc["headline"] = _headline(headline[0])
+
+
+def _write(out: str, mode: str, doc: Dict, md: str) -> None:
+    """Write ``<mode>.json`` and ``<mode>.md`` (``headline.*`` for the headline mode) to ``out``."""
     name = "headline" if mode == "headline" else mode
-    with open(os.path.join(a.out, f"{name}.json"), "w") as f:
+    with open(os.path.join(out, f"{name}.json"), "w") as f:
         json.dump(doc, f, indent=1)
-    with open(os.path.join(a.out, f"{name}.md"), "w") as f:
+    with open(os.path.join(out, f"{name}.md"), "w") as f:
         f.write(md)
-    logger.info("wrote %s/%s.json and .md in %.0f s", a.out, name, doc["runtime_s"])
-    if headline:
-        print(json.dumps(doc["headline"], indent=1))
-    return doc
+    logger.info("wrote %s/%s.json and .md in %.0f s", out, name, doc["runtime_s"])
 
 
 def _headline(r: Dict) -> Dict:

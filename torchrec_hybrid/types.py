@@ -50,6 +50,20 @@ def normalize_hot_ids(
     :class:`HotSetError` on *every* rank: verdicts are exchanged with two small all-gathers
     before anyone raises, so no rank is left waiting in a collective.
     """
+    out, problems = _sorted_local_hot_ids(hot_ids, configs)
+    if pg is None or dist.get_world_size(pg) == 1:
+        if problems:
+            raise HotSetError("; ".join(problems))
+        return out
+    dev = collective_device(pg)
+    _check_verdicts_and_sizes(out, problems, configs, pg, dev)
+    _check_same_ids(out, configs, pg, dev)
+    return out
+
+
+def _sorted_local_hot_ids(hot_ids: HotIds, configs: List[EmbeddingBagConfig]):
+    """Each table's hot ids as a sorted int64 CPU tensor (empty for a table absent or malformed) and this
+    rank's problems: a bad entry is replaced, not raised, so the ranks can still exchange verdicts."""
     problems: List[str] = []
     out: Dict[str, torch.Tensor] = {}
     for c in configs:
@@ -60,13 +74,14 @@ def normalize_hot_ids(
             problems.append(msg)
             ids = torch.empty(0, dtype=torch.int64)
         out[c.name] = torch.sort(ids.to(torch.int64)).values
-    if pg is None or dist.get_world_size(pg) == 1:
-        if problems:
-            raise HotSetError("; ".join(problems))
-        return out
+    return out, problems
 
-    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
-    dev = collective_device(pg)
+
+def _check_verdicts_and_sizes(out: Dict[str, torch.Tensor], problems: List[str], configs: List[EmbeddingBagConfig],
+                              pg: dist.ProcessGroup, dev: torch.device) -> None:
+    """First all-gather: every rank's problem count and hot-set sizes; raise on every rank if any rank has a
+    problem or the sizes differ (then the ids' all-gather below would not line up)."""
+    world = dist.get_world_size(pg)
     counts = torch.tensor([len(problems)] + [out[c.name].numel() for c in configs], dtype=torch.int64)
     gathered = [torch.zeros_like(counts, device=dev) for _ in range(world)]
     dist.all_gather(gathered, counts.to(dev), group=pg)
@@ -81,6 +96,13 @@ def normalize_hot_ids(
             raise HotSetError(
                 f"table '{c.name}': hot_ids differ between ranks (sizes per rank {col.tolist()})"
             )
+
+
+def _check_same_ids(out: Dict[str, torch.Tensor], configs: List[EmbeddingBagConfig], pg: dist.ProcessGroup,
+                    dev: torch.device) -> None:
+    """Second all-gather: every rank's hot ids, all tables in one tensor; raise naming the first table and rank
+    whose ids differ from this rank's."""
+    world, rank = dist.get_world_size(pg), dist.get_rank(pg)
     flat = torch.cat([out[c.name] for c in configs]) if configs else torch.empty(0, dtype=torch.int64)
     all_flat = [torch.zeros_like(flat, device=dev) for _ in range(world)]
     dist.all_gather(all_flat, flat.to(dev), group=pg)
@@ -91,7 +113,6 @@ def normalize_hot_ids(
             if not torch.equal(all_flat[r][pos : pos + n].cpu(), out[c.name]):
                 raise HotSetError(f"table '{c.name}': hot_ids on rank {r} differ from rank {rank}'s")
         pos += n
-    return out
 
 
 def collective_device(pg: dist.ProcessGroup) -> torch.device:

@@ -74,6 +74,18 @@ class ColdBags:
         feature, sample), the order they travel home in - as (row q, feature).
         """
         W, F = self.counts.shape
+        data = self._permuted_payload(lanes, W, extra_per_feature, extra_rows, extra_ones)
+        host_rows, host_ids, host_bags, batches = self._host_sizes(lanes, F, host_extra)
+        n_bags, n_ids = sum(host_bags), sum(host_ids)
+        rows_per_feature = self.counts.sum(0)
+        lengths = _padded_lengths(lanes, rows_per_feature + extra_per_feature, data, n_bags, batches)
+        kjts = _lane_kjts(lanes, keys, batches, host_ids, lengths, data, n_bags, n_ids, self.weighted)
+        return kjts, batches, rows_per_feature, self._arrival_order(W, F, sum(host_rows))
+
+    def _permuted_payload(self, lanes: LaneLayout, W: int, extra_per_feature: torch.Tensor,
+                          extra_rows: torch.Tensor, extra_ones: torch.Tensor) -> torch.Tensor:
+        """The payload with the extra bags' parts appended, in lane order by one FBGEMM segment permute: all
+        bag lengths, then all ids, then all weights' bits (per feature the sources' runs, then its extras)."""
         parts = 3 if self.weighted else 2
         received = [self.counts, self.ids] + ([self.ids] if self.weighted else [])
         extras = [extra_per_feature, extra_per_feature] + ([extra_per_feature] if self.weighted else [])
@@ -84,38 +96,58 @@ class ColdBags:
         values = torch.cat([self.payload] + extra_values)
         order = lanes.receive_order(W, parts)
         _, data, _ = torch.ops.fbgemm.permute_1D_sparse_data(order, sizes, values, None, values.numel())
-        # sizes on the host, per feature in lane order
+        return data
+
+    def _host_sizes(self, lanes: LaneLayout, F: int, host_extra: List[int]):
+        """Host lists, per feature: bags received, ids (extras included) and bags (extras included); and each
+        lane's batch, its largest bag count (at least 1). From the split-size copies: no sync."""
         host_rows = [sum(c[f] for c in self.host_counts) for f in range(F)]
         host_ids = [sum(c[f] for c in self.host_ids) + host_extra[f] for f in range(F)]
         host_bags = [host_rows[f] + host_extra[f] for f in range(F)]
         batches = [max([1] + [host_bags[f] for f in fs]) for fs in lanes.lane_features]
-        n_bags, n_ids = sum(host_bags), sum(host_ids)
-        rows_per_feature = self.counts.sum(0)
-        bags = (rows_per_feature + extra_per_feature).index_select(0, lanes.order_t)  # lane order
-        feature = torch.repeat_interleave(lanes.order_t, bags, output_size=n_bags)
-        q = segment_arange(bags, n_bags)
-        bag_lengths = data[:n_bags]
-        padded = lanes.positions_in_lengths(q, feature, batches)
-        lengths = bag_lengths.new_zeros(sum(len(fs) * b for fs, b in zip(lanes.lane_features, batches)))
-        lengths.index_copy_(0, padded, bag_lengths)
-        ids_data = data[n_bags:n_bags + n_ids]
-        weights = data[n_bags + n_ids:].view(torch.float32) if self.weighted else None
-        kjts, len0, id0 = [], 0, 0
-        for fs, names, batch in zip(lanes.lane_features, keys, batches):  # per lane (at most 2 per group)
-            lpk = [host_ids[f] for f in fs]
-            n = sum(lpk)
-            kjts.append(KeyedJaggedTensor(
-                keys=names, values=ids_data[id0:id0 + n], lengths=lengths[len0:len0 + len(fs) * batch],
-                weights=None if weights is None else weights[id0:id0 + n], stride=batch, length_per_key=lpk))
-            len0, id0 = len0 + len(fs) * batch, id0 + n
-        # Run (s, f) of the arrival order holds bags first[s, f] ... of feature f.
+        return host_rows, host_ids, host_bags, batches
+
+    def _arrival_order(self, W: int, F: int, n_received: int):
+        """The received bags in arrival order - (source, feature, sample), the order they travel home in - as
+        (row q, feature): run (s, f) of the arrival order holds bags first[s, f] ... of feature f."""
         size = self.counts.view(-1)
-        n_received = sum(host_rows)
         run_feature = torch.arange(W * F, device=size.device) % F
         arrival_feature = torch.repeat_interleave(run_feature, size, output_size=n_received)
         arrival_q = segment_arange(size, n_received) + torch.repeat_interleave(
             exclusive_cumsum(self.counts, 0).view(-1), size, output_size=n_received)
-        return kjts, batches, rows_per_feature, (arrival_q, arrival_feature)
+        return arrival_q, arrival_feature
+
+
+def _padded_lengths(lanes: LaneLayout, bags_per_feature: torch.Tensor, data: torch.Tensor, n_bags: int,
+                    batches: List[int]) -> torch.Tensor:
+    """The lanes' lengths, ``[F_g, batch_g]`` lane after lane: the bag lengths (the first ``n_bags`` of
+    ``data``, lane order) scattered to their (feature, row q) slots, zeros padding each lane to its batch."""
+    bags = bags_per_feature.index_select(0, lanes.order_t)  # lane order
+    feature = torch.repeat_interleave(lanes.order_t, bags, output_size=n_bags)
+    q = segment_arange(bags, n_bags)
+    bag_lengths = data[:n_bags]
+    padded = lanes.positions_in_lengths(q, feature, batches)
+    lengths = bag_lengths.new_zeros(sum(len(fs) * b for fs, b in zip(lanes.lane_features, batches)))
+    lengths.index_copy_(0, padded, bag_lengths)
+    return lengths
+
+
+def _lane_kjts(lanes: LaneLayout, keys: List[List[str]], batches: List[int], host_ids: List[int],
+               lengths: torch.Tensor, data: torch.Tensor, n_bags: int, n_ids: int,
+               weighted: bool) -> List[KeyedJaggedTensor]:
+    """One fixed-batch KJT per lane: views of the ids (and weights) after the ``n_bags`` lengths in ``data``
+    and of the padded ``lengths``, with the host-known ids per key (no sync)."""
+    ids_data = data[n_bags:n_bags + n_ids]
+    weights = data[n_bags + n_ids:].view(torch.float32) if weighted else None
+    kjts, len0, id0 = [], 0, 0
+    for fs, names, batch in zip(lanes.lane_features, keys, batches):  # per lane (at most 2 per group)
+        lpk = [host_ids[f] for f in fs]
+        n = sum(lpk)
+        kjts.append(KeyedJaggedTensor(
+            keys=names, values=ids_data[id0:id0 + n], lengths=lengths[len0:len0 + len(fs) * batch],
+            weights=None if weights is None else weights[id0:id0 + n], stride=batch, length_per_key=lpk))
+        len0, id0 = len0 + len(fs) * batch, id0 + n
+    return kjts
 
 
 class ColdIdsAllToAll:

@@ -109,6 +109,18 @@ class FrequencyStats:
         self.sketch_eps, self.sketch_delta, self.seed = sketch_eps, sketch_delta, seed
         self.decay = decay
         self.device = torch.device(device)
+        self._index_tables()
+        self._place_counters()
+        size = (self._HEAD + len(self.tables) + self._num_exact
+                + sum(sk.table.numel() for sk in self._sketches.values()))
+        self._flat = torch.zeros(size, dtype=torch.int64, device=self.device)
+        self._bind()
+        self._scale = 1.0  # logical counters = stored * _scale (float mode only)
+        self._merged: Optional[torch.Tensor] = None  # the flat buffer at the last all_reduce_
+
+    def _index_tables(self) -> None:
+        """Map table names and KJT feature keys to table indices, refusing duplicate tables or features
+        (a feature counted into two tables would double its lookups)."""
         self._index: Dict[str, int] = {}
         self._feature_table: Dict[str, int] = {}
         for i, cfg in enumerate(self.tables):
@@ -119,18 +131,21 @@ class FrequencyStats:
                 if f in self._feature_table:
                     raise ValueError(f"feature {f!r} belongs to two tables")
                 self._feature_table[f] = i
-        # Exact tables share one flat vector; _offset[name] is where a table starts.
+
+    def _place_counters(self) -> None:
+        """Choose exact counts or a sketch per table: exact tables share one flat vector (``_offset[name]`` is
+        where a table starts, ``_num_exact`` its length), larger ones get a `CountMinTopK`."""
         self._offset: Dict[str, int] = {}
         self._sketches: Dict[str, CountMinTopK] = {}
         total = 0
         for cfg in self.tables:
-            if cfg.num_embeddings <= exact_max_rows:
+            if cfg.num_embeddings <= self.exact_max_rows:
                 self._offset[cfg.name] = total
                 total += cfg.num_embeddings
             else:
                 sk = CountMinTopK(
-                    cfg.num_embeddings, sketch_capacity, sketch_eps, sketch_delta,
-                    seed=seed + zlib.crc32(cfg.name.encode()), device=self.device,
+                    cfg.num_embeddings, self.sketch_capacity, self.sketch_eps, self.sketch_delta,
+                    seed=self.seed + zlib.crc32(cfg.name.encode()), device=self.device,
                 )
                 if sk.memory_bound_bytes() >= 8 * cfg.num_embeddings:
                     logger.warning("table %s: its sketch (%d B) is not smaller than exact "
@@ -138,11 +153,6 @@ class FrequencyStats:
                                    sk.memory_bound_bytes(), 8 * cfg.num_embeddings)
                 self._sketches[cfg.name] = sk
         self._num_exact = total
-        size = self._HEAD + len(self.tables) + total + sum(sk.table.numel() for sk in self._sketches.values())
-        self._flat = torch.zeros(size, dtype=torch.int64, device=self.device)
-        self._bind()
-        self._scale = 1.0  # logical counters = stored * _scale (float mode only)
-        self._merged: Optional[torch.Tensor] = None  # the flat buffer at the last all_reduce_
 
     def _bind(self) -> None:
         """(Re)make the views into the flat buffer (after it is allocated or changes dtype)."""
@@ -436,37 +446,51 @@ class FrequencyStats:
 
         self._fold()
         if check:
-            sig = torch.tensor(self._signature(), dtype=torch.int64, device=self.device)
-            both = torch.cat([sig, -sig])
-            dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
-            if not torch.equal(both[: sig.numel()], -both[sig.numel():]):
-                raise ValueError("ranks hold statistics of different tables/layouts, counter "
-                                 "dtypes (decayed on some ranks only?) or merge histories "
-                                 "(all_reduce_ or a load of merged statistics on some ranks only?)")
+            self._check_same_on_ranks(group)
         for sk in self._sketches.values():
             sk._flush()
         if self._merged is not None and dist.get_rank(group) != 0:
             self._flat -= self._merged  # only what this rank counted since the last merge
         dist.all_reduce(self._flat, op=dist.ReduceOp.SUM, group=group)
         if self._sketches:
-            names = sorted(self._sketches)  # same order on every rank
-            cap = self.sketch_capacity
-            padded = torch.full((len(names) * cap,), -1, dtype=torch.int64, device=self.device)
-            for i, name in enumerate(names):
-                c = self._sketches[name].cand_ids
-                padded[i * cap : i * cap + c.numel()] = c
-            world = dist.get_world_size(group)
-            gathered = torch.empty(world * padded.numel(), dtype=torch.int64, device=self.device)
-            dist.all_gather_into_tensor(gathered, padded, group=group)
-            gathered = gathered.view(world, len(names), cap)
-            for i, name in enumerate(names):
-                ids = gathered[:, i].reshape(-1)
-                self._sketches[name]._union_candidates(ids[ids >= 0])
+            self._union_sketch_candidates(group)
         if self._merged is None:
             self._merged = self._flat.clone()
         else:
             self._merged.copy_(self._flat)
         return self
+
+    def _check_same_on_ranks(self, group) -> None:
+        """One tiny MAX all-reduce of ``_signature()`` and its negation: raise unless every rank holds the same
+        layout, counter dtype and merge history (else the SUM all-reduce would hang or mix tables)."""
+        import torch.distributed as dist
+
+        sig = torch.tensor(self._signature(), dtype=torch.int64, device=self.device)
+        both = torch.cat([sig, -sig])
+        dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
+        if not torch.equal(both[: sig.numel()], -both[sig.numel():]):
+            raise ValueError("ranks hold statistics of different tables/layouts, counter "
+                             "dtypes (decayed on some ranks only?) or merge histories "
+                             "(all_reduce_ or a load of merged statistics on some ranks only?)")
+
+    def _union_sketch_candidates(self, group) -> None:
+        """All-gather every sketch's candidates (one collective, padded to capacity with -1) and union each
+        rank's into each sketch, re-estimated from the summed tables."""
+        import torch.distributed as dist
+
+        names = sorted(self._sketches)  # same order on every rank
+        cap = self.sketch_capacity
+        padded = torch.full((len(names) * cap,), -1, dtype=torch.int64, device=self.device)
+        for i, name in enumerate(names):
+            c = self._sketches[name].cand_ids
+            padded[i * cap : i * cap + c.numel()] = c
+        world = dist.get_world_size(group)
+        gathered = torch.empty(world * padded.numel(), dtype=torch.int64, device=self.device)
+        dist.all_gather_into_tensor(gathered, padded, group=group)
+        gathered = gathered.view(world, len(names), cap)
+        for i, name in enumerate(names):
+            ids = gathered[:, i].reshape(-1)
+            self._sketches[name]._union_candidates(ids[ids >= 0])
 
     @property
     def is_merged(self) -> bool:
@@ -685,6 +709,28 @@ def _is_count(x: Any, float_counts: bool) -> bool:
 
 def state_problems(state: Any) -> List[str]:
     """Everything wrong with a statistics state (empty list: it matches the schema)."""
+    header = _header_problems(state)
+    if header:
+        return header
+    dtype = COUNT_DTYPES[state.get("count_dtype", "int64")]
+    floats = dtype.is_floating_point
+    p = _setting_problems(state, floats)
+    tables = state["tables"]
+    if not isinstance(tables, list) or not tables:
+        return p + [f"tables is {type(tables).__name__} {tables!r:.80}, expected a non-empty list"]
+    rows, table_problems = _table_problems(tables)
+    p += table_problems
+    for k in ("lookups", "counts", "sketches"):
+        if not isinstance(state[k], dict):
+            p.append(f"{k} is a {type(state[k]).__name__}, expected a dict by table name")
+    if p:  # the checks below need sound tables and settings
+        return p
+    return _layout_problems(state, rows, floats) + _counter_problems(state, rows, dtype, floats)
+
+
+def _header_problems(state: Any) -> List[str]:
+    """The one problem that makes a state unreadable (not a dict, no version, missing keys, unknown counter
+    dtype); empty if none: the other checks need these."""
     if not isinstance(state, dict):
         return [f"the state is a {type(state).__name__}, expected a dict"]
     if "format_version" not in state:
@@ -694,15 +740,18 @@ def state_problems(state: Any) -> List[str]:
     missing = [k for k in required if k not in state]
     if missing:
         return [f"missing key(s) {missing}"]
-    p: List[str] = []
     v2 = ["count_dtype", "decay", "merged"]
     if state["format_version"] != 1 and any(k not in state for k in v2):
         return [f"missing key(s) {[k for k in v2 if k not in state]}"]
     count_dtype = state.get("count_dtype", "int64")
     if count_dtype not in COUNT_DTYPES:
         return [f"count_dtype is {count_dtype!r}, expected one of {sorted(COUNT_DTYPES)}"]
-    dtype = COUNT_DTYPES[count_dtype]
-    floats = dtype.is_floating_point
+    return []
+
+
+def _setting_problems(state: Dict[str, Any], floats: bool) -> List[str]:
+    """Problems of the scalar settings and totals (decay, merged, sizes, sketch accuracy, seed)."""
+    p: List[str] = []
     decay = state.get("decay")
     if decay is not None and (not _is_num(decay) or not 0 < decay <= 1):
         p.append(f"decay is {decay!r}, expected None or a number in (0, 1]")
@@ -721,11 +770,14 @@ def state_problems(state: Any) -> List[str]:
     for k in ("sketch_eps", "sketch_delta"):
         if not _is_num(state[k]) or not 0 < state[k] < 1:
             p.append(f"{k} is {state[k]!r}, expected a number in (0, 1)")
-    tables = state["tables"]
-    if not isinstance(tables, list) or not tables:
-        return p + [f"tables is {type(tables).__name__} {tables!r:.80}, expected a non-empty list"]
+    return p
+
+
+def _table_problems(tables: List[Any]) -> Tuple[Dict[str, int], List[str]]:
+    """Rows by table name of the sound table entries, and the problems of the others (name, size, dim,
+    features)."""
     rows: Dict[str, int] = {}
-    scalar_problems, p = p, []
+    p: List[str] = []
     for i, t in enumerate(tables):
         if not isinstance(t, dict):
             p.append(f"tables[{i}] is a {type(t).__name__}, expected a dict")
@@ -745,13 +797,14 @@ def state_problems(state: Any) -> List[str]:
         if not isinstance(f, list) or not all(isinstance(x, str) for x in f):
             p.append(f"table {name!r}: feature_names is {f!r:.80}, expected a list of str")
         rows[name] = n
+    return rows, p
+
+
+def _layout_problems(state: Dict[str, Any], rows: Dict[str, int], floats: bool) -> List[str]:
+    """Problems of which tables have lookups, exact counts and sketches (exact_max_rows decides), and of the
+    lookup totals."""
+    p: List[str] = []
     lookups, counts, sketches = state["lookups"], state["counts"], state["sketches"]
-    for k, v in (("lookups", lookups), ("counts", counts), ("sketches", sketches)):
-        if not isinstance(v, dict):
-            p.append(f"{k} is a {type(v).__name__}, expected a dict by table name")
-    p = scalar_problems + p
-    if p:  # the checks below need sound tables and settings
-        return p
     if set(lookups) != set(rows):
         p.append(f"lookups name tables {sorted(lookups)}, expected {sorted(rows)}")
     bad = [f"{k}={v!r}" for k, v in lookups.items() if not _is_count(v, floats)]
@@ -763,7 +816,15 @@ def state_problems(state: Any) -> List[str]:
                  f"{state['exact_max_rows']} they should be for {sorted(exact)}")
     if set(sketches) != set(rows) - exact:
         p.append(f"sketches are for tables {sorted(sketches)}; expected {sorted(set(rows) - exact)}")
-    for name, c in counts.items():
+    return p
+
+
+def _counter_problems(state: Dict[str, Any], rows: Dict[str, int], dtype: torch.dtype, floats: bool) -> List[str]:
+    """Problems of the counters themselves: each exact count vector (and its sum against the table's lookups)
+    and each sketch's state."""
+    p: List[str] = []
+    lookups = state["lookups"]
+    for name, c in state["counts"].items():
         if name not in rows:
             continue
         msg = _int_vector_problem(f"counts of table {name!r}", c, rows[name], dtype)
@@ -774,7 +835,7 @@ def state_problems(state: Any) -> List[str]:
             # float counters: sums in another order differ by rounding only
             if (abs(total - want) > 1e-9 * max(1.0, abs(want))) if floats else total != want:
                 p.append(f"counts of table {name!r} add up to {total}, but its lookups are {want}")
-    for name, sk in sketches.items():
+    for name, sk in state["sketches"].items():
         if name in rows:
             p += [f"sketch of table {name!r}: {m}" for m in
                   sketch_state_problems(sk, rows[name], state["sketch_capacity"],
