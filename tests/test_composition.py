@@ -114,7 +114,7 @@ def test_unknown_sharding_types_option_raises():
 
 def _qcomm_sharder():
     """Quantized comms frequency_hybrid cannot honour (INT8 rowwise; FP16 / BF16 it can:
-    tests/test_qcomms.py)."""
+    tests/test_sharded_ebc_qcomms.py)."""
     from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 
     reg = get_qcomm_codecs_registry(QCommsConfig(forward_precision=CommType.INT8, backward_precision=CommType.BF16),

@@ -130,7 +130,7 @@ def _all_cases(rank, world):
     sgd = dict(OPTIMIZERS["sgd"])
     out = {
         # refusals
-        # FP16 / BF16 are honoured (tests/test_qcomms.py); row-wise codecs are not
+        # FP16 / BF16 are honoured (tests/test_sharded_ebc_qcomms.py); row-wise codecs are not
         "qcomm_int8": _refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"))),
         "output_dtype": _refused(lambda: _build_hybrid(world, fused={**sgd, "output_dtype": SparseType.FP16})),
         "gradient_clipping": _refused(lambda: _build_hybrid(world, fused={**sgd, "gradient_clipping": True,
