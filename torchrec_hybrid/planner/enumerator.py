@@ -152,24 +152,36 @@ class HybridEnumerator(EmbeddingEnumerator):
         by_table: Dict[Tuple[str, str], List[ShardingOption]] = {}
         for so in stock:
             by_table.setdefault((so.path, so.name), []).append(so)
+        candidates, fixed, why_not = self._hybrid_candidates(by_table, by_type)
+        offered = {s.module_type: set(s.sharding_types(self._topology.compute_device)) for s in sharders}
+        out = [so for so in stock if self._allowed(so.name, so.sharding_type)
+               and so.sharding_type in offered.get(type(so.module[1]), {so.sharding_type})]
+        hybrid = self._hybrid_options(candidates, fixed, by_type)
+        self.populate_estimates(out + hybrid)
+        hybrid = self._gate(hybrid, out)
+        self.offered = {so.name for so in hybrid}
+        missing = {n for (_, n) in by_table} - {so.name for so in out + hybrid}
+        if missing:
+            detail = "; ".join(f"table '{n}': {FREQUENCY_HYBRID} is not possible: {why_not[n]}"
+                               for n in sorted(missing) if n in why_not)
+            raise ValueError(f"no sharding option left for tables {sorted(missing)} after the constraints and the "
+                             f"sharding types the sharders offer" + (f" ({detail})" if detail else "")
+                             + "; allow a stock sharding type for them (constraints or the sharder's "
+                             "sharding_types)")
+        return out + hybrid
 
-        dev = self._topology.compute_device
+    def _hybrid_candidates(self, by_table, by_type):
+        """The tables that may be frequency_hybrid: ``(name -> (a stock option as template,
+        profile), name -> fixed hot rows, name -> why not)`` for the ones that cannot."""
         world = self._topology.world_size
         candidates: Dict[str, Tuple[ShardingOption, hot_set.TableProfile]] = {}
         fixed: Dict[str, int] = {}
         why_not: Dict[str, str] = {}  # tables the constraints or the sharder ask hybrid for, but cannot have it
         for (_, name), opts in by_table.items():
             sharder = by_type.get(type(opts[0].module[1]))
-            asked = self._asked(name)
-            if sharder is None or FREQUENCY_HYBRID not in sharder.sharding_types(dev):
-                if asked:
-                    module_type = type(opts[0].module[1]).__name__
-                    raise ValueError(
-                        f"table '{name}' ({module_type} '{opts[0].path}'): the constraints ask for "
-                        f"{FREQUENCY_HYBRID}, but its sharder ({type(sharder).__name__}) does not offer it. "
-                        f"{FREQUENCY_HYBRID} is only for pooled EmbeddingBagCollection tables sharded by "
-                        "HybridEmbeddingBagCollectionSharder (not EmbeddingCollection, not "
-                        "FeatureProcessedEmbeddingBagCollection); give this table a stock sharding type")
+            if sharder is None or FREQUENCY_HYBRID not in sharder.sharding_types(self._topology.compute_device):
+                if self._asked(name):
+                    self._refuse_unoffered(name, opts[0], sharder)
                 continue
             if not self._allowed(name, FREQUENCY_HYBRID):
                 continue
@@ -188,37 +200,39 @@ class HybridEnumerator(EmbeddingEnumerator):
             candidates[name] = (opts[0], profile)
             if n_fixed is not None:
                 fixed[name] = n_fixed
+        return candidates, fixed, why_not
 
-        offered = {s.module_type: set(s.sharding_types(dev)) for s in sharders}
-        out = [so for so in stock if self._allowed(so.name, so.sharding_type)
-               and so.sharding_type in offered.get(type(so.module[1]), {so.sharding_type})]
+    @staticmethod
+    def _refuse_unoffered(name: str, option: ShardingOption, sharder) -> None:
+        """The constraints ask for frequency_hybrid where the table's sharder does not offer it."""
+        module_type = type(option.module[1]).__name__
+        raise ValueError(
+            f"table '{name}' ({module_type} '{option.path}'): the constraints ask for "
+            f"{FREQUENCY_HYBRID}, but its sharder ({type(sharder).__name__}) does not offer it. "
+            f"{FREQUENCY_HYBRID} is only for pooled EmbeddingBagCollection tables sharded by "
+            "HybridEmbeddingBagCollectionSharder (not EmbeddingCollection, not "
+            "FeatureProcessedEmbeddingBagCollection); give this table a stock sharding type")
+
+    def _hybrid_options(self, candidates, fixed, by_type) -> List[ShardingOption]:
+        """Per candidate table and cold layout, its hot set (sized jointly for all tables of a
+        layout) and one option per compute kernel; records ``self.choices``."""
+        world = self._topology.world_size
         hybrid: List[ShardingOption] = []
         self.choices = {}
+        bw = bandwidths(self._topology)
         for layout in row_blocks.COLD_LAYOUTS:
             profiles = {
                 n: dataclasses.replace(p, shares=_layout_shares(layout, world)) for n, (_, p) in candidates.items()
             }
-            bw = bandwidths(self._topology)
             hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed,
                                                self._compute)
             for name, (template, _) in candidates.items():
                 choice = self._choice(name, profiles[name], hot_rows[name], layout)
                 self.choices.setdefault(name, {})[layout] = choice
                 sharder = by_type[type(template.module[1])]
-                for kernel in sharder.compute_kernels(FREQUENCY_HYBRID, dev):
+                for kernel in sharder.compute_kernels(FREQUENCY_HYBRID, self._topology.compute_device):
                     hybrid.append(self._hybrid_option(template, kernel, choice))
-        self.populate_estimates(out + hybrid)
-        hybrid = self._gate(hybrid, out)
-        self.offered = {so.name for so in hybrid}
-        missing = {n for (_, n) in by_table} - {so.name for so in out + hybrid}
-        if missing:
-            detail = "; ".join(f"table '{n}': {FREQUENCY_HYBRID} is not possible: {why_not[n]}"
-                               for n in sorted(missing) if n in why_not)
-            raise ValueError(f"no sharding option left for tables {sorted(missing)} after the constraints and the "
-                             f"sharding types the sharders offer" + (f" ({detail})" if detail else "")
-                             + "; allow a stock sharding type for them (constraints or the sharder's "
-                             "sharding_types)")
-        return out + hybrid
+        return hybrid
 
     def _gate(self, hybrid: List[ShardingOption], stock: List[ShardingOption]) -> List[ShardingOption]:
         """Hybrid options that beat the table's cheapest stock option by ``min_saving`` (by

@@ -164,7 +164,7 @@ def h_check(planner, configs, stats, alpha: float, world: int, batch: int) -> Li
     return rows
 
 
-def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--batch", type=int, default=1024)
@@ -178,36 +178,31 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     ap.add_argument("--controls", nargs="*", default=["table_wise"],
                     help="stock types to measure as well (every table that type)")
     ap.add_argument("--json", default=None)
-    a = ap.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    for name in ("torchrec", "torch"):
-        logging.getLogger(name).setLevel(logging.ERROR)
+    return ap.parse_args(argv)
 
-    configs = _tables(a.max_rows, a.dim)
-    stats = collect_stats(configs, _samplers(configs, a.alpha), a.batch, a.stats_batches)
-    report: Dict[str, Any] = {"args": vars(a), "plans": {}}
-    for kind in ["planner"] + list(a.controls):
-        planner, plan = make_plan(configs, stats, a.world, a.batch, a.bandwidth_gbps, kind)
-        est = estimated_bytes(planner, a.world)
-        meas = measure(plan, a.world, a.max_rows, a.dim, a.alpha, a.batch, a.warmup, a.steps)
-        types: Dict[str, int] = {}
-        for so in planner.planned_options():
-            types[so.sharding_type] = types.get(so.sharding_type, 0) + 1
-        estimated = sum(est.values())
-        measured = sum(meas) / len(meas)
-        entry: Dict[str, Any] = {"types": types, "estimated_bytes_per_rank_step": estimated,
-                                 "measured_bytes_per_rank_step": measured, "measured_per_rank": meas,
-                                 "estimated_per_table": est}
-        entry["ratio_measured_to_estimated"] = measured / estimated
-        if kind == "planner":
-            hc = h_check(planner, configs, stats, a.alpha, a.world, a.batch)
-            entry["h_check"] = hc
-            entry["total_hot_rows"] = sum(r["h_chosen"] for r in hc if r["planned_type"] == cm.FREQUENCY_HYBRID)
-        report["plans"][kind] = entry
-        logger.info("%s: %s  estimated %.3f MB  measured %.3f MB per rank per step (x%.3f)", kind, types,
-                    entry["estimated_bytes_per_rank_step"] / 1e6, entry["measured_bytes_per_rank_step"] / 1e6,
-                    entry["ratio_measured_to_estimated"])
-    hc = report["plans"]["planner"]["h_check"]
+
+def _plan_entry(a: argparse.Namespace, configs, stats, kind: str) -> Dict[str, Any]:
+    """One plan's estimated and measured bytes per rank (and, for the planner's, its H check)."""
+    planner, plan = make_plan(configs, stats, a.world, a.batch, a.bandwidth_gbps, kind)
+    est = estimated_bytes(planner, a.world)
+    meas = measure(plan, a.world, a.max_rows, a.dim, a.alpha, a.batch, a.warmup, a.steps)
+    types: Dict[str, int] = {}
+    for so in planner.planned_options():
+        types[so.sharding_type] = types.get(so.sharding_type, 0) + 1
+    estimated, measured = sum(est.values()), sum(meas) / len(meas)
+    entry: Dict[str, Any] = {"types": types, "estimated_bytes_per_rank_step": estimated,
+                             "measured_bytes_per_rank_step": measured, "measured_per_rank": meas,
+                             "estimated_per_table": est, "ratio_measured_to_estimated": measured / estimated}
+    if kind == "planner":
+        hc = h_check(planner, configs, stats, a.alpha, a.world, a.batch)
+        entry["h_check"] = hc
+        entry["total_hot_rows"] = sum(r["h_chosen"] for r in hc if r["planned_type"] == cm.FREQUENCY_HYBRID)
+    logger.info("%s: %s  estimated %.3f MB  measured %.3f MB per rank per step (x%.3f)", kind, types,
+                estimated / 1e6, measured / 1e6, entry["ratio_measured_to_estimated"])
+    return entry
+
+
+def _log_h_check(hc: List[Dict[str, Any]]) -> None:
     same = sum(r["h_chosen"] == r["h_brute_force"] for r in hc)
     logger.info("H chosen == brute force of the cost model for %d/%d tables considered", same, len(hc))
     for r in hc:
@@ -215,6 +210,19 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
             logger.info("  %-10s rows %7d  H %5d (brute %5d, exact-Zipf optimum %5d: %.0f vs %.0f B)", r["table"],
                         r["rows"], r["h_chosen"], r["h_brute_force"], r["h_true_optimum"],
                         r["true_bytes_chosen"], r["true_bytes_optimum"])
+
+
+def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
+    a = _parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    for name in ("torchrec", "torch"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    configs = _tables(a.max_rows, a.dim)
+    stats = collect_stats(configs, _samplers(configs, a.alpha), a.batch, a.stats_batches)
+    report: Dict[str, Any] = {"args": vars(a), "plans": {}}
+    for kind in ["planner"] + list(a.controls):
+        report["plans"][kind] = _plan_entry(a, configs, stats, kind)
+    _log_h_check(report["plans"]["planner"]["h_check"])
     if a.json:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
