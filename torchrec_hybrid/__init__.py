@@ -11,7 +11,6 @@ from torchrec_hybrid.sharded_ebc import (  # noqa: F401
     InvalidInputError,
     InvalidWeightError,
     MalformedBatchError,
-    refresh_hot_replicas,
     refresh_hot_sets,
 )
 from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
@@ -30,6 +29,5 @@ __all__ = [
     "HybridShardedEmbeddingBagCollection",
     "frequency_hybrid",
     "load_planner_config",
-    "refresh_hot_replicas",
     "refresh_hot_sets",
 ]

@@ -289,9 +289,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def hybrid_lookups(self) -> List[HybridLookup]:
         return [lk for lk in _compat.sebc_lookups(self) if isinstance(lk, HybridLookup)]
 
-    def refresh_hot_replicas(self) -> None:
-        """Nothing to do: the replicas are re-sent by the rows' owners in every forward."""
-
     def _hybrid_shardings(self) -> List[HybridPooledEmbeddingSharding]:
         return [s for s in _compat.sebc_shardings(self) if isinstance(s, HybridPooledEmbeddingSharding)]
 
@@ -548,18 +545,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         else:
             cls, what = InvalidWeightError, "non-finite per-sample weights"
         raise cls(f"{what}; the batch was rejected on every rank before any lookup or update: " + "; ".join(msgs))
-
-
-def refresh_hot_replicas(model: torch.nn.Module) -> None:
-    """Kept for callers of earlier versions; a no-op now.
-
-    The hot replicas are copies the rows' owners send in every forward (their only home is
-    the cold shard, which ``load_state_dict`` and ``torch.distributed.checkpoint.load``
-    write), so a load can never leave them stale.
-    """
-    for m in model.modules():
-        if isinstance(m, HybridShardedEmbeddingBagCollection):
-            m.refresh_hot_replicas()
 
 
 def refresh_hot_sets(model: torch.nn.Module, stats: Any = None, hot_ids: Optional[HotIds] = None) -> Dict[str, int]:

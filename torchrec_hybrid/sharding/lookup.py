@@ -22,7 +22,7 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.cells import LaneLayout
-from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
+from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
@@ -184,10 +184,6 @@ class HybridLookup(nn.Module):
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         yield from self.cold.named_buffers(prefix, recurse, remove_duplicate)
-
-    def hot_replicas(self) -> List[HotReplica]:
-        """The replicas of the hot set the last forward used (empty before the first)."""
-        return list(self._last_state.replicas) if self._last_state is not None else []
 
     def last_hot_rows(self) -> Dict[str, tuple]:
         """What the last forward pooled hot lookups from, per table: ``(k, rows)``, the rows

@@ -109,12 +109,6 @@ def bounds_of(name: str, ps: ParameterSharding, rows: int, cols: int, world: int
     return check_bounds(name, bounds, rows, world)
 
 
-def cold_layout_of(bounds: Sequence[int]) -> str:
-    """``table_wise`` when one rank owns every row (of a non-empty table), else ``row_wise``."""
-    sizes = [y - x for x, y in zip(bounds, bounds[1:])]
-    return TABLE_WISE if sum(1 for s in sizes if s > 0) == 1 and len(sizes) > 1 else ROW_WISE
-
-
 def owners(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     """Owner rank of each row id (``bounds``: int64 ``[W + 1]``); empty blocks own nothing.
 
