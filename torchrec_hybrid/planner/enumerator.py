@@ -170,7 +170,9 @@ class HybridEnumerator(EmbeddingEnumerator):
                              "sharding_types)")
         return out + hybrid
 
-    def _hybrid_candidates(self, by_table, by_type):
+    def _hybrid_candidates(
+        self, by_table: Dict[Tuple[str, str], List[ShardingOption]], by_type: Dict[Any, Any]
+    ) -> Tuple[Dict[str, Tuple[ShardingOption, hot_set.TableProfile]], Dict[str, int], Dict[str, str]]:
         """The tables that may be frequency_hybrid: ``(name -> (a stock option as template,
         profile), name -> fixed hot rows, name -> why not)`` for the ones that cannot."""
         world = self._topology.world_size
