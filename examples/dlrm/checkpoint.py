@@ -158,6 +158,28 @@ def file_digest(path: str) -> Dict[str, Any]:
     return {"size": size, "sha256": h.hexdigest()}
 
 
+def _local_pieces(value: Any) -> List[Any]:
+    """``[(tag, tensor)]``: what this rank holds of one ``state_dict`` value."""
+    if hasattr(value, "local_shards"):  # ShardedTensor: each local shard, named by its offsets
+        return [(str(list(s.metadata.shard_offsets)), s.tensor) for s in value.local_shards()]
+    if hasattr(value, "to_local"):  # DTensor
+        return [("", value.to_local())]
+    return [("", value)] if isinstance(value, torch.Tensor) else []
+
+
+def weights_digest(model: torch.nn.Module, group: Optional[dist.ProcessGroup] = None) -> str:
+    """Collective: SHA-256 of the model's weights as the ranks hold them (each rank's
+    ``state_dict`` tensors and local shards, hashed bit for bit, in rank order). Two runs of
+    the same config and plan that end with the same weights give the same digest."""
+    h = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        for tag, t in _local_pieces(value):
+            t = t.detach().to("cpu").contiguous()
+            h.update(f"{name}{tag}:{t.dtype}:{tuple(t.shape)};".encode())
+            h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())
+    return hashlib.sha256("".join(_gathered(h.hexdigest(), group)).encode()).hexdigest()
+
+
 def _files(path: str) -> List[str]:
     """Every file under ``path`` (relative, sorted), the manifest and its temporary excepted."""
     out = []

@@ -86,8 +86,30 @@ class StopRequest:
         return int(flag)
 
 
+def attempt_store(timeout: datetime.timedelta) -> Optional[dist.Store]:
+    """The process groups' store under torchrun: this attempt's own keys in the launcher's store.
+
+    torchrun's workers share a TCPStore held by the launcher (``TORCHELASTIC_USE_AGENT_STORE``:
+    static rendezvous, and c10d / ``--standalone`` unless ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``),
+    and that store outlives a restart: ``StaticTCPRendezvous`` and ``DynamicRendezvousHandler``
+    (torch 2.13) create it once per launcher. ``init_process_group(env://)`` uses it without a
+    per-attempt prefix, so the workers of a restart find the keys of the attempt before, gloo's
+    peer addresses (``connectFullMesh``) among them: a restarted rank may connect to the dead
+    worker's address ("Connection refused") or wait for a peer that connects elsewhere (a hang
+    that outlasts the process-group timeout). Prefixing every key with the restart count gives
+    each attempt a namespace of its own (one launcher: the same count on every worker). Returns
+    None when torchrun gives no shared store (plain ``env://``: a new store every attempt)."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    base = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                         int(os.environ["WORLD_SIZE"]), is_master=False, timeout=timeout)
+    run = os.environ.get("TORCHELASTIC_RUN_ID", "run")
+    return dist.PrefixStore(f"dlrm/{run}/attempt_{os.environ.get('TORCHELASTIC_RESTART_COUNT', '0')}", base)
+
+
 def setup_distributed(cfg: Config):
-    """Process group from torchrun's environment: NCCL when CUDA is there, else gloo."""
+    """Process group from torchrun's environment: NCCL when CUDA is there, else gloo. Under
+    torchrun each restart gets keys of its own in the launcher's store (:func:`attempt_store`)."""
     backend = cfg.dist.backend
     if backend == "auto":
         backend = "nccl" if torch.cuda.is_available() else "gloo"
@@ -97,7 +119,13 @@ def setup_distributed(cfg: Config):
         device = torch.device("cuda", local_rank)
     else:
         device = torch.device("cpu")
-    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=cfg.dist.timeout_s))
+    timeout = datetime.timedelta(seconds=cfg.dist.timeout_s)
+    store = attempt_store(timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=timeout)
+    else:
+        dist.init_process_group(backend, store=store, rank=int(os.environ["RANK"]),
+                                world_size=int(os.environ["WORLD_SIZE"]), timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -209,6 +237,12 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
         exit_with_launcher(signal.SIGTERM, grace_s=max(60.0, cfg.dist.step_timeout_s))
     rank, world, device = setup_distributed(cfg)
     setup_logging(rank, cfg.train.log_level)
+    env = os.environ
+    if (env.get("TORCHELASTIC_USE_AGENT_STORE") == "True" and int(env.get("LOCAL_WORLD_SIZE", world)) < world
+            and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0):
+        logger.warning("restarts across several torchrun launchers: each counts its own restarts, so the "
+                       "attempts' store keys may not match (pytorch/pytorch#135712); launch with "
+                       "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend c10d for a new store per attempt")
     torch.set_num_threads(int(cfg.train.threads))
     side_group = dist.new_group(backend="gloo")  # metrics + checkpoint planning, off the step's PG
     logger.info("world %d, backend %s, device %s", world, dist.get_backend(), device)
@@ -357,7 +391,8 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
     final.update(status=f"stopped by {signal.Signals(stopped_by).name}" if stopped_by else "completed",
                  planner=planner_used, world_size=world, global_batch=world * cfg.data.batch_size,
                  hot_rows=int(sum(int(v.numel()) for v in tracker.hot.values())) if tracker.active
-                 else int(sum(int(v.numel()) for v in hot_ids.values())), start_step=start)
+                 else int(sum(int(v.numel()) for v in hot_ids.values())), start_step=start,
+                 weights_sha256=checkpoint.weights_digest(dmp, side_group))
     dist.barrier(group=side_group)
     dist.destroy_process_group()
     return json_safe(final) if rank == 0 else None
