@@ -4,8 +4,10 @@
     .venv/bin/python -m examples.dlrm.results --out /tmp/r.json --set train.steps=100
 
 Runs ``train.py`` under torchrun (2 ranks, gloo on CPU) once per planner, one after the
-other, and stores each run's final JSON line plus its wall time (start-up included), the
-command and the commit. ``examples/dlrm/README.md`` quotes this file; the test
+other - or ``--repeats N`` rounds, the planners alternating with the order rotated each round,
+so a busy machine slows them alike - and stores each planner's median run (by samples/s; its
+final JSON line, wall time with start-up, command) and every run's samples/s, plus the
+commit. ``examples/dlrm/README.md`` quotes this file; the test
 ``tests/examples/test_dlrm_readme.py`` fails when a quoted figure drifts from it.
 """
 
@@ -19,6 +21,7 @@ import os
 import subprocess
 import sys
 import time
+from statistics import median
 from typing import Any, Dict, List, Optional
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -69,8 +72,27 @@ def readme_table(results: Dict[str, Any]) -> str:
         rows.append(f"| {planner} | {plan} | {r.get('hot_rows', 0):,} | {_fmt(r.get('bytes_per_step'), ',.0f')} "
                     f"| {_fmt(r.get('loss'), '.4f')} | {_fmt(r.get('auc'), '.4f')} | {_fmt(r.get('ne'), '.4f')} "
                     f"| {_fmt(r.get('val_auc'), '.4f')} / {_fmt(r.get('val_ne'), '.4f')} "
-                    f"| {_fmt(r.get('samples_per_s'), ',.0f')} | {run['wall_s']:.0f} s |")
+                    f"| {_speed(r, results.get('repeats', {}).get(planner))} | {run['wall_s']:.0f} s |")
     return "\n".join(rows)
+
+
+def _speed(result: Dict[str, Any], repeats: Optional[List[float]]) -> str:
+    """samples/s of the quoted run; with repeats, the median and the range of the runs."""
+    if not repeats or len(repeats) < 2:
+        return _fmt(result.get("samples_per_s"), ",.0f")
+    return f"{_fmt(median(repeats), ',.0f')} (median of {len(repeats)}: {min(repeats):,.0f}-{max(repeats):,.0f})"
+
+
+def run_rounds(planners: List[str], repeats: int, run) -> Dict[str, List[Dict[str, Any]]]:
+    """``repeats`` rounds of ``run(planner)``, the planners' order rotated each round."""
+    out: Dict[str, List[Dict[str, Any]]] = {p: [] for p in planners}
+    for i in range(repeats):
+        for planner in planners[i % len(planners):] + planners[:i % len(planners)]:
+            logger.info("round %d/%d: planner %s ...", i + 1, repeats, planner)
+            out[planner].append(run(planner))
+            logger.info("planner %s: %s (%.0f s wall)", planner, out[planner][-1]["result"],
+                        out[planner][-1]["wall_s"])
+    return out
 
 
 def write_readme(results: Dict[str, Any], path: str = README) -> None:
@@ -100,6 +122,7 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--timeout", type=float, default=1800)
+    p.add_argument("--repeats", type=int, default=1, help="rounds of all planners, alternating (default 1)")
     p.add_argument("--readme", action="store_true",
                    help="only re-render the README table from --out (no runs)")
     args = p.parse_args(argv)
@@ -109,14 +132,15 @@ def main(argv: Optional[List[str]] = None) -> None:
             write_readme(json.load(f))
         logger.info("re-rendered the table in %s from %s", README, args.out)
         return
-    runs = {}
-    for planner in args.planners:
-        logger.info("running planner %s ...", planner)
-        runs[planner] = run_once(planner, args.config, args.nproc, args.overrides, args.timeout)
-        logger.info("planner %s: %s (%.0f s wall)", planner, runs[planner]["result"], runs[planner]["wall_s"])
+    if args.repeats < 1:
+        p.error(f"--repeats must be >= 1, got {args.repeats}")
+    rounds = run_rounds(args.planners, args.repeats,
+                        lambda planner: run_once(planner, args.config, args.nproc, args.overrides, args.timeout))
+    speeds = {p: [r["result"]["samples_per_s"] for r in rs] for p, rs in rounds.items()}
+    runs = {p: sorted(rs, key=lambda r: r["result"]["samples_per_s"])[(len(rs) - 1) // 2] for p, rs in rounds.items()}
     out = {"config": args.config, "overrides": args.overrides, "nproc": args.nproc,
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit(),
-           "cpu_count": os.cpu_count(), "runs": runs}
+           "cpu_count": os.cpu_count(), "runs": runs, "repeats": speeds}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
