@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import gc
 import itertools
 import json
 import logging
@@ -231,7 +232,10 @@ class StepProfiler:
         logger.info("profiler trace of steps %d-%d: %s", self._first + 1, self._last + 1, path)
 
 
-def train(cfg: Config) -> Optional[Dict[str, Any]]:
+def start_process(cfg: Config):
+    """Signals, the launcher watch, the process groups and logging: ``(stop, rank, world,
+    device, side_group)``. ``side_group`` (gloo) carries metrics and checkpoint planning, off
+    the step's process group."""
     stop = StopRequest()  # before the process group: a signal from here on stops cleanly
     if "LOCAL_RANK" in os.environ:  # under torchrun: stop (SIGTERM) when the launcher dies
         exit_with_launcher(signal.SIGTERM, grace_s=max(60.0, cfg.dist.step_timeout_s))
@@ -244,10 +248,194 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
                        "attempts' store keys may not match (pytorch/pytorch#135712); launch with "
                        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1 and --rdzv-backend c10d for a new store per attempt")
     torch.set_num_threads(int(cfg.train.threads))
-    side_group = dist.new_group(backend="gloo")  # metrics + checkpoint planning, off the step's PG
+    side_group = dist.new_group(backend="gloo")
     logger.info("world %d, backend %s, device %s", world, dist.get_backend(), device)
-    steps = int(cfg.train.steps)
+    return stop, rank, world, device, side_group
 
+
+class Training:
+    """One run of the example: plan and shard, resume, the training loop, the final figures.
+
+    The phases are methods; what they share (the sharded model, its optimizer, the hot-set
+    tracker, the metrics) are attributes set by :meth:`prepare`.
+    """
+
+    def __init__(self, cfg: Config, rank: int, world: int, device: torch.device, side_group) -> None:
+        self.cfg, self.rank, self.world, self.device, self.side_group = cfg, rank, world, device, side_group
+        self.steps = int(cfg.train.steps)
+        self.start = self.data_position = 0
+        self.val: Dict[str, float] = {}
+
+    def prepare(self, resume_from: Optional[str]) -> None:
+        """Data, statistics, plan, sharded model and optimizer, hot-set tracker; then the
+        checkpoint to resume from, if any."""
+        cfg = self.cfg
+        self.source, self.tables = build_data(cfg, self.rank, self.world)
+        rule_hot_ids: Dict[str, torch.Tensor] = {}
+        self.stats = None
+        if cfg.sharding.planner != "stock":
+            self.stats = frequency_stats(cfg, self.source, self.tables, self.rank, resuming=resume_from is not None,
+                                         group=self.side_group)
+            rule_hot_ids = hot_set_rule(cfg).select(self.stats)  # manual plan (the hybrid planner picks its own)
+        torch.manual_seed(cfg.seed)
+        model = build_model(cfg, self.tables)
+        plan, sharder, self.planner_used, planner = build_plan(cfg, model, self.stats, rule_hot_ids, self.world,
+                                                               self.device, dist.group.WORLD)
+        self.hot_ids = planned_hot_ids(plan, rule_hot_ids)
+        self._log_plan(plan, planner)
+        self.dmp = shard_model(model, plan, sharder, self.device)
+        init_embeddings(self.dmp, self.tables, cfg.seed)  # the same initial tables under every plan
+        self.opt = build_optimizer(cfg, self.dmp)
+        self.tracker = HotSetTracker(cfg, self.dmp, self.tables, self.side_group)
+        if self.tracker.refreshing:
+            rc = cfg.sharding.refresh
+            logger.info("hot-set refresh: every %s steps, below coverage %s of the last %d steps; statistics "
+                        "decay %g per batch", rc.every or "-", rc.min_coverage, rc.window, rc.decay)
+        if resume_from is not None:
+            progress = checkpoint.load(resume_from, self.dmp, self.opt, group=self.side_group,
+                                       with_optimizer=cfg.checkpoint.load_optimizer)
+            self.start, self.data_position = progress["step"], progress["data_position"]
+            self.tracker.restore(resume_from)  # the hot sets (and statistics) in use when it was written
+
+    def _log_plan(self, plan, planner) -> None:
+        logger.info("planner %s: %s", self.planner_used, describe_plan(plan))
+        rank_bytes = planner.estimated_rank_bytes() if hasattr(planner, "estimated_rank_bytes") else None
+        for line in planner.comparison_table() if hasattr(planner, "comparison_table") else []:
+            logger.info("%s", line)
+        for line in plan_table(plan, self.tables, self.hot_ids, self.stats, self.world,
+                               self.cfg.optim.embedding.optimizer, rank_bytes):
+            logger.info("plan: %s", line)
+        if self.stats is not None:
+            logger.info("hot set: %d rows of %d; %.1f%% of the counted lookups are local (hot rows + "
+                        "data-parallel tables)", sum(int(v.numel()) for v in self.hot_ids.values()),
+                        sum(t.num_embeddings for t in self.tables),
+                        100 * local_share(self.stats, self.hot_ids, replicated_tables(plan)))
+
+    def _loop_parts(self) -> None:
+        """The batches (a finite source: the same step count on every rank), the pipeline,
+        validation, metrics, logs and the step watchdog."""
+        cfg, world = self.cfg, self.world
+        if self.source.num_batches is not None:  # finite files: every rank must run the same steps
+            n = torch.tensor(self.data_position + self.source.num_batches - self.start)
+            dist.all_reduce(n, op=dist.ReduceOp.MIN, group=self.side_group)
+            self.steps = min(self.steps, self.start + int(n))
+        self.batches = self.tracker.wrap(itertools.islice(self.source.batches(self.data_position),
+                                                          max(0, self.steps - self.start)))
+        self.pipeline = TrainPipelineSparseDist(self.dmp, self.opt.combined, self.device)
+        self.validation = build_validation(cfg, self.rank, world) if cfg.metrics.validation_batches else None
+        if cfg.metrics.validation_batches and self.validation is None:
+            logger.warning("metrics.validation_batches is set but data.source %r names no held-out data "
+                           "(data.validation_paths / data.validation_dir): no validation", cfg.data.source)
+        self.metrics = TrainMetrics(global_batch=world * cfg.data.batch_size, window=cfg.metrics.window,
+                                    warmup_steps=cfg.metrics.warmup_steps, world_size=world, rank=self.rank,
+                                    batch_size=cfg.data.batch_size,
+                                    dense_sync_bytes=measure_dense_sync_bytes(mlp_numel(self.dmp), self.device),
+                                    group=self.side_group)
+        self.jsonl = JsonlLog(cfg.metrics.jsonl if self.rank == 0 else None, append=self.start > 0)
+        tqdm.tqdm.monitor_interval = 0  # no background thread writing inside a measured step
+        self.bar = tqdm.tqdm(total=self.steps, initial=self.start, file=sys.stderr, desc="train",
+                             disable=self.rank != 0 or not cfg.train.progress_bar, dynamic_ncols=True)
+        self.watchdog = StepWatchdog(cfg.dist.step_timeout_s, self.rank, world)
+
+    def save_checkpoint(self, at: int) -> None:
+        cfg = self.cfg
+        with self.watchdog.paused():  # the process-group timeout covers the checkpoint's collectives
+            checkpoint.save(cfg.checkpoint.dir, at, self.dmp, self.opt,
+                            data_position=self.data_position + at - self.start,
+                            extra=self.tracker.checkpoint_files(cfg.checkpoint.stats),
+                            group=self.side_group, keep_last=int(cfg.checkpoint.keep_last))
+
+    def run(self, stop: StopRequest) -> Dict[str, Any]:
+        """The training loop, then the last checkpoint and validation: the final figures."""
+        cfg = self.cfg
+        self._loop_parts()
+        stopped_by = 0
+        self.dmp.train()
+        step = saved_at = self.start
+        profiler = StepProfiler(cfg.train.profile_dir, self.start + cfg.train.profile_after, cfg.train.profile_steps,
+                                self.rank)
+        self.watchdog.start(step)
+        while step < self.steps:
+            self.watchdog.beat(step)
+            stopped_by = stop.agreed(self.side_group)
+            if stopped_by:
+                logger.warning("%s: every rank stops at step %d", signal.Signals(stopped_by).name, step)
+                break
+            try:
+                with profiler.step(step), StepTimer() as t:  # nothing may print or log inside
+                    loss, logits, labels = self.pipeline.progress(self.batches)
+            except StopIteration:
+                logger.warning("data ran out after %d steps", step)
+                break
+            step += 1
+            self._after_step(step, self.metrics.record(loss, logits, labels, t.seconds, t.sent_bytes), t.sent_bytes)
+            if cfg.checkpoint.dir and cfg.checkpoint.every and step % int(cfg.checkpoint.every) == 0:
+                saved_at = step
+                self.save_checkpoint(step)
+        self.watchdog.stop()
+        self.bar.close()
+        self.jsonl.close()
+        profiler.close()
+        if cfg.checkpoint.dir and saved_at != step and (cfg.checkpoint.on_signal or not stopped_by):
+            self.save_checkpoint(step)  # always leave a checkpoint of the last step
+        if self.validation is not None and not stopped_by:
+            self.val = self._validate()
+            logger.info("final validation loss %.4f auc %.4f ne %.4f (%d samples)",
+                        self.val["val_loss"], self.val["val_auc"], self.val["val_ne"], self.val["val_samples"])
+        return self._final(step, stopped_by)
+
+    def _validate(self) -> Dict[str, float]:
+        return validation_pass(self.dmp, self.pipeline, self.validation, self.cfg, self.device, self.world,
+                               self.rank, self.side_group)
+
+    def _after_step(self, step: int, value: float, sent_bytes: int) -> None:
+        """Per step, outside the measured part: logs, the progress bar, hot-set refresh and
+        periodic validation."""
+        cfg, bar = self.cfg, self.bar
+        coverage = self.tracker.after_step()  # this step's batch: hot-set coverage (all ranks), counted
+        self.jsonl.write({"step": step, "loss": value, "coverage": coverage,
+                          "bytes": sent_bytes - self.metrics.dense_sync_bytes})
+        bar.update(1)
+        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
+        if cfg.train.log_every and step % cfg.train.log_every == 0:
+            s = self.metrics.summary(step)
+            cov = self.tracker.window_coverage()
+            bar.clear()
+            logger.info("step %d loss %.4f auc %.4f ne %.4f samples/s %.0f embedding bytes/step %.0f coverage %s",
+                        step, s["loss"], s["auc"], s["ne"], s["samples_per_s"], s["bytes_per_step"],
+                        "-" if cov is None else f"{cov:.3f}")
+        rec = self.tracker.maybe_refresh(step)
+        if rec is not None:
+            bar.clear()
+            logger.info("step %d hot-set refresh (%s): %d of %d hot ids changed; merge %.1f ms %d bytes, "
+                        "switch %.1f ms %d bytes (rank 0)", step, rec["reason"], rec["changed"], rec["hot_rows"],
+                        1e3 * rec["merge_s"], rec["merge_bytes"], 1e3 * rec["switch_s"], rec["switch_bytes"])
+        val_every = int(cfg.metrics.validation_every or 0)
+        if self.validation is not None and val_every and step % val_every == 0 and step < self.steps:
+            with self.watchdog.paused():
+                self.val = self._validate()
+            bar.clear()
+            logger.info("step %d validation loss %.4f auc %.4f ne %.4f (%d samples)", step,
+                        self.val["val_loss"], self.val["val_auc"], self.val["val_ne"], self.val["val_samples"])
+
+    def _final(self, step: int, stopped_by: int) -> Dict[str, Any]:
+        """The run's final JSON figures (every rank computes them; collective: the weights' digest)."""
+        tracker = self.tracker
+        final: Dict[str, Any] = dict(self.metrics.summary(step))
+        final.update(self.val)
+        final.update(tracker.summary())
+        hot = tracker.hot if tracker.active else self.hot_ids
+        final.update(status=f"stopped by {signal.Signals(stopped_by).name}" if stopped_by else "completed",
+                     planner=self.planner_used, world_size=self.world,
+                     global_batch=self.world * self.cfg.data.batch_size,
+                     hot_rows=int(sum(int(v.numel()) for v in hot.values())), start_step=self.start,
+                     weights_sha256=checkpoint.weights_digest(self.dmp, self.side_group))
+        return final
+
+
+def train(cfg: Config) -> Optional[Dict[str, Any]]:
+    stop, rank, world, device, side_group = start_process(cfg)
+    steps = int(cfg.train.steps)
     resume_from = resume_point(cfg, rank, side_group)
     if resume_from is not None and checkpoint.step_of(resume_from) >= steps:
         done = checkpoint.step_of(resume_from)
@@ -257,144 +445,14 @@ def train(cfg: Config) -> Optional[Dict[str, Any]]:
         dist.destroy_process_group()
         return {"status": "already_finished", "step": done, "start_step": done,
                 "checkpoint": resume_from} if rank == 0 else None
-
-    source, tables = build_data(cfg, rank, world)
-    rule_hot_ids: Dict[str, torch.Tensor] = {}
-    stats = None
-    if cfg.sharding.planner != "stock":
-        stats = frequency_stats(cfg, source, tables, rank, resuming=resume_from is not None, group=side_group)
-        rule_hot_ids = hot_set_rule(cfg).select(stats)  # manual plan (the hybrid planner picks its own)
-
-    torch.manual_seed(cfg.seed)
-    model = build_model(cfg, tables)
-    plan, sharder, planner_used, planner = build_plan(cfg, model, stats, rule_hot_ids, world, device,
-                                                      dist.group.WORLD)
-    hot_ids = planned_hot_ids(plan, rule_hot_ids)
-    logger.info("planner %s: %s", planner_used, describe_plan(plan))
-    rank_bytes = planner.estimated_rank_bytes() if hasattr(planner, "estimated_rank_bytes") else None
-    for line in planner.comparison_table() if hasattr(planner, "comparison_table") else []:
-        logger.info("%s", line)
-    for line in plan_table(plan, tables, hot_ids, stats, world, cfg.optim.embedding.optimizer, rank_bytes):
-        logger.info("plan: %s", line)
-    if stats is not None:
-        logger.info("hot set: %d rows of %d; %.1f%% of the counted lookups are local (hot rows + "
-                    "data-parallel tables)", sum(int(v.numel()) for v in hot_ids.values()),
-                    sum(t.num_embeddings for t in tables), 100 * local_share(stats, hot_ids, replicated_tables(plan)))
-    dmp = shard_model(model, plan, sharder, device)
-    init_embeddings(dmp, tables, cfg.seed)  # the same initial tables under every plan
-    opt = build_optimizer(cfg, dmp)
-
-    tracker = HotSetTracker(cfg, dmp, tables, side_group)
-    if tracker.refreshing:
-        rc = cfg.sharding.refresh
-        logger.info("hot-set refresh: every %s steps, below coverage %s of the last %d steps; statistics "
-                    "decay %g per batch", rc.every or "-", rc.min_coverage, rc.window, rc.decay)
-
-    start, data_position = 0, 0
-    if resume_from is not None:
-        progress = checkpoint.load(resume_from, dmp, opt, group=side_group,
-                                   with_optimizer=cfg.checkpoint.load_optimizer)
-        start, data_position = progress["step"], progress["data_position"]
-        tracker.restore(resume_from)  # the hot sets (and statistics) in use when it was written
-
-    if source.num_batches is not None:  # finite files: every rank must run the same steps
-        n = torch.tensor(data_position + source.num_batches - start)
-        dist.all_reduce(n, op=dist.ReduceOp.MIN, group=side_group)
-        steps = min(steps, start + int(n))
-    batches = tracker.wrap(itertools.islice(source.batches(data_position), max(0, steps - start)))
-    pipeline = TrainPipelineSparseDist(dmp, opt.combined, device)
-    validation = build_validation(cfg, rank, world) if cfg.metrics.validation_batches else None
-    if cfg.metrics.validation_batches and validation is None:
-        logger.warning("metrics.validation_batches is set but data.source %r names no held-out data "
-                       "(data.validation_paths / data.validation_dir): no validation", cfg.data.source)
-
-    metrics = TrainMetrics(global_batch=world * cfg.data.batch_size, window=cfg.metrics.window,
-                           warmup_steps=cfg.metrics.warmup_steps, world_size=world, rank=rank,
-                           batch_size=cfg.data.batch_size,
-                           dense_sync_bytes=measure_dense_sync_bytes(mlp_numel(dmp), device),
-                           group=side_group)
-    jsonl = JsonlLog(cfg.metrics.jsonl if rank == 0 else None, append=start > 0)
-    tqdm.tqdm.monitor_interval = 0  # no background thread writing inside a measured step
-    bar = tqdm.tqdm(total=steps, initial=start, disable=rank != 0 or not cfg.train.progress_bar,
-                    file=sys.stderr, desc="train", dynamic_ncols=True)
-    every = int(cfg.checkpoint.every or 0)
-    val_every = int(cfg.metrics.validation_every or 0)
-    ckpt_kw: Dict[str, Any] = dict(group=side_group, keep_last=int(cfg.checkpoint.keep_last))
-
-    watchdog = StepWatchdog(cfg.dist.step_timeout_s, rank, world)
-
-    def save_checkpoint(at: int) -> None:
-        with watchdog.paused():  # the process-group timeout covers the checkpoint's collectives
-            checkpoint.save(cfg.checkpoint.dir, at, dmp, opt, data_position=data_position + at - start,
-                            extra=tracker.checkpoint_files(cfg.checkpoint.stats), **ckpt_kw)
-    val: Dict[str, float] = {}
-    stopped_by = 0
-    dmp.train()
-    step = saved_at = start
-    profiler = StepProfiler(cfg.train.profile_dir, start + cfg.train.profile_after, cfg.train.profile_steps, rank)
-    watchdog.start(step)
-    while step < steps:
-        watchdog.beat(step)
-        stopped_by = stop.agreed(side_group)
-        if stopped_by:
-            logger.warning("%s: every rank stops at step %d", signal.Signals(stopped_by).name, step)
-            break
-        try:
-            with profiler.step(step), StepTimer() as t:  # nothing may print or log inside
-                loss, logits, labels = pipeline.progress(batches)
-        except StopIteration:
-            logger.warning("data ran out after %d steps", step)
-            break
-        step += 1
-        value = metrics.record(loss, logits, labels, t.seconds, t.sent_bytes)
-        coverage = tracker.after_step()  # this step's batch: hot-set coverage (all ranks), counted
-        jsonl.write({"step": step, "loss": value, "coverage": coverage,
-                     "bytes": t.sent_bytes - metrics.dense_sync_bytes})
-        bar.update(1)
-        bar.set_postfix(loss=f"{value:.4f}", refresh=False)
-        if cfg.train.log_every and step % cfg.train.log_every == 0:
-            s = metrics.summary(step)
-            cov = tracker.window_coverage()
-            bar.clear()
-            logger.info("step %d loss %.4f auc %.4f ne %.4f samples/s %.0f embedding bytes/step %.0f coverage %s",
-                        step, s["loss"], s["auc"], s["ne"], s["samples_per_s"], s["bytes_per_step"],
-                        "-" if cov is None else f"{cov:.3f}")
-        rec = tracker.maybe_refresh(step)
-        if rec is not None:
-            bar.clear()
-            logger.info("step %d hot-set refresh (%s): %d of %d hot ids changed; merge %.1f ms %d bytes, "
-                        "switch %.1f ms %d bytes (rank 0)", step, rec["reason"], rec["changed"], rec["hot_rows"],
-                        1e3 * rec["merge_s"], rec["merge_bytes"], 1e3 * rec["switch_s"], rec["switch_bytes"])
-        if validation is not None and val_every and step % val_every == 0 and step < steps:
-            with watchdog.paused():
-                val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
-            bar.clear()
-            logger.info("step %d validation loss %.4f auc %.4f ne %.4f (%d samples)", step,
-                        val["val_loss"], val["val_auc"], val["val_ne"], val["val_samples"])
-        if cfg.checkpoint.dir and every and step % every == 0:
-            saved_at = step
-            save_checkpoint(step)
-    watchdog.stop()
-    bar.close()
-    jsonl.close()
-    profiler.close()
-    if cfg.checkpoint.dir and saved_at != step and (cfg.checkpoint.on_signal or not stopped_by):
-        save_checkpoint(step)  # always leave a checkpoint of the last step
-    if validation is not None and not stopped_by:
-        val = validation_pass(dmp, pipeline, validation, cfg, device, world, rank, side_group)
-        logger.info("final validation loss %.4f auc %.4f ne %.4f (%d samples)",
-                    val["val_loss"], val["val_auc"], val["val_ne"], val["val_samples"])
-
-    final: Dict[str, Any] = dict(metrics.summary(step))
-    final.update(val)
-    final.update(tracker.summary())
-    final.update(status=f"stopped by {signal.Signals(stopped_by).name}" if stopped_by else "completed",
-                 planner=planner_used, world_size=world, global_batch=world * cfg.data.batch_size,
-                 hot_rows=int(sum(int(v.numel()) for v in tracker.hot.values())) if tracker.active
-                 else int(sum(int(v.numel()) for v in hot_ids.values())), start_step=start,
-                 weights_sha256=checkpoint.weights_digest(dmp, side_group))
+    run: Optional[Training] = Training(cfg, rank, world, device, side_group)
+    assert run is not None
+    run.prepare(resume_from)
+    final = run.run(stop)
     dist.barrier(group=side_group)
     dist.destroy_process_group()
+    run = None  # the model, pipeline and their threads go now, not at interpreter exit
+    gc.collect()
     return json_safe(final) if rank == 0 else None
 
 
