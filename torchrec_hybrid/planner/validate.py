@@ -12,7 +12,8 @@ permutation of each table. Steps:
 4. compare each hybrid table's H with the brute-force optimum of the same cost model, on the
    counted statistics and on the exact Zipf probabilities.
 
-Run: ``python -m torchrec_hybrid.planner.validate [--world 4] [--json out.json]``.
+Run: ``python -m torchrec_hybrid.planner.validate [--world 4] [--json out.json]`` (installed:
+``torchrec-hybrid-validate``).
 """
 
 from __future__ import annotations
@@ -227,6 +228,11 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         with open(a.json, "w") as f:
             json.dump(report, f, indent=1)
     return report
+
+
+def cli() -> None:
+    """The ``torchrec-hybrid-validate`` console script (exit status 0; the report is logged)."""
+    main()
 
 
 if __name__ == "__main__":
