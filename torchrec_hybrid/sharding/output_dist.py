@@ -161,6 +161,22 @@ class _Request:
         self.grad_qctx: Any = None
 
 
+def _start_all_to_all(pg: dist.ProcessGroup, values: torch.Tensor, codec, send_splits: List[int],
+                      recv_splits: List[int]):
+    """Encodes ``values`` with ``codec`` (None: as is) and starts the variable all-to-all of
+    it, every split its quantized size: ``(receive buffer, work, codec context)``."""
+    send = values.contiguous()
+    qctx = None
+    if codec is not None:
+        qctx = codec.create_context()
+        send = codec.encode(send, qctx)
+    recv = _quantized_splits(codec, recv_splits, qctx)
+    out = send.new_empty(sum(recv))
+    work = dist.all_to_all_single(out, send, recv, _quantized_splits(codec, send_splits, qctx), group=pg,
+                                  async_op=True)
+    return out, work, qctx
+
+
 class _AllToAllRequest(torch.autograd.Function):
     """Starts ``all_to_all_single`` (async) and returns a token for :class:`_AllToAllWait`;
     backward waits for the reverse all-to-all the wait's backward started (TorchRec's
@@ -171,15 +187,7 @@ class _AllToAllRequest(torch.autograd.Function):
     @staticmethod
     def forward(ctx, values, req: _Request):
         ctx.req = req
-        codec = req.codecs.forward
-        send = values.contiguous()
-        if codec is not None:
-            req.qctx = codec.create_context()
-            send = codec.encode(send, req.qctx)
-        recv_splits = _quantized_splits(codec, req.recv, req.qctx)
-        req.out = send.new_empty(sum(recv_splits))
-        req.work = dist.all_to_all_single(req.out, send, recv_splits, _quantized_splits(codec, req.send, req.qctx),
-                                          group=req.pg, async_op=True)
+        req.out, req.work, req.qctx = _start_all_to_all(req.pg, values, req.codecs.forward, req.send, req.recv)
         return values.new_empty(0)
 
     @staticmethod
@@ -215,16 +223,8 @@ class _AllToAllWait(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad):
         req = ctx.req
-        codec = req.codecs.backward
-        send = grad.contiguous()
-        if codec is not None:
-            req.grad_qctx = codec.create_context()
-            send = codec.encode(send, req.grad_qctx)
-        recv_splits = _quantized_splits(codec, req.send, req.grad_qctx)
-        req.grad_out = send.new_empty(sum(recv_splits))
-        req.grad_work = dist.all_to_all_single(req.grad_out, send, recv_splits,
-                                               _quantized_splits(codec, req.recv, req.grad_qctx), group=req.pg,
-                                               async_op=True)
+        req.grad_out, req.grad_work, req.grad_qctx = _start_all_to_all(req.pg, grad, req.codecs.backward, req.recv,
+                                                                       req.send)
         return grad.new_empty(0), None
 
 
