@@ -45,8 +45,9 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.product import _rank_slice as rank_slice  # one rank's part of a global batch
+from benchmarks.product import step_models
 
-from torchrec_hybrid.comm_bytes import count_sent_bytes, sent_bytes
+from torchrec_hybrid.comm_bytes import count_sent_bytes
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger("benchmarks.drift")
@@ -149,7 +150,7 @@ def _train(rank: int, world: int, a: Dict[str, Any], gen, stream, models: Dict[s
         glob_kjt = batches[i] if i < a["warmup"] else next(stream)
         kjt = rank_slice(glob_kjt, gen.hotness, rank, a["batch"])
         timed = i >= a["warmup"]
-        _step_models(models, kjt, i, timed, sent, times)
+        step_models(models, MODELS, kjt, i, timed, sent, times)
         if timed:
             s = i - a["warmup"] + 1  # timed steps done
             streaming.update(kjt)  # what a trainer counts: the ids this rank trained on
@@ -176,21 +177,6 @@ def _progress_bar(rank: int, world: int, a: Dict[str, Any]):
 
     tqdm.monitor_interval = 0  # no monitor thread writing inside a measured window
     return tqdm(total=a["warmup"] + a["steps"], desc=f"drift W={world}", unit="step", disable=not a["progress"])
-
-
-def _step_models(models: Dict[str, Any], kjt, i: int, timed: bool, sent: Dict[str, List[int]],
-                 times: Dict[str, List[float]]) -> None:
-    """One training step of every model, in an order rotated by step ``i`` (no model always runs first), each
-    behind a barrier; on a timed step, record each model's bytes sent and time."""
-    k = i % len(MODELS)
-    for name in MODELS[k:] + MODELS[:k]:
-        dist.barrier()
-        b0, t0 = sent_bytes(), time.perf_counter()
-        models[name](kjt).wait().values().sum().backward()
-        t1, b1 = time.perf_counter(), sent_bytes()
-        if timed:
-            sent[name].append(b1 - b0)
-            times[name].append(t1 - t0)
 
 
 def _refresh(models: Dict[str, Any], streaming, pg, step: int, check: bool,

@@ -129,25 +129,35 @@ def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg):
     return planners, plans, models
 
 
-def _train(models: Dict[str, Any], batches: List[Any], warmup: int):
-    """Train every model on each batch, the order rotating every step (no plan always runs first), each behind
-    a barrier; bytes sent and time of each model's steps after the ``warmup`` first."""
+def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: Dict[str, List[int]],
+                times: Dict[str, List[float]]) -> None:
+    """One training step of each of ``names``, in an order rotated by step ``i`` (no model always runs
+    first), each behind a barrier; on a timed step, record each model's bytes sent and time."""
     import torch.distributed as dist
 
     from torchrec_hybrid.comm_bytes import sent_bytes
 
+    names = tuple(names)
+    k = i % len(names)
+    for name in names[k:] + names[:k]:
+        dist.barrier()
+        b0, t0 = sent_bytes(), time.perf_counter()
+        models[name](kjt).wait().values().sum().backward()
+        t1, b1 = time.perf_counter(), sent_bytes()
+        if timed:
+            sent[name].append(b1 - b0)
+            times[name].append(t1 - t0)
+
+
+def _train(models: Dict[str, Any], batches: List[Any], warmup: int):
+    """Train every model on each batch, the order rotating every step (no plan always runs first), each behind
+    a barrier; bytes sent and time of each model's steps after the ``warmup`` first."""
+
+
     sent: Dict[str, List[int]] = {m: [] for m in MODELS}
     times: Dict[str, List[float]] = {m: [] for m in MODELS}
     for i, kjt in enumerate(batches):
-        k = i % len(MODELS)
-        for name in MODELS[k:] + MODELS[:k]:
-            dist.barrier()
-            b0, t0 = sent_bytes(), time.perf_counter()
-            models[name](kjt).wait().values().sum().backward()
-            t1, b1 = time.perf_counter(), sent_bytes()
-            if i >= warmup:
-                sent[name].append(b1 - b0)
-                times[name].append(t1 - t0)
+        step_models(models, MODELS, kjt, i, i >= warmup, sent, times)
     return sent, times
 
 

@@ -139,3 +139,13 @@ def full_optimizer_state(optimizer, world: int) -> Dict[str, torch.Tensor]:
         p, n = key.split("/", 1)
         out[key] = full_weight(state.get(p, {}).get(n), size=merged[key])
     return out
+
+
+def refused(fn):
+    """``("raised", message)`` when ``fn()`` raises ValueError, else ``("built", "")``: plain data a
+    rank can return across processes."""
+    try:
+        fn()
+    except ValueError as e:
+        return ("raised", str(e))
+    return ("built", "")

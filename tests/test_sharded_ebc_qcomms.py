@@ -24,7 +24,7 @@ import torchrec
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.fbgemm_qcomm_codec import CommType, QCommsConfig, get_qcomm_codecs_registry
 
-from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables
+from tests.models import OPTIMIZERS, build, full_weight, hot_ids, refused, skewed_batch, tables
 from tests.multiprocess import run_ranks
 from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
 from torchrec_hybrid.comm_bytes import count_sent_bytes
@@ -139,14 +139,6 @@ def _bytes_and_counts(rank, world):
     return out
 
 
-def _refused(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return ("raised", str(e))
-    return ("built", "")
-
-
 def _build_with(world, reg, kinds=None):
     configs = tables()
     sharder = HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=dict(OPTIMIZERS["sgd"]),
@@ -159,16 +151,16 @@ def _refusals(world):
 
     fp16 = _registry(CommType.FP16, CommType.FP16)
     return {
-        "fp8_rowwise": _refused(lambda: _build_with(world, _registry(CommType.FP8, CommType.FP16,
+        "fp8_rowwise": refused(lambda: _build_with(world, _registry(CommType.FP8, CommType.FP16,
                                                                      fp8_quantize_dim=32))),
-        "fp8_elementwise": _refused(lambda: _build_with(world, _registry(CommType.BF16, CommType.FP8))),
-        "int8": _refused(lambda: _build_with(world, _registry(CommType.INT8, CommType.INT8))),
-        "mx4": _refused(lambda: _build_with(world, _registry(CommType.FP16, CommType.MX4))),
+        "fp8_elementwise": refused(lambda: _build_with(world, _registry(CommType.BF16, CommType.FP8))),
+        "int8": refused(lambda: _build_with(world, _registry(CommType.INT8, CommType.INT8))),
+        "mx4": refused(lambda: _build_with(world, _registry(CommType.FP16, CommType.MX4))),
         # a codec for a comm op TorchRec does not define (the cold id all-to-alls take none)
-        "unknown_op": _refused(lambda: _build_with(world, {**fp16, "SPARSE_FEATURES_ALL_TO_ALL": QuantizedCommCodecs(
+        "unknown_op": refused(lambda: _build_with(world, {**fp16, "SPARSE_FEATURES_ALL_TO_ALL": QuantizedCommCodecs(
             forward=fp16["POOLED_EMBEDDINGS_ALL_TO_ALL"].forward)})),
         # accepted: a refused codec only where no table is frequency_hybrid
-        "int8_stock_only": _refused(lambda: _build_with(world, _registry(CommType.INT8, CommType.INT8),
+        "int8_stock_only": refused(lambda: _build_with(world, _registry(CommType.INT8, CommType.INT8),
                                                         kinds={"t0": "tw"})),
     }
 

@@ -12,7 +12,7 @@ from fbgemm_gpu.split_embedding_configs import SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
-from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables
+from tests.models import OPTIMIZERS, build, full_weight, hot_ids, refused, skewed_batch, tables
 from tests.multiprocess import run_ranks
 from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
 
@@ -60,14 +60,6 @@ def _train_vs_row_wise(rank, world, fused, fp16=False, qcomm=None, kinds=None, r
     for k in st:
         diff = max(diff, float((full_weight(sh[k]).float() - full_weight(st[k]).float()).abs().max()))
     return diff
-
-
-def _refused(fn):
-    try:
-        fn()
-    except ValueError as e:
-        return ("raised", str(e))
-    return ("built", "")
 
 
 def _build_hybrid(world, fused=None, qcomm=None, kinds=None, kernel=None):
@@ -131,22 +123,22 @@ def _all_cases(rank, world):
     out = {
         # refusals
         # FP16 / BF16 are honoured (tests/test_sharded_ebc_qcomms.py); row-wise codecs are not
-        "qcomm_int8": _refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"))),
-        "output_dtype": _refused(lambda: _build_hybrid(world, fused={**sgd, "output_dtype": SparseType.FP16})),
-        "gradient_clipping": _refused(lambda: _build_hybrid(world, fused={**sgd, "gradient_clipping": True,
+        "qcomm_int8": refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"))),
+        "output_dtype": refused(lambda: _build_hybrid(world, fused={**sgd, "output_dtype": SparseType.FP16})),
+        "gradient_clipping": refused(lambda: _build_hybrid(world, fused={**sgd, "gradient_clipping": True,
                                                                           "max_gradient": 0.01})),
-        "counter_decay": _refused(lambda: _build_hybrid(world, fused={**sgd, "weight_decay": 0.1,
+        "counter_decay": refused(lambda: _build_hybrid(world, fused={**sgd, "weight_decay": 0.1,
                                                                       "weight_decay_mode": WeightDecayMode.COUNTER})),
-        "uvm_kernel": _refused(lambda: _build_hybrid(world, kernel="fused_uvm_caching")),
-        "feature_processor": _refused(lambda: _fp_hybrid(world)),
-        "embedding_collection": _refused(lambda: _ec_hybrid(world)),
+        "uvm_kernel": refused(lambda: _build_hybrid(world, kernel="fused_uvm_caching")),
+        "feature_processor": refused(lambda: _fp_hybrid(world)),
+        "embedding_collection": refused(lambda: _ec_hybrid(world)),
         # accepted: codecs the hybrid honours, codecs that hybrid traffic does not take, or
         # modules without hybrid tables
-        "qcomm_fp16": _refused(lambda: _build_hybrid(world, qcomm=_registry())),
-        "qcomm_reduce_scatter_only": _refused(lambda: _build_hybrid(
+        "qcomm_fp16": refused(lambda: _build_hybrid(world, qcomm=_registry())),
+        "qcomm_reduce_scatter_only": refused(lambda: _build_hybrid(
             world, qcomm=_registry("POOLED_EMBEDDINGS_REDUCE_SCATTER", precision="INT8"),
             kinds={"t0": "hybrid", "t1": "rw", "t2": "tw", "t3": "tw"})),
-        "qcomm_stock_only": _refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"),
+        "qcomm_stock_only": refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"),
                                                            kinds={"t0": "tw"})),
     }
     # supported: trains like stock row_wise
