@@ -34,9 +34,10 @@ from torchrec_hybrid.sharding.segments import exclusive_cumsum, round_robin_orde
 class ColdBags:
     """What an owner received in one step: the payload and, per source rank, its metadata.
 
-    counts / ids: non-empty bags and ids per ``[source, feature]`` (int64), and their host
-    copies (from the split-size sync that precedes the payload); reports / host_reports: the
-    ``R`` extra metadata words per source (int32 ``[W, R]``, and as host lists), or None.
+    counts / ids: non-empty bags and ids per ``[source, feature]`` (int64); host_feature_bags /
+    host_feature_ids: their per-feature totals over the sources, on the host (from the
+    split-size sync that precedes the payload); reports / host_reports: the ``R`` extra
+    metadata words per source (int32 ``[W, R]``, and as one flat host list), or None.
     host_return_units / host_partial_units: the output all-to-all's split sizes, per rank:
     the units of partial sums this rank returns to it (its bags received here), and that it
     returns to this rank (this rank's bags sent there) - known here, so the output dist
@@ -46,11 +47,11 @@ class ColdBags:
     payload: torch.Tensor
     counts: torch.Tensor
     ids: torch.Tensor
-    host_counts: List[List[int]]
-    host_ids: List[List[int]]
+    host_feature_bags: List[int]
+    host_feature_ids: List[int]
     weighted: bool
     reports: Optional[torch.Tensor]
-    host_reports: Optional[List[List[int]]] = None
+    host_reports: Optional[List[int]] = None
     host_return_units: Optional[List[int]] = None
     host_partial_units: Optional[List[int]] = None
     host_sent_bags: int = 0
@@ -101,9 +102,9 @@ class ColdBags:
     def _host_sizes(self, lanes: LaneLayout, F: int, host_extra: List[int]):
         """Host lists, per feature: bags received, ids (extras included) and bags (extras included); and each
         lane's batch, its largest bag count (at least 1). From the split-size copies: no sync."""
-        host_rows = [sum(c[f] for c in self.host_counts) for f in range(F)]
-        host_ids = [sum(c[f] for c in self.host_ids) + host_extra[f] for f in range(F)]
-        host_bags = [host_rows[f] + host_extra[f] for f in range(F)]
+        host_rows = self.host_feature_bags
+        host_ids = [n + e for n, e in zip(self.host_feature_ids, host_extra)]
+        host_bags = [n + e for n, e in zip(host_rows, host_extra)]
         batches = [max([1] + [host_bags[f] for f in fs]) for fs in lanes.lane_features]
         return host_rows, host_ids, host_bags, batches
 
@@ -222,28 +223,27 @@ class ColdIdsAllToAll:
         counts = recv_meta[:, :2 * F].to(torch.int64)
         received = counts[:, :F].sum(1) + (parts - 1) * counts[:, F:].sum(1)
         return_units = (counts[:, :F] * self._units).sum(1)
-        host = torch.cat([send_splits, received, return_units, sent_units, counts.view(-1),
+        # per-feature totals over the sources are summed here, on the device, not per step in Python
+        host = torch.cat([send_splits, received, return_units, sent_units, counts.sum(0),
                           recv_meta[:, 2 * F:].reshape(-1).to(torch.int64)]).tolist()
         send, recv = host[:W], host[W:2 * W]
         split = dict(host_return_units=host[2 * W:3 * W], host_partial_units=host[3 * W:4 * W],
-                     host_sent_bags=host[4 * W])
-        rest = host[4 * W + 1:]
-        r = recv_meta.size(1) - 2 * F
-        reports = [rest[2 * F * W + i * r: 2 * F * W + (i + 1) * r] for i in range(W)] if r else None
+                     host_sent_bags=host[4 * W], host_feature_bags=host[4 * W + 1:4 * W + 1 + F],
+                     host_feature_ids=host[4 * W + 1 + F:4 * W + 1 + 2 * F])
+        reports = host[4 * W + 1 + 2 * F:] if recv_meta.size(1) > 2 * F else None
         if start is None:
-            return self._bags(payload[:send[0]], recv_meta, weighted, rest[:2 * F * W], reports, split)
+            return self._bags(payload[:send[0]], recv_meta, weighted, reports, split)
         out = payload.new_empty(sum(recv))
         work = dist.all_to_all_single(out, payload[:sum(send)], recv, send, group=self._pg, async_op=True)
 
         def payload_ready() -> ColdBags:
             work.wait()
-            return self._bags(out, recv_meta, weighted, rest[:2 * F * W], reports, split)
+            return self._bags(out, recv_meta, weighted, reports, split)
 
         return Deferred(payload_ready)
 
-    def _bags(self, payload, meta, weighted, host: List[int], reports, split) -> ColdBags:
+    def _bags(self, payload, meta, weighted, reports, split) -> ColdBags:
         F = self._features
-        rows = [host[i:i + 2 * F] for i in range(0, len(host), 2 * F)]  # per source (W of them)
         return ColdBags(payload=payload, counts=meta[:, :F].to(torch.int64), ids=meta[:, F:2 * F].to(torch.int64),
-                        host_counts=[r[:F] for r in rows], host_ids=[r[F:] for r in rows], weighted=weighted,
-                        reports=meta[:, 2 * F:] if meta.size(1) > 2 * F else None, host_reports=reports, **split)
+                        weighted=weighted, reports=meta[:, 2 * F:] if meta.size(1) > 2 * F else None,
+                        host_reports=reports, **split)

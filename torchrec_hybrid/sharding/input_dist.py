@@ -73,9 +73,10 @@ class HybridLookupInput:
     lengths: torch.Tensor
 
     @property
-    def id_reports(self) -> Optional[List[List[int]]]:
-        """None, or every rank's id-check report words (:func:`id_report_words`), ``W`` host
-        lists of ``ID_REPORT_WORDS``, carried to here by the cold ids' metadata all-to-all."""
+    def id_reports(self) -> Optional[List[int]]:
+        """None, or every rank's id-check report words (:func:`id_report_words`), one host list
+        of ``ID_REPORT_WORDS`` per rank in rank order, carried to here by the cold ids' metadata
+        all-to-all."""
         return self.cold.host_reports
 
     # Hooks TorchRec's KJTList / pipelines call on their elements.
@@ -100,10 +101,15 @@ def id_report_words(report: torch.Tensor) -> torch.Tensor:
     return torch.cat([report[:2].to(torch.int32), report[2:].view(torch.int32)])
 
 
-def id_reports_from_words(words: List[List[int]]) -> List[List[int]]:
-    """Every rank's report words (``W`` host lists of ``ID_REPORT_WORDS``) as reports
-    ``[code, index, value]`` (host arithmetic: no tensor, no sync)."""
-    return [[w[0], w[1], (w[2] & 0xFFFFFFFF) | (w[3] << 32)] for w in words]
+def id_reports_from_words(words: List[int]) -> List[List[int]]:
+    """Every rank's report words (a host list, ``ID_REPORT_WORDS`` per rank) as reports
+    ``[code, index, value]``; when no rank reports a problem (every step but a rejected one),
+    no per-rank Python work: one slice of the codes."""
+    n = ID_REPORT_WORDS
+    if not any(words[0::n]):
+        return [[0, 0, 0]] * (len(words) // n)
+    return [[words[i], words[i + 1], (words[i + 2] & 0xFFFFFFFF) | (words[i + 3] << 32)]
+            for i in range(0, len(words), n)]
 
 
 class _SentBags(NamedTuple):
