@@ -120,6 +120,42 @@ def skewed_batch(configs, keys: List[str], batch: int, seed: int, hot: Dict[str,
                                                         weights=weights)
 
 
+def variable_batch(kjt: torchrec.KeyedJaggedTensor, seed: int) -> torchrec.KeyedJaggedTensor:
+    """``kjt`` as a VBE batch (as TorchRec's variable-batch pipelines make): feature f keeps its
+    first ``b_f`` bags (b_f drawn per feature, 1 .. stride) and every one of the stride samples
+    names one of them in ``inverse_indices``."""
+    g = torch.Generator().manual_seed(seed)
+    keys, stride = kjt.keys(), kjt.stride()
+    strides = torch.randint(1, stride + 1, (len(keys),), generator=g).tolist()
+    lengths, values, weights, inverse = [], [], [], []
+    for f, jt in enumerate(kjt.split([1] * len(keys))):  # test data set-up: a loop over features
+        n = int(jt.lengths()[:strides[f]].sum())
+        lengths.append(jt.lengths()[:strides[f]])
+        values.append(jt.values()[:n])
+        weights.append(jt.weights()[:n] if jt.weights_or_none() is not None else None)
+        inverse.append(torch.randint(0, strides[f], (stride,), generator=g))
+    return torchrec.KeyedJaggedTensor(
+        keys=keys, values=torch.cat(values), lengths=torch.cat(lengths),
+        weights=None if weights[0] is None else torch.cat(weights),
+        stride_per_key_per_rank=[[b] for b in strides], inverse_indices=(keys, torch.stack(inverse)))
+
+
+def expanded_batch(kjt: torchrec.KeyedJaggedTensor) -> torchrec.KeyedJaggedTensor:
+    """A VBE batch as the same samples with one batch for every feature, copied bag by bag
+    (the reference for what stock sharded EBCs cannot take as VBE on CPU)."""
+    keys, (_, inverse) = kjt.keys(), kjt.inverse_indices()
+    lengths, values, weights = [], [], []
+    for f, jt in enumerate(kjt.split([1] * len(keys))):  # test reference: loops over features and samples
+        offsets = jt.offsets().tolist()
+        for b in inverse[f].tolist():
+            lengths.append(offsets[b + 1] - offsets[b])
+            values.append(jt.values()[offsets[b]:offsets[b + 1]])
+            if jt.weights_or_none() is not None:
+                weights.append(jt.weights()[offsets[b]:offsets[b + 1]])
+    return torchrec.KeyedJaggedTensor(keys=keys, values=torch.cat(values), lengths=torch.tensor(lengths),
+                                      weights=torch.cat(weights) if weights else None)
+
+
 def full_optimizer_state(optimizer, world: int) -> Dict[str, torch.Tensor]:
     """``{param/state_name: full tensor}`` of a fused optimizer, identical on every rank.
 

@@ -16,7 +16,7 @@ import torchrec
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.sparse.jagged_tensor import JaggedTensor, KeyedJaggedTensor
 
-from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables
+from tests.models import OPTIMIZERS, build, full_weight, hot_ids, skewed_batch, tables, variable_batch
 from tests.multiprocess import run_ranks
 from torchrec_hybrid import (
     HybridEmbeddingBagCollectionSharder,
@@ -78,6 +78,27 @@ def _weights_unexpected(kjt, keys):
                              weights=torch.ones(kjt.values().numel()), stride=kjt.stride())
 
 
+def _vbe_no_inverse(kjt, keys):
+    vbe = variable_batch(kjt, seed=5)
+    return KeyedJaggedTensor(keys=keys, values=vbe.values(), lengths=vbe.lengths(),
+                             stride_per_key_per_rank=vbe.stride_per_key_per_rank())
+
+
+def _vbe_inverse_range(kjt, keys):
+    vbe = variable_batch(kjt, seed=5)
+    inverse = vbe.inverse_indices()[1].clone()
+    inverse[2, -1] = 99
+    return KeyedJaggedTensor(keys=keys, values=vbe.values(), lengths=vbe.lengths(),
+                             stride_per_key_per_rank=vbe.stride_per_key_per_rank(), inverse_indices=(keys, inverse))
+
+
+# a variable batch per feature that cannot be expanded to one batch (hybrid modules only: stock
+# shardings take VBE batches as they are)
+VARIABLE_BATCH_CASES: Dict[str, tuple] = {
+    "vbe-no-inverse": (_vbe_no_inverse, MalformedBatchError, ["no inverse_indices"]),
+    "vbe-inverse-range": (_vbe_inverse_range, MalformedBatchError, ["'f1'", "inverse index 99"]),
+}
+
 # case -> (how the last rank's batch is damaged, error class, words every message holds)
 STRUCTURE_CASES: Dict[str, tuple] = {
     "missing-key": (_missing, MalformedBatchError, ["'f1'", "missing"]),
@@ -131,7 +152,8 @@ def structure_cases(rank, world, kinds):
     out = {"first-batch-missing-key": _rejected_everywhere(model, configs, keys, world, _missing,
                                                            MalformedBatchError, ["'f1'", "missing"], seed=0)}
     _trains(model, configs, keys, seed=10)
-    for i, (case, (damage, error, words)) in enumerate(STRUCTURE_CASES.items()):
+    cases = dict(STRUCTURE_CASES, **(VARIABLE_BATCH_CASES if "hybrid" in kinds.values() else {}))
+    for i, (case, (damage, error, words)) in enumerate(cases.items()):
         out[case] = _rejected_everywhere(model, configs, keys, world, damage, error, words, seed=100 * (i + 2))
     # several ranks, several problems: every rank names them all; the structural error wins
     bad_id = lambda kjt, keys: KeyedJaggedTensor(  # noqa: E731

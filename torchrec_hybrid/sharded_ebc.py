@@ -7,7 +7,8 @@ input check that fails on every rank at once.
 The input check (``validate_ids``, on by default) looks at each rank's batch before any
 collective: its structure (keys and their order against the first batch, which fixes the
 stock feature permutation; lengths, values and weights sizes; weights present exactly when
-the module is weighted; no variable batch per feature with hybrid tables), every id against
+the module is weighted; a variable batch per feature with hybrid tables is first expanded to
+one batch by its inverse indices, ``sharding/variable_batch.py``), every id against
 its table size, and (``validate_weights``) every per-sample weight for NaN / inf, on the
 device without a host sync. A rank never raises on its own: it records its first problem in
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
@@ -44,6 +45,7 @@ from torchrec_hybrid.sharding.input_dist import (
 )
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, codec_problems, describe_codec_problems
+from torchrec_hybrid.sharding import variable_batch
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
 
 logger = logging.getLogger(__name__)
@@ -75,12 +77,16 @@ _UNKNOWN_KEY = 4  # [-(position + 1), name prefix]
 _DUPLICATE_KEY = 5  # [feature or -(position + 1), name prefix]
 _KEY_ORDER = 6  # [feature found, feature expected there]
 _KEYS_CHANGED = 7  # [position, 0]: keys that are no feature moved or vanished
-_VARIABLE_BATCH = 8  # [0, 0]
+_VARIABLE_BATCH = 8  # [0, 0]: no inverse indices to expand it by
 _LENGTHS_SIZE = 9  # [stride, lengths numel]
 _VALUES_SIZE = 10  # [sum of lengths, values numel]
 _WEIGHTS_MISSING = 11  # [0, 0]
 _WEIGHTS_UNEXPECTED = 12  # [0, 0]
 _WEIGHTS_SIZE = 13  # [values numel, weights numel]
+_INVERSE_KEYS = 14  # [0, rows of the inverse indices]
+_INVERSE_RANGE = 15  # [feature, the inverse index]
+_VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch.INVERSE_KEYS: _INVERSE_KEYS,
+                      variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _LENGTHS_SIZE}
 _NAME_BYTES = 7  # bytes of an unknown key's name carried in the report (plus its length)
 
 
@@ -321,8 +327,18 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             s.refresh({n: ids for n, ids in checked.items() if n in mine})
 
     def input_dist(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor):
+        problem = None
+        if self._has_hybrid and isinstance(features, KeyedJaggedTensor) and features.variable_stride_per_key():
+            keys, (features, found) = features.keys(), variable_batch.expand_variable_batch(features)
+            if found is not None:
+                kind, index, value = found
+                if kind == variable_batch.INVERSE_RANGE:  # the key's position -> the module's feature
+                    index = self._feature_index.get(keys[index], -1)
+                problem = [_VARIABLE_PROBLEMS[kind], index, value]
+                if not self._validate_ids:
+                    raise MalformedBatchError(f"this rank: {self._describe(*problem)}")
         if self._validate_ids and isinstance(features, KeyedJaggedTensor):
-            features, ctx.id_check = self._start_id_check(features)
+            features, ctx.id_check = self._start_id_check(features, problem)
         if self._reference_keys is None and isinstance(features, KeyedJaggedTensor):
             self._reference_keys = tuple(features.keys())
         splits = super().input_dist(ctx, features)
@@ -338,7 +354,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return super().compute_and_output_dist(ctx, input)
 
     @record_function("## hybrid:id_check ##")
-    def _start_id_check(self, features: KeyedJaggedTensor) -> Tuple[KeyedJaggedTensor, IdCheck]:
+    def _start_id_check(self, features: KeyedJaggedTensor, problem: Optional[List[int]] = None
+                        ) -> Tuple[KeyedJaggedTensor, IdCheck]:
         """Checks the batch locally and starts sending the verdict to every rank.
 
         With a frequency-hybrid sharding the verdict rides its cold metadata (no collective
@@ -348,7 +365,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         by an empty one, bad ids by 0 and bad weights by 0 meanwhile, so the dists stay in step.
         """
         check = IdCheck(report=self._no_report, carried=self._carry_id_check)
-        problem = self._structure_problem(features)
+        problem = problem or self._structure_problem(features)
         if problem is not None:
             check.report = torch.tensor(problem, dtype=torch.int64)
             features = self._placeholder(features)
@@ -425,8 +442,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             problem = self._key_problem(keys)
             if problem is not None:
                 return problem
-        if features.variable_stride_per_key():  # stock shardings take it; their dists check it
-            return [_VARIABLE_BATCH, 0, 0] if self._has_hybrid else None
+        if features.variable_stride_per_key():  # no hybrid table (else expanded): stock dists check it
+            return None
         lengths = features.lengths()
         stride = features.stride()
         if lengths.numel() != len(keys) * stride:
@@ -514,7 +531,13 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         if code == _KEYS_CHANGED:
             return f"its batch's keys differ from its first batch's at position {index}"
         if code == _VARIABLE_BATCH:
-            return "its batch has a variable batch size per feature, which frequency_hybrid does not support"
+            return ("its batch has a variable batch size per feature but no inverse_indices, which "
+                    "frequency_hybrid needs to expand it to one batch")
+        if code == _INVERSE_KEYS:
+            return (f"its batch's inverse_indices ({value} rows) are not one row per key of the batch, "
+                    "in the batch's key order")
+        if code == _INVERSE_RANGE:
+            return f"{feature(index)} has inverse index {value}, not one of its bags in the batch (0 .. stride - 1)"
         if code == _LENGTHS_SIZE:
             return f"its batch has {value} lengths, not (number of keys) x {index} samples"
         if code == _VALUES_SIZE:
