@@ -258,6 +258,15 @@ def table_bench_drift() -> str:
     return "\n".join(rows)
 
 
+# ---------------------------------------------------------------- quantized comms (python -m benchmarks.qcomms)
+
+
+def table_results_qcomms() -> str:
+    from benchmarks.qcomms import markdown
+
+    return "\n".join(markdown(load("qcomms_w4")["results"]))
+
+
 TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "readme_product": ("README.md", table_readme_product),
     "readme_headline": ("README.md", table_readme_headline),
@@ -266,6 +275,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_step_counts": ("docs/results.md", table_results_step_counts),
     "results_headline": ("docs/results.md", table_results_headline),
     "results_projection": ("docs/results.md", table_results_projection),
+    "results_qcomms": ("docs/results.md", table_results_qcomms),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
 }
 
@@ -707,8 +717,9 @@ def write() -> List[str]:
             text = f.read()
         new = text
         for table, (doc, render) in TABLES.items():
-            if doc == name:
-                new = new.replace(marked(new, table), "\n\n" + render() + "\n\n")
+            if doc == name:  # splice between this table's markers (an empty body is no pattern)
+                head, rest = new.split(START.format(table), 1)
+                new = head + START.format(table) + "\n\n" + render() + "\n\n" + END + rest.split(END, 1)[1]
         if new != text:
             with open(path, "w") as f:
                 f.write(new)
