@@ -81,9 +81,11 @@ def test_compute_prices_move_the_hot_set():
         return planner._hybrid_enumerator.choices["big"]["row_wise"].hot_rows
 
     free = hot_rows(None)
-    # every id is pooled against the replica and a cold one again at its owner: dear lookups
-    # or dear cold-id handling make cold ids dearer, so more rows are worth keeping hot
-    assert 0 < free < hot_rows(cm.ComputeCosts(lookup=200.0))
+    # every id is looked up once (hot ones against the replica, cold ones at their owner), and
+    # owners also read their hot rows every step: dear lookups make hot rows dearer
+    assert 0 < hot_rows(cm.ComputeCosts(lookup=200.0)) < free
+    # a cold id is handled twice (routed here, received at its owner): dear id handling makes
+    # cold ids dearer, so more rows are worth keeping hot
     assert free < hot_rows(cm.ComputeCosts(ids_hybrid=2000.0))
 
 

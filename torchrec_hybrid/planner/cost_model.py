@@ -453,8 +453,8 @@ def data_parallel_rank_work(t: TableTraffic) -> torch.Tensor:
 
 def hybrid_rank_work(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_owner: torch.Tensor) -> torch.Tensor:
     """Frequency-hybrid with any cold layout (``shares`` / ``hot_per_owner`` as for
-    :func:`hybrid_rank_bytes`): every rank routes its ids, pools every id against the
-    replica (cold ones read a zero row: a fixed shape, no host sync), assembles the replica
+    :func:`hybrid_rank_bytes`): every rank routes its ids, moves the hot ones to the front
+    (a fixed shape, no host sync) and pools them against the replica, assembles the replica
     and unpacks the partial sums it gets back; owner j looks up its share of every rank's
     cold ids and its hot rows, and packs partial sums and W copies of the rows."""
     w, d = t.world, t.dim
@@ -464,7 +464,7 @@ def hybrid_rank_work(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_ow
     m = shares.to(torch.float64)
     hot = hot_per_owner.to(torch.float64)
     out = _work(w)
-    out[:, _W["lookup"]] = t.lookups * d + cold * m * w * t.lookups * d + hot * d
+    out[:, _W["lookup"]] = min(cov, 1.0) * t.lookups * d + cold * m * w * t.lookups * d + hot * d
     out[:, _W["vector_hybrid"]] = (float(hit.sum()) + 1.0) * t.bags * d + float(hot.sum()) * d \
         + w * t.bags * hit * d + w * hot * d
     out[:, _W["ids_hybrid"]] = t.lookups + cold * m * w * t.lookups
@@ -482,7 +482,7 @@ def hybrid_mean_work(t: TableTraffic, coverage, hot_rows, shares: torch.Tensor,
     n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
     hit_sum = ((1.0 - torch.pow(1.0 - cold.unsqueeze(-1) * m, t.pooling)) * n).sum(-1)
     out = torch.zeros(cov.shape + (len(WORK_TERMS),), dtype=torch.float64)
-    out[..., _W["lookup"]] = t.lookups * t.dim * (1.0 + cold) + h * t.dim / t.world
+    out[..., _W["lookup"]] = t.lookups * t.dim * (cov.clamp(max=1.0) + cold) + h * t.dim / t.world
     out[..., _W["vector_hybrid"]] = (2.0 * hit_sum + 1.0) * t.bags * t.dim + 2.0 * h * t.dim
     out[..., _W["ids_hybrid"]] = t.lookups * (1.0 + cold)
     return out

@@ -90,9 +90,7 @@ class HotReplica:
         bucket, self.table_slot_start, bucket_start = hot_slot_layout(dims, sizes)
         widths = list(dict.fromkeys(dims))  # per bucket, in the layout's order
         bucket_rows = [end - start for start, end in zip(bucket_start, bucket_start[1:] + [self.num_slots])]
-        # each bucket's table ends with a row that is always zero: the row cold lookups read
-        # (every id of the batch is a lookup of the replica, a fixed shape; see input_dist.py)
-        rows_eff = [r + 1 for r in bucket_rows]
+        rows_eff = [max(r, 1) for r in bucket_rows]  # FBGEMM's CPU TBE takes no table of 0 rows (never read)
         feature_bucket = [bucket[t] for t, tb in enumerate(tables) for _ in range(tb.num_features())]
         self._dense = DenseTableBatchedEmbeddingBagsCodegen(
             [(r, d) for r, d in zip(rows_eff, widths)],
@@ -110,22 +108,17 @@ class HotReplica:
         w = torch.tensor(widths, dtype=torch.int64)
         self.slot_width = w[slot_bucket]
         self.slot_flat = starts[slot_bucket] + slot_row * self.slot_width
-        # the zero rows: where each starts in the flat replica, its width
-        self.zero_flat = starts + torch.tensor(bucket_rows, dtype=torch.int64) * w
-        self.zero_width = w
-        # per feature: the slot of row 0 of its bucket (slot - shift = the row the TBE reads),
-        # and its bucket's zero row
+        # per feature: the slot of row 0 of its bucket (slot - shift = the row the TBE reads)
         self.feature_shift = torch.tensor(bucket_start, dtype=torch.int64)[feature_bucket] + slot_base
-        self.feature_zero_row = torch.tensor(bucket_rows, dtype=torch.int64)[feature_bucket]
 
     def pool(self, replica: torch.Tensor, rows, offsets, weights: Optional[torch.Tensor],
              batch: int) -> torch.Tensor:
         """Pooled hot embeddings ``[batch, total_dim]`` (SUM) of this group's lookups.
 
-        ``replica`` is this group's flat replica, zero rows zeroed; ``rows`` are rows of the
-        features' replica tables (hot slot - :attr:`feature_shift`, or the zero row for a
-        lookup that is not hot), jagged by (feature, sample) per ``offsets``. The gradient
-        flows to ``replica``.
+        ``replica`` is this group's flat replica; ``rows`` are rows of the features' replica
+        tables (hot slot - :attr:`feature_shift`), jagged by (feature, sample) per ``offsets``,
+        which may start past 0 and leave a tail unread (input_dist.py). The gradient flows to
+        ``replica``.
         """
         d = self._dense
         out = torch.ops.fbgemm.dense_embedding_codegen_lookup_function(
@@ -162,7 +155,7 @@ class HotRowLayout:
 
     def __init__(self, replicas: List[HotReplica], bounds: List[List[List[int]]],
                  hot_ids: List[List[torch.Tensor]], world: int, rank: int) -> None:
-        owner, row, feature, flat, width, zero_flat, zero_width = [], [], [], [], [], [], []
+        owner, row, feature, flat, width = [], [], [], [], []
         self.flat_bases, base, f = [], 0, 0  # f: first feature of the group (sharding order)
         for rep, group_bounds, ids in zip(replicas, bounds, hot_ids):
             self.flat_bases.append(base)
@@ -180,11 +173,8 @@ class HotRowLayout:
             feature.append(slot_feature)
             flat.append(rep.slot_flat + base)
             width.append(rep.slot_width)
-            zero_flat.append(rep.zero_flat + base)
-            zero_width.append(rep.zero_width)
             base += rep.flat_size
         self.owner, self.row, self.feature, self.flat, self.width = map(_cat, (owner, row, feature, flat, width))
-        self.zero_flat, self.zero_width = _cat(zero_flat), _cat(zero_width)  # the replicas' zero rows
         self.flat_size, self.world, self.rank = base, world, rank
         self.num_slots = int(self.owner.numel())
         num_features = int(self.feature.max()) + 1 if self.num_slots else 1
@@ -192,7 +182,7 @@ class HotRowLayout:
         self._all = self._select(self.sync_order)
 
     def to(self, device: torch.device) -> "HotRowLayout":
-        for name in ("owner", "row", "feature", "flat", "width", "sync_order", "zero_flat", "zero_width"):
+        for name in ("owner", "row", "feature", "flat", "width", "sync_order"):
             setattr(self, name, getattr(self, name).to(device))
         self._all = tuple(t.to(device) for t in self._all)
         return self

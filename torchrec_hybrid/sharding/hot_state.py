@@ -11,7 +11,6 @@ hot sets - not even for a batch already in flight under ``TrainPipelineSparseDis
 
 from __future__ import annotations
 
-import itertools
 from dataclasses import dataclass
 from typing import List, Sequence
 
@@ -29,9 +28,7 @@ class HotState:
     hot_ids: sorted hot ids per table (sharding order).
     slot_starts: per table, the slot of its first hot id (its ids take consecutive slots).
     replicas / layout: the groups' replicas and where every hot slot lives (hot_replica.py).
-    feature_shift / feature_zero_row: per feature (sharding order), the slot of row 0 of its
-        replica table, and that table's zero row (what cold lookups read).
-    group_feature_starts: the groups' first features, and F.
+    feature_shift: per feature (sharding order), the slot of row 0 of its replica table.
     """
 
     version: int
@@ -40,8 +37,6 @@ class HotState:
     replicas: List[HotReplica]
     layout: HotRowLayout
     feature_shift: torch.Tensor
-    feature_zero_row: torch.Tensor
-    group_feature_starts: List[int]
 
     @property
     def num_slots(self) -> int:
@@ -68,6 +63,4 @@ def build_hot_state(groups: Sequence[GroupedEmbeddingConfig], hot_ids_per_group:
         replicas=replicas,
         layout=layout,
         feature_shift=torch.cat([r.feature_shift for r in replicas]).to(device),
-        feature_zero_row=torch.cat([r.feature_zero_row for r in replicas]).to(device),
-        group_feature_starts=[0] + list(itertools.accumulate(sum(r.table_features) for r in replicas)),
     )

@@ -7,7 +7,9 @@ Per step and per rank (local batch B, F features of hybrid tables):
 2. every id is bucketized by owner (row-wise blocks, the stock RW layout), hot ids into an
    extra bucket that stays here; only the non-empty cold bags go to their owner, in two
    all-to-alls (cold_all_to_all.py);
-3. every id is also a lookup of the replicated hot TBE, cold ones of a row that is zero.
+3. the hot ids are moved to the front of a buffer as large as the batch's ids (a stable
+   partition: a cumsum and one scatter), with offsets into it per bag, for the replicated
+   hot TBE, which reads only what the offsets span.
 Every shape is known before any data is read, so nothing here waits for the device (on a
 GPU, a data-dependent size such as a hot/cold split's would be a host sync per step).
 The forward does all local work and returns a :class:`HybridInputDistAwaitable`; the cold
@@ -20,7 +22,6 @@ also all-gathered (a bit mask), overlapping the all-to-alls: only rows some rank
 may then be updated (hot_replica.py).
 """
 
-import itertools
 from dataclasses import dataclass
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
@@ -45,10 +46,10 @@ class HybridLookupInput:
 
     cold: the bags received from every rank for the rows this rank owns (local row ids),
         only the non-empty ones, ``cold.counts[w, f]`` from rank w for feature f.
-    hot_indices / hot_offsets / hot_weights: the local batch's lookups for the replicas,
-        jagged by (feature, sample): every id, as a row of its feature's replica table, cold
-        ids as the table's zero row.
-    hot_bounds: where each table group's lookups start in them, and the end (host ints).
+    hot_indices / hot_offsets / hot_weights: the local batch's hot lookups for the
+        replicas, as rows of their feature's replica table, jagged by (feature, sample):
+        ``hot_offsets`` (``[F * B + 1]``) index into ``hot_indices``, whose hot rows come
+        first and whose tail (the cold ids' places) no offset spans.
     touched: None, or () -> bool ``[total hot rows]``: the hot slots any rank looked up
         this step (when only those may be updated).
     hot: the hot set the ids were split by (hot_state.py): the lookup and output dist use
@@ -65,7 +66,6 @@ class HybridLookupInput:
     hot_indices: torch.Tensor
     hot_offsets: torch.Tensor
     hot_weights: Optional[torch.Tensor]
-    hot_bounds: List[int]
     touched: Optional[Callable[[], torch.Tensor]]
     hot: HotState
     sent_cells: torch.Tensor
@@ -110,6 +110,22 @@ def id_reports_from_words(words: List[int]) -> List[List[int]]:
         return [[0, 0, 0]] * (len(words) // n)
     return [[words[i], words[i + 1], (words[i + 2] & 0xFFFFFFFF) | (words[i + 3] << 32)]
             for i in range(0, len(words), n)]
+
+
+def _hot_first(rows: torch.Tensor, weights: Optional[torch.Tensor], offsets: torch.Tensor):
+    """The hot lookups (``rows >= 0``) moved to the front in bag order, their weights alike, and
+    per bag the offsets of its hot lookups there (``[len(offsets)]``): a stable partition with
+    no data-dependent shape, so the replica TBE reads only hot ids (its tail is never spanned)."""
+    n = rows.numel()
+    if n == 0:
+        return rows, torch.zeros_like(offsets, dtype=torch.int64), weights
+    is_hot = rows >= 0
+    before = torch.cumsum(is_hot, 0)  # hot lookups up to and including each
+    target = torch.where(is_hot, before - 1, before[-1:] + torch.arange(n, device=rows.device) - before)
+    hot_rows = torch.empty_like(rows).index_copy_(0, target, rows)
+    hot_weights = None if weights is None else torch.empty_like(weights).index_copy_(0, target, weights)
+    hot_offsets = torch.cat([before.new_zeros(1), before]).index_select(0, offsets.to(torch.int64))
+    return hot_rows, hot_offsets, hot_weights
 
 
 class _SentBags(NamedTuple):
@@ -238,7 +254,7 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
         # Tables small enough in total get dense key maps (one gather per id and map): the id
         # the bucketization routes (the id itself, or its table's sentinel when hot) and the
-        # replica row the hot lookup reads (the table's zero row when cold). Larger tables use
+        # replica row the hot lookup reads (-1 when cold). Larger tables use
         # a binary search over the sorted hot keys (memory O(hot rows)).
         route_map = row_map = slot_map = None
         if self._total_rows <= DENSE_MAP_MAX_ROWS:
@@ -247,10 +263,10 @@ class HybridSparseFeaturesDist(nn.Module):
             key_table = torch.repeat_interleave(torch.arange(len(first)), rows)
             hot_table = key_table[hot_keys]
             sentinel = self._hot_sentinel.cpu()[first]
-            shift, zero = state.feature_shift.cpu()[first], state.feature_zero_row.cpu()[first]
+            shift = state.feature_shift.cpu()[first]
             route_map = torch.arange(self._total_rows) - torch.tensor(self._table_offset)[key_table]
             route_map[hot_keys] = sentinel[hot_table]
-            row_map = zero[key_table]
+            row_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
             row_map[hot_keys] = key_slots - shift[hot_table]
             route_map, row_map = route_map.to(device), row_map.to(device)
             if self._exchange_touched:
@@ -275,14 +291,12 @@ class HybridSparseFeaturesDist(nn.Module):
         routed, hot_rows, touched = self._route(values, torch.tensor(host_per_feature, device=values.device))
         sent, local_rows, sent_weights = self._bucketize(flat_lengths, routed, weights)
         bags = self._nonempty_bags(sent[:W * F * B], B)
-        # Hot lookups: every id, cold ones on the zero row of their feature's replica table -
-        # a fixed shape, where a hot/cold split would need the hot count on the host.
+        hot_indices, hot_offsets, hot_weights = _hot_first(hot_rows, weights, features.offsets())
         state = self._state
         local = dict(
-            hot_indices=hot_rows,
-            hot_offsets=features.offsets(),
-            hot_weights=weights,
-            hot_bounds=self._group_bounds(host_per_feature),
+            hot_indices=hot_indices,
+            hot_offsets=hot_offsets,
+            hot_weights=hot_weights,
             touched=touched,
             hot=state,
             sent_cells=bags.cells,
@@ -304,8 +318,8 @@ class HybridSparseFeaturesDist(nn.Module):
 
     def _route(self, values: torch.Tensor, per_feature: torch.Tensor):
         """Per id: the id the bucketization sees (hot ids: their table's sentinel, which
-        lands in bucket W), the replica row its hot lookup reads (cold ids: the zero row),
-        and, when only looked-up hot rows may be updated, the started exchange of those."""
+        lands in bucket W), the replica row its hot lookup reads (cold ids: -1), and, when
+        only looked-up hot rows may be updated, the started exchange of those."""
         n = values.numel()
         keys = values.to(torch.int64) + torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=n)
         if self._route_map is not None and self._row_map is not None:
@@ -323,8 +337,7 @@ class HybridSparseFeaturesDist(nn.Module):
             slot, is_hot = torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
         state = self._state
         routed = torch.where(is_hot, self._hot_sentinel.index_select(0, fid), values.to(torch.int64))
-        rows = torch.where(is_hot, slot - state.feature_shift.index_select(0, fid),
-                           state.feature_zero_row.index_select(0, fid))
+        rows = torch.where(is_hot, slot - state.feature_shift.index_select(0, fid), -1)
         return routed, rows, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
 
     def _bucketize(self, lengths: torch.Tensor, routed: torch.Tensor, weights: Optional[torch.Tensor]):
@@ -359,11 +372,6 @@ class HybridSparseFeaturesDist(nn.Module):
             group = torch.div(index, B, rounding_mode="floor")  # owner * F + feature
             self._cells_cache = (B, index, (index - group * B) * F + group % F)
         return self._cells_cache[1], self._cells_cache[2]
-
-    def _group_bounds(self, host_per_feature: List[int]) -> List[int]:
-        """Where each table group's ids start in the flat ids, and the end (host arithmetic)."""
-        cum = [0] + list(itertools.accumulate(host_per_feature))
-        return [cum[f] for f in self._state.group_feature_starts]
 
     def _start_touched_exchange(self, slot: torch.Tensor, is_hot: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Starts an async all-gather of which hot slots this rank looks up (one byte each)."""

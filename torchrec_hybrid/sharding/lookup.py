@@ -144,10 +144,9 @@ class HybridLookup(nn.Module):
                 return replicas[0].pool(replica, inp.hot_indices, inp.hot_offsets, inp.hot_weights, B)
             out = []
             for g, (rep, nf, base) in enumerate(zip(replicas, self._feature_splits, layout.flat_bases)):  # per group
-                f0, lo, hi = sum(self._feature_splits[:g]), inp.hot_bounds[g], inp.hot_bounds[g + 1]
-                off = inp.hot_offsets[f0 * B: (f0 + nf) * B + 1]
-                w = None if inp.hot_weights is None else inp.hot_weights[lo:hi]
-                out.append(rep.pool(replica[base:base + rep.flat_size], inp.hot_indices[lo:hi], off - lo, w, B))
+                f0 = sum(self._feature_splits[:g])  # the group's offsets index into every group's lookups
+                out.append(rep.pool(replica[base:base + rep.flat_size], inp.hot_indices,
+                                    inp.hot_offsets[f0 * B: (f0 + nf) * B + 1], inp.hot_weights, B))
             return torch.cat(out, dim=1)
 
         return HybridLookupOutput(

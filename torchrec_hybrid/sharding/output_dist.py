@@ -41,8 +41,8 @@ from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
 
 
-# (replica_dst, units per owner, order, units per owner as host ints, the zero rows' units)
-ReceivePlan = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int], torch.Tensor]
+# (replica_dst, units per owner, order, units per owner as host ints)
+ReceivePlan = Tuple[torch.Tensor, torch.Tensor, torch.Tensor, List[int]]
 
 # -- quantized comms ---------------------------------------------------------------------------
 
@@ -269,19 +269,18 @@ class _Unpack(torch.autograd.Function):
 
     ``replica_src`` names, for every replica position, the received unit it copies (any
     unit where no owner sent one: rows nobody looked up, never read; None when no row was
-    sent at all); ``zero`` the units of the replicas' zero rows, which cold lookups read.
-    The backward needs no zero fill: partial and hot-row positions cover the whole buffer
-    (the zero rows' gradient is dropped).
+    sent at all). The backward needs no zero fill: partial and hot-row positions cover the
+    whole buffer.
     """
 
     @staticmethod
-    def forward(ctx, recv, part_src, row_src, row_dst, replica_src, replica_size, zero):
+    def forward(ctx, recv, part_src, row_src, row_dst, replica_src, replica_size):
         ctx.save_for_backward(part_src, row_src, row_dst)
         ctx.shape = recv.shape
         if replica_src is None:
             replica = recv.new_zeros((replica_size,) + tuple(recv.shape[1:]))
         else:
-            replica = recv.index_select(0, replica_src).index_fill_(0, zero, 0)
+            replica = recv.index_select(0, replica_src)
         return recv.index_select(0, part_src), replica
 
     @staticmethod
@@ -289,7 +288,7 @@ class _Unpack(torch.autograd.Function):
         part_src, row_src, row_dst = ctx.saved_tensors
         out = grad_partials.new_empty(ctx.shape).index_copy_(0, part_src, grad_partials)
         out.index_copy_(0, row_src, grad_replica.index_select(0, row_dst))
-        return out, None, None, None, None, None, None
+        return out, None, None, None, None, None
 
 
 class _AddPartials(torch.autograd.Function):
@@ -378,11 +377,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         dst, units = self._replica_positions(layout, slots, per_owner)
         order = torch.zeros(layout.flat_size // (self._uniform_dim or 1), dtype=torch.int64, device=dst.device)
         order[dst] = torch.arange(dst.numel(), device=dst.device)
-        if self._uniform_dim is not None:
-            zero = torch.div(layout.zero_flat, self._uniform_dim, rounding_mode="floor")
-        else:
-            zero = segment_positions(layout.zero_flat, layout.zero_width)
-        plan = (dst, units, order, units.tolist(), zero)
+        plan = (dst, units, order, units.tolist())
         self._replica_cache = (slots, plan)
         return plan
 
@@ -401,7 +396,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         # sample side: from each owner the bags we sent it (same order), then its hot rows
         part_pos = self._cells(out.sent_cells)
         part_units = self._units(out.sent_counts)
-        replica_dst, replica_units, order, host_replica_units, zero = self._receive_plan(
+        replica_dst, replica_units, order, host_replica_units = self._receive_plan(
             out.layout, out.hot_slots, out.hot_counts)
         replica_size = out.layout.flat_size // unit
         part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
@@ -419,7 +414,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         def finish() -> torch.Tensor:
             recv = _AllToAllWait.apply(token, req)
             partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
-                                              replica_src, replica_size, zero)
+                                              replica_src, replica_size)
             pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
             if self._any_mean:
                 per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
