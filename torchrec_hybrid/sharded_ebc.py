@@ -88,6 +88,27 @@ _INVERSE_RANGE = 15  # [feature, the inverse index]
 _VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch.INVERSE_KEYS: _INVERSE_KEYS,
                       variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _LENGTHS_SIZE}
 _NAME_BYTES = 7  # bytes of an unknown key's name carried in the report (plus its length)
+_MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollection._describe fills them in)
+    _BAD_ID: "{feature} has id {value} outside [0, {rows})",
+    _BAD_WEIGHT: "{feature} has a non-finite per-sample weight ({weight})",
+    _MISSING_KEY: "{feature} is missing from its batch's keys",
+    _UNKNOWN_KEY: ("its batch has key {name} (position {position}), which is no feature of this module and was "
+                   "not in its first batch"),
+    _DUPLICATE_KEY: "{duplicate} appears more than once in its batch's keys",
+    _KEY_ORDER: ("its batch's keys are in a different order than its first batch's (which fixed the feature "
+                 "permutation): {feature} comes where '{other}' did"),
+    _KEYS_CHANGED: "its batch's keys differ from its first batch's at position {index}",
+    _VARIABLE_BATCH: ("its batch has a variable batch size per feature but no inverse_indices, which "
+                      "frequency_hybrid needs to expand it to one batch"),
+    _INVERSE_KEYS: ("its batch's inverse_indices ({value} rows) are not one row per key of the batch, in the "
+                    "batch's key order"),
+    _INVERSE_RANGE: "{feature} has inverse index {value}, not one of its bags in the batch (0 .. stride - 1)",
+    _LENGTHS_SIZE: "its batch has {value} lengths, not (number of keys) x {index} samples",
+    _VALUES_SIZE: "its batch's lengths add up to {index} but it has {value} values",
+    _WEIGHTS_MISSING: "its batch has no per-sample weights but the module is weighted",
+    _WEIGHTS_UNEXPECTED: "its batch has per-sample weights but the module is not weighted (is_weighted=False)",
+    _WEIGHTS_SIZE: "its batch has {value} per-sample weights for {index} values",
+}
 
 
 def _pack_name(name: str) -> int:
@@ -504,6 +525,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             weights=torch.empty(0, device=values.device) if self._module_weighted else None)
 
     def _describe(self, code: int, index: int, value: int) -> str:
+        """A report ``[code, index, value]`` in words (only on the error path)."""
         names = self._feature_names
 
         def feature(i: int) -> str:
@@ -511,44 +533,14 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 return f"feature '{names[i]}' (table '{self._table_by_feature[names[i]]}')"
             return f"feature #{i}"
 
-        if code == _BAD_ID:
-            f = names[index] if 0 <= index < len(names) else "?"
-            return f"{feature(index)} has id {value} outside [0, {self._rows_by_feature.get(f, '?')})"
-        if code == _BAD_WEIGHT:
-            w = struct.unpack("<f", (value & 0xFFFFFFFF).to_bytes(4, "little"))[0]
-            return f"{feature(index)} has a non-finite per-sample weight ({w})"
-        if code == _MISSING_KEY:
-            return f"{feature(index)} is missing from its batch's keys"
-        if code == _UNKNOWN_KEY:
-            return (f"its batch has key {_unpack_name(value)} (position {-index - 1}), which is no "
-                    "feature of this module and was not in its first batch")
-        if code == _DUPLICATE_KEY:
-            what = feature(index) if index >= 0 else f"key {_unpack_name(value)}"
-            return f"{what} appears more than once in its batch's keys"
-        if code == _KEY_ORDER:
-            return (f"its batch's keys are in a different order than its first batch's (which fixed the "
-                    f"feature permutation): {feature(index)} comes where '{names[value]}' did")
-        if code == _KEYS_CHANGED:
-            return f"its batch's keys differ from its first batch's at position {index}"
-        if code == _VARIABLE_BATCH:
-            return ("its batch has a variable batch size per feature but no inverse_indices, which "
-                    "frequency_hybrid needs to expand it to one batch")
-        if code == _INVERSE_KEYS:
-            return (f"its batch's inverse_indices ({value} rows) are not one row per key of the batch, "
-                    "in the batch's key order")
-        if code == _INVERSE_RANGE:
-            return f"{feature(index)} has inverse index {value}, not one of its bags in the batch (0 .. stride - 1)"
-        if code == _LENGTHS_SIZE:
-            return f"its batch has {value} lengths, not (number of keys) x {index} samples"
-        if code == _VALUES_SIZE:
-            return f"its batch's lengths add up to {index} but it has {value} values"
-        if code == _WEIGHTS_MISSING:
-            return "its batch has no per-sample weights but the module is weighted"
-        if code == _WEIGHTS_UNEXPECTED:
-            return "its batch has per-sample weights but the module is not weighted (is_weighted=False)"
-        if code == _WEIGHTS_SIZE:
-            return f"its batch has {value} per-sample weights for {index} values"
-        return f"unknown problem code {code}"
+        rows = self._rows_by_feature.get(names[index], "?") if 0 <= index < len(names) else "?"
+        weight = struct.unpack("<f", (value & 0xFFFFFFFF).to_bytes(4, "little"))[0]
+        duplicate = feature(index) if index >= 0 else f"key {_unpack_name(value)}"
+        other = names[value] if 0 <= value < len(names) else "?"
+        template = _MESSAGES.get(code, "unknown problem code {code}")
+        return template.format(code=code, index=index, value=value, feature=feature(index), rows=rows,
+                               weight=weight, name=_unpack_name(value), position=-index - 1,
+                               duplicate=duplicate, other=other)
 
     def _finish_id_check(self, ctx: HybridEmbeddingBagCollectionContext, input) -> None:
         check, ctx.id_check = ctx.id_check, None
