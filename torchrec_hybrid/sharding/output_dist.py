@@ -231,10 +231,13 @@ class _AllToAllWait(torch.autograd.Function):
 def _interleave(a: torch.Tensor, b: torch.Tensor, total_a: int, total_b: int):
     """Positions of two runs per rank laid out ``a_0, b_0, a_1, b_1, ...`` (counts ``a``, ``b`` [W]).
 
-    Returns where the items of the ``a`` runs (rank after rank) and of the ``b`` runs go.
+    Returns where the items of the ``a`` runs (rank after rank) and of the ``b`` runs go: each
+    item's own position shifted by the other runs before it (9 ops, no per-run arange).
     """
-    start = exclusive_cumsum(a + b)
-    return segment_positions(start, a, total_a), segment_positions(start + a, b, total_b)
+    a, b, dev = a.to(torch.int64), b.to(torch.int64), a.device
+    pos_a = torch.arange(total_a, device=dev) + torch.repeat_interleave(exclusive_cumsum(b), a, output_size=total_a)
+    pos_b = torch.arange(total_b, device=dev) + torch.repeat_interleave(torch.cumsum(a, 0), b, output_size=total_b)
+    return pos_a, pos_b
 
 
 class _Pack(torch.autograd.Function):
