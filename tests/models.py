@@ -44,7 +44,7 @@ def hot_ids(spec: Optional[Dict[str, List[int]]] = None) -> Dict[str, torch.Tens
 def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = False):
     """DMP over an EBC with the given per-table plan kinds: 'tw', 'rw', 'cw', 'dp' (stock), 'hybrid'
     (even row-wise cold blocks), 'hybrid_tw' (every cold row on one rank), 'hybrid_uneven' (uneven
-    row blocks)."""
+    row blocks), 'hybrid_cw' (two column slices, each on one rank: the ranks of 'cw'))."""
     from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise
 
     ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"), is_weighted=weighted)
@@ -55,6 +55,7 @@ def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = 
             "hybrid": lambda: frequency_hybrid(),
             "hybrid_tw": lambda: frequency_hybrid(cold="table_wise", rank=(i + 1) % world),
             "hybrid_uneven": lambda: frequency_hybrid(row_bounds=uneven_bounds(c.num_embeddings, world)),
+            "hybrid_cw": lambda: frequency_hybrid(cold="column_wise", ranks=[i % world, (i + 1) % world]),
             "tw": lambda: table_wise(rank=i % world, compute_kernel="fused"),
             "rw": lambda: row_wise(compute_kernel="fused"),
             "cw": lambda: column_wise(ranks=[i % world, (i + 1) % world], compute_kernel="fused"),

@@ -58,8 +58,9 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
     ref = torchrec.EmbeddingBagCollection(tables=configs, is_weighted=weighted)
     hot_t = hot_ids(hot)
     kinds = kinds or {c.name: "hybrid" for c in configs}
-    if ref_kinds is None:  # the same plan with table_wise in place of frequency_hybrid
-        ref_kinds = {t: ("tw" if k.startswith("hybrid") else k) for t, k in kinds.items()}
+    if ref_kinds is None:  # the same plan with table_wise in place of frequency_hybrid (column_wise for
+        # column-wise cold: row-wise Adagrad keeps one accumulator per row of each column slice)
+        ref_kinds = {t: ("cw" if k == "hybrid_cw" else "tw" if k.startswith("hybrid") else k) for t, k in kinds.items()}
     fused = OPTIMIZERS[opt]
     mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(fused)),
                weighted=weighted)
@@ -158,10 +159,14 @@ def test_refreshed_hot_sets_train_like_table_wise(world, opt, in_flight, kinds):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-@pytest.mark.parametrize("layout", ["hybrid_tw", "hybrid_uneven"])
+@pytest.mark.parametrize("layout", ["hybrid_tw", "hybrid_uneven", "hybrid_cw"])
 def test_cold_layouts_train_like_table_wise(world, layout):
-    """Table-wise cold (every cold row on one owner) and uneven row blocks, multi-hot bags."""
-    run_ranks(train_pair, world, opt="rowwise_adagrad", kinds={t: layout for t in ("t0", "t1", "t2", "t3")})
+    """Table-wise cold (every cold row on one owner), uneven row blocks and column slices, multi-hot bags
+    (column slices against stock column_wise: row-wise Adagrad keeps an accumulator per slice)."""
+    kinds = {t: layout for t in ("t0", "t1", "t2", "t3")}
+    if layout == "hybrid_cw":  # t3 is 4 wide: no two slices of a multiple of 4 columns
+        kinds["t3"] = "hybrid_tw"
+    run_ranks(train_pair, world, opt="rowwise_adagrad", kinds=kinds)
 
 
 @pytest.mark.parametrize(

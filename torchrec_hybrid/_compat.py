@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 import torchrec.distributed.planner.stats as _tr_stats
 from torchrec.distributed.planner.stats import EmbeddingStats
+from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import Awaitable, ShardingEnv
 
 # --- TorchRec awaitables ------------------------------------------------------------------
@@ -46,6 +47,19 @@ def rw_sharding_setup(sharding) -> RwShardingSetup:
     """``_env``, ``_pg``, ``_rank``, ``_world_size``, ``_device`` of a ``BaseRwEmbeddingSharding``
     (checked against torchrec 1.8.0)."""
     return RwShardingSetup(sharding._env, sharding._pg, sharding._rank, sharding._world_size, sharding._device)
+
+
+class RwPooledShardingWithTables(RwPooledEmbeddingSharding):
+    """``RwPooledEmbeddingSharding`` whose tables per rank come from :meth:`shard_tables`
+    (TorchRec computes them in the private ``_shard``, called by ``__init__``; checked
+    against torchrec 1.8.0), so a subclass can cut a table in column slices."""
+
+    def shard_tables(self, sharding_infos: list, stock_shard: Callable[[list], list]) -> list:
+        """Per rank, its ``ShardedEmbeddingTable``s; ``stock_shard(infos)`` is TorchRec's."""
+        return stock_shard(sharding_infos)
+
+    def _shard(self, sharding_infos):
+        return self.shard_tables(sharding_infos, super()._shard)
 
 
 def sharding_grouped_configs(sharding) -> list:

@@ -4,38 +4,46 @@ and ``check_hot_ids``: user-given hot ids against the tables and the plan."""
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-from torchrec.distributed.sharding_plan import row_wise
+from torchrec.distributed.sharding_plan import column_wise, row_wise
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan, ShardMetadata
 
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError
 
 
-def with_row_bounds(ps: ParameterSharding, bounds: Sequence[int]) -> ParameterSharding:
-    """``ps`` (one row block per rank) with its blocks moved to ``bounds`` (row_blocks.py)."""
-    old = ps.sharding_spec.shards
-    ps.sharding_spec = EnumerableShardingSpec([
-        ShardMetadata(shard_offsets=[bounds[r], 0], shard_sizes=[bounds[r + 1] - bounds[r], s.shard_sizes[1]],
-                      placement=s.placement)
-        for r, s in enumerate(old)
+def hybrid_spec(slices: Sequence[row_blocks.ColumnSlice], placements: Sequence[Any]
+                ) -> EnumerableShardingSpec:
+    """The sharding spec of a frequency_hybrid table: per column slice, one row block per rank
+    (``placements[r]``) as the slice's bounds say (row_blocks.py)."""
+    return EnumerableShardingSpec([
+        ShardMetadata(shard_offsets=[sl.bounds[r], sl.offset], shard_sizes=[sl.bounds[r + 1] - sl.bounds[r], sl.width],
+                      placement=p)
+        for sl in slices for r, p in enumerate(placements)
     ])
-    return ps
 
 
 def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_WISE, rank: Optional[int] = None,
-                     row_bounds: Optional[Sequence[int]] = None):
-    """Like TorchRec's ``row_wise()`` / ``table_wise(rank)``, for frequency_hybrid tables.
+                     row_bounds: Optional[Sequence[int]] = None, ranks: Optional[Sequence[int]] = None):
+    """Like TorchRec's ``row_wise()`` / ``table_wise(rank)`` / ``column_wise(ranks)``, for
+    frequency_hybrid tables.
 
     Hot rows are looked up locally on every rank whatever the cold layout. Cold rows:
     - ``cold="row_wise"`` (default): stock even row blocks on all ranks, or ``row_bounds``
       (``[0, b_1, ..., rows]``, one block per rank, e.g. ``row_blocks.balanced_bounds``);
     - ``cold="table_wise", rank=k``: every row on rank k (a bag's cold ids return one
-      partial sum, as table_wise; best for multi-hot bags).
+      partial sum, as table_wise; best for multi-hot bags);
+    - ``cold="column_wise", ranks=[k_0, ...]``: the columns cut in ``len(ranks)`` slices as
+      stock column_wise cuts them, slice s laid out table-wise on rank ``k_s`` (for tables
+      too big or too hot for one rank).
     """
     if cold not in row_blocks.COLD_LAYOUTS:
         raise ValueError(f"cold layout {cold!r} is not one of {list(row_blocks.COLD_LAYOUTS)}")
     if cold == row_blocks.TABLE_WISE and (rank is None or row_bounds is not None):
         raise ValueError("cold='table_wise' needs rank=<owner> and no row_bounds")
+    if cold == row_blocks.COLUMN_WISE and (not ranks or rank is not None or row_bounds is not None):
+        raise ValueError("cold='column_wise' needs ranks=[owner of each column slice] and no rank or row_bounds")
+    if cold != row_blocks.COLUMN_WISE and ranks is not None:
+        raise ValueError("ranks= is for cold='column_wise'")
     if cold == row_blocks.ROW_WISE and rank is not None:
         raise ValueError("rank= is for cold='table_wise'; a row-wise cold layout spans every rank")
     stock = row_wise(compute_kernel=compute_kernel)
@@ -44,15 +52,21 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
                    ) -> ParameterSharding:
         ps = stock(param, local_size, world_size, device_type, sharder)
         ps.sharding_type = FREQUENCY_HYBRID
-        rows = param.shape[0]
+        rows, cols = param.shape
         if cold == row_blocks.TABLE_WISE:
             assert rank is not None  # checked above: cold='table_wise' needs rank=
-            bounds = row_blocks.single_owner_bounds(rows, world_size, rank)
+            slices = [row_blocks.ColumnSlice(0, cols, row_blocks.single_owner_bounds(rows, world_size, rank))]
+        elif cold == row_blocks.COLUMN_WISE:  # stock column_wise's spec: one shard per slice
+            cw = column_wise(ranks=list(ranks or []), compute_kernel=compute_kernel)
+            ps = cw(param, local_size, world_size, device_type, sharder)
+            ps.sharding_type = FREQUENCY_HYBRID
+            return ps
         elif row_bounds is not None:
-            bounds = row_blocks.check_bounds("?", row_bounds, rows, world_size)
+            slices = [row_blocks.ColumnSlice(0, cols, row_blocks.check_bounds("?", row_bounds, rows, world_size))]
         else:
             return ps
-        return with_row_bounds(ps, bounds)
+        ps.sharding_spec = hybrid_spec(slices, [s.placement for s in ps.sharding_spec.shards])
+        return ps
 
     return _generator
 

@@ -36,7 +36,7 @@ class LaneLayout:
     """
 
     def __init__(self, lane_features: List[List[int]], dims: List[int], device: torch.device) -> None:
-        F = len(dims)
+        F = self.num_features = len(dims)
         self.lane_features = lane_features
         self.order = [f for fs in lane_features for f in fs]  # lane order -> sharding feature
         lane_of, local_of, dim_local = [0] * F, [0] * F, [0] * F
@@ -61,11 +61,11 @@ class LaneLayout:
         order, that feature's run from every source, then its extra run. Segments are
         numbered as laid out: the received runs ``(source, part, feature)``, then the extra
         runs ``(part, feature)``. Cached per part count."""
-        if parts not in self._orders:
-            F = len(self.order)
+        if parts not in self._orders:  # features in no lane (a 0-row column slice) receive nothing: left out
+            F = self.num_features
             s = torch.arange(world, dtype=torch.int32).view(1, 1, world)
             p = torch.arange(parts, dtype=torch.int32).view(parts, 1, 1)
-            f = torch.tensor(self.order, dtype=torch.int32).view(1, F, 1)
+            f = torch.tensor(self.order, dtype=torch.int32).view(1, len(self.order), 1)
             received = s * parts * F + p * F + f  # [part, feature, source]
             extra = world * parts * F + p * F + f  # [part, feature, 1]
             self._orders[parts] = torch.cat([received, extra], 2).reshape(-1).to(self.order_t.device)

@@ -82,7 +82,7 @@ class HotReplica:
                  slot_base: int = 0) -> None:
         tables = config.embedding_tables
         dims = [t.local_cols for t in tables]
-        self.total_dim = sum(t.embedding_dim * t.num_features() for t in tables)
+        self.total_dim = sum(t.local_cols * t.num_features() for t in tables)
         sizes = [h.numel() for h in hot_ids]
         self.table_sizes, self.table_dims = sizes, dims
         self.table_features = [t.num_features() for t in tables]

@@ -1,9 +1,12 @@
 """The frequency-hybrid embedding sharding: composition of input dist, lookup, output dist.
 
 The row layout is a stock row-wise one (``RwPooledEmbeddingSharding`` computes it from the
-plan): every table is split in contiguous row blocks, one per rank, even or not, possibly
-empty (row_blocks.py: even blocks, blocks of equal lookup cost, or every row on one rank -
-the table-wise cold layout), and the cold lookups go to the owner of their block. The hot
+plan): every table is split in contiguous row blocks, one per rank, even or not (row_blocks.py:
+even blocks, blocks of equal lookup cost, or every row on one rank - the table-wise cold
+layout), and the cold lookups go to the owner of their block. A column-wise cold table is cut
+in column slices, each its own row-blocked table here (with its own copy of the table's
+features, as stock column_wise duplicates them), and its slices' outputs are put back side by
+side, so the module sees one feature of the table's full width. The hot
 rows are also replicated on every rank, as copies their owners refresh every step
 (hot_replica.py). Because the cold shard is the only home of every row, state_dict,
 checkpoints and the fused optimizer state are exactly stock row-wise. Quantized comms: the
@@ -11,13 +14,19 @@ checkpoints and the fused optimizer state are exactly stock row-wise. Quantized 
 all-to-all (FP16 / BF16; output_dist.py), the only hybrid collective that carries floats.
 """
 
+import dataclasses
 from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
-from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
-from torchrec.distributed.types import QuantizedCommCodecs, ShardingEnv
+from torchrec.distributed.types import (
+    EnumerableShardingSpec,
+    QuantizedCommCodecs,
+    ShardedTensorMetadata,
+    ShardingEnv,
+    ShardMetadata,
+)
 from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
@@ -27,10 +36,10 @@ from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, HybridPooledEmbeddingDist, describe_codec_problems
-from torchrec_hybrid.sharding.row_blocks import bounds_of
+from torchrec_hybrid.sharding.row_blocks import slices_of
 
 
-class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
+class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
     """Frequency-hybrid sharding of pooled tables (one instance per EBC, all hybrid tables).
 
     Args:
@@ -56,23 +65,86 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         super().__init__(sharding_infos, env, device, qcomm_codecs_registry=qcomm_codecs_registry)
         self._setup = _compat.rw_sharding_setup(self)
         groups = _compat.sharding_grouped_configs(self)
-        self._tables = [t for g in groups for t in g.embedding_tables]
+        self._tables = [t for g in groups for t in g.embedding_tables]  # a column-wise table: one per slice
         self._hot_ids_per_group = [[hot_ids[t.name] for t in g.embedding_tables] for g in groups]
-        world, rank = self._setup.world_size, self._setup.rank
-        specs = {i.embedding_config.name: i for i in sharding_infos}
-        self._bounds = {}  # row bounds per table: the owner blocks the input dist bucketizes by
-        for t in self._tables:
-            info = specs[t.name]
-            self._bounds[t.name] = bounds_of(t.name, info.param_sharding, t.num_embeddings, t.embedding_dim, world)
-            if t.local_metadata.shard_offsets[0] != self._bounds[t.name][rank]:
+        rank, world = self._setup.rank, self._setup.world_size
+        slice_bounds = {}
+        for i in sharding_infos:
+            c = i.embedding_config
+            for sl in slices_of(c.name, i.param_sharding, c.num_embeddings, c.embedding_dim, world):
+                slice_bounds[(c.name, sl.offset)] = sl.bounds
+        self._bounds = [slice_bounds[(t.name, t.local_metadata.shard_offsets[1])] for t in self._tables]
+        for t, b in zip(self._tables, self._bounds):  # the owner blocks the input dist bucketizes by
+            if t.local_metadata.shard_offsets[0] != b[rank]:
                 raise RuntimeError(f"table '{t.name}': local shard at row {t.local_metadata.shard_offsets[0]}, "
-                                   f"plan says {self._bounds[t.name][rank]}")
+                                   f"plan says {b[rank]}")
         # Owners send every hot row each step unless a zero-gradient update could change a
         # row (weight decay, Adam, ...): then only rows some rank looked up, and the input
         # dist gathers which those are.
         self._exchange_touched = not all(zero_grad_is_noop(g.fused_params) for g in groups)
         self._state: Optional[HotState] = None
         self._input_dists: List[HybridSparseFeaturesDist] = []
+
+    def shard_tables(self, sharding_infos: List[EmbeddingShardingInfo], stock_shard) -> list:
+        """Per rank its tables: stock row-wise for a table of one column slice; for column-wise
+        cold one table per slice, every row on its owner, none elsewhere (other ranks keep a
+        table of 0 rows so the features line up; the lookup gives it no TBE), each with the
+        whole table's global metadata, so checkpoints and the fused optimizer see one table."""
+        world = _compat.rw_sharding_setup(self).world_size
+        per_rank: List[list] = [[] for _ in range(world)]
+        for info in sharding_infos:
+            c, ps = info.embedding_config, info.param_sharding
+            slices = slices_of(c.name, ps, c.num_embeddings, c.embedding_dim, world)
+            shards: List[ShardMetadata] = ps.sharding_spec.shards  # type: ignore[union-attr]
+            if len(slices) == 1:
+                for r, tables in enumerate(stock_shard([info])):
+                    per_rank[r].extend(tables)
+                continue
+            whole = ShardedTensorMetadata(shards_metadata=shards, size=torch.Size([c.num_embeddings, c.embedding_dim]))
+            for sl, shard in zip(slices, shards):
+                device = str(shard.placement).split("/", 1)[1]
+                blocks = [ShardMetadata(shard_offsets=[sl.bounds[r], sl.offset],
+                                        shard_sizes=[sl.bounds[r + 1] - sl.bounds[r], sl.width],
+                                        placement=f"rank:{r}/{device}") for r in range(world)]
+                one = dataclasses.replace(info, param_sharding=dataclasses.replace(
+                    ps, sharding_spec=EnumerableShardingSpec(blocks)))
+                for r, tables in enumerate(stock_shard([one])):
+                    per_rank[r].extend(dataclasses.replace(t, local_cols=sl.width, global_metadata=whole)
+                                       for t in tables)
+        return per_rank
+
+    def _slice_dims(self) -> List[int]:
+        """Output width of each feature as the data path sees it (a slice's width per slice)."""
+        return [t.local_cols for t in self._tables for _ in range(t.num_features())]
+
+    def _merged(self) -> List[tuple]:
+        """Per output feature ``(name, dim, metadata, slice features)``: a column-wise table's
+        slices of one feature merged back into one feature of the full width, in the order of
+        their first slice (set-up time)."""
+        out: Dict[str, tuple] = {}
+        names = [n for g in _compat.sharding_grouped_configs(self) for n in g.embedding_names()]
+        meta = [m for g in _compat.sharding_grouped_configs(self) for m in g.embedding_shard_metadata()]
+        for f, (name, dim, m) in enumerate(zip(names, self._slice_dims(), meta)):
+            n, d, m0, parts = out.get(name, (name, 0, m, []))
+            out[name] = (n, d + dim, m0, parts + [(m.shard_offsets[1] if m is not None else 0, f)])
+        return list(out.values())
+
+    def embedding_names(self) -> List[str]:
+        return [m[0] for m in self._merged()]
+
+    def embedding_dims(self) -> List[int]:
+        return [m[1] for m in self._merged()]
+
+    def embedding_shard_metadata(self) -> List[Optional[ShardMetadata]]:
+        return [m[2] for m in self._merged()]
+
+    def _column_order(self) -> Optional[List[int]]:
+        """The output dist's column permutation from slice features to merged features (None:
+        the slices of every feature are already side by side in column order)."""
+        dims = self._slice_dims()
+        starts = [sum(dims[:f]) for f in range(len(dims))]
+        order = [starts[f] + i for m in self._merged() for _, f in sorted(m[3]) for i in range(dims[f])]
+        return None if order == list(range(len(order))) else order
 
     @property
     def _hybrid_pg(self) -> dist.ProcessGroup:
@@ -83,7 +155,8 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
 
     def _build_state(self, hot_ids_per_group, device: torch.device, version: int) -> HotState:
         groups = _compat.sharding_grouped_configs(self)
-        bounds = [[self._bounds[t.name] for t in g.embedding_tables] for g in groups]
+        it = iter(self._bounds)
+        bounds = [[next(it) for _ in g.embedding_tables] for g in groups]
         return build_hot_state(groups, hot_ids_per_group, bounds, self._setup.world_size, self._setup.rank, device,
                                version)
 
@@ -133,10 +206,10 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
             feature_tables=feature_tables,
             table_rows=rows,
             state=self.hot_state(device),
-            row_bounds=[self._bounds[self._tables[i].name] for i in feature_tables],
+            row_bounds=[self._bounds[i] for i in feature_tables],
             device=device,
             exchange_touched=self._exchange_touched,
-            feature_dims=self.embedding_dims(),
+            feature_dims=self._slice_dims(),
         )
         self._input_dists.append(dist_)
         return dist_
@@ -146,13 +219,17 @@ class HybridPooledEmbeddingSharding(RwPooledEmbeddingSharding):
         setup = self._setup
         device = device if device is not None else setup.device
         rank = setup.rank
-        heavy = heavy_tables(setup.world_size, [self._bounds[t.name][rank + 1] - self._bounds[t.name][rank]
-                                                for t in self._tables], [t.num_embeddings for t in self._tables])
+        heavy = heavy_tables(setup.world_size, [b[rank + 1] - b[rank] for b in self._bounds],
+                             [t.num_embeddings for t in self._tables])
+        # a table's column slices share one TBE (its fused optimizer holds all of the table's local shards)
+        heavy_names = {t.name for t, h in zip(self._tables, heavy) if h}
+        lanes = {i for i, t in enumerate(self._tables) if t.name in heavy_names}
         return HybridLookup(_compat.sharding_grouped_configs(self), pg=self._hybrid_pg, device=device,
-                            env=setup.env, heavy_tables={t.name for t, h in zip(self._tables, heavy) if h})
+                            env=setup.env, heavy_tables=lanes)
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]
         device = device if device is not None else self._setup.device
         codecs = (self.qcomm_codecs_registry or {}).get(OUTPUT_COMM_OP)
-        return HybridPooledEmbeddingDist(self._hybrid_pg, self.embedding_dims(), mean, device, codecs)
+        return HybridPooledEmbeddingDist(self._hybrid_pg, self._slice_dims(), mean, device, codecs,
+                                         column_order=self._column_order())

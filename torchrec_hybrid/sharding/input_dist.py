@@ -193,6 +193,7 @@ class HybridSparseFeaturesDist(nn.Module):
     _feature_ids: torch.Tensor
     _block_sizes: torch.Tensor
     _hot_sentinel: torch.Tensor
+    _feature_route_shift: torch.Tensor
 
     def __init__(
         self,
@@ -224,15 +225,21 @@ class HybridSparseFeaturesDist(nn.Module):
         # to an extra bucket W by a sentinel id past every owner's block.
         W = self._world
         block_sizes = [(b[-1] + W - 1) // W for b in row_bounds]
-        sentinel = [W * max(1, s) for s in block_sizes]
+        even = all(list(b) == row_blocks.even_bounds(b[-1], W) for b in row_bounds)
+        routing = [row_blocks.routing_bounds(b) for b in row_bounds]  # empty blocks as fake rows
+        sentinel = [W * max(1, s) if even else max(W * max(1, s), r[-1]) for s, (r, _) in zip(block_sizes, routing)]
+        # per table, what its cold ids are shifted by before the bucketization (a column slice's owner)
+        self._route_shift = [routing[feature_tables.index(t)][1] if t in feature_tables else 0
+                             for t in range(len(table_rows))]
+        self.register_buffer("_feature_route_shift", torch.tensor([r[1] for r in routing], device=device),
+                             persistent=False)
         self.register_buffer(
             "_block_sizes", torch.tensor([max(1, s) for s in block_sizes], dtype=torch.int64, device=device),
             persistent=False)
         self.register_buffer("_hot_sentinel", torch.tensor(sentinel, dtype=torch.int64, device=device),
                              persistent=False)
-        even = all(list(b) == row_blocks.even_bounds(b[-1], W) for b in row_bounds)
-        self._block_pos = None if even else [torch.tensor(list(b) + [s + 1], dtype=torch.int64, device=device)
-                                             for b, s in zip(row_bounds, sentinel)]
+        self._block_pos = None if even else [torch.tensor(r + [s + 1], dtype=torch.int64, device=device)
+                                             for (r, _), s in zip(routing, sentinel)]
         units = None if feature_dims is None else partial_units(feature_dims)
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device, feature_units=units)
         empty = torch.empty(0, dtype=torch.int64)
@@ -264,7 +271,8 @@ class HybridSparseFeaturesDist(nn.Module):
             hot_table = key_table[hot_keys]
             sentinel = self._hot_sentinel.cpu()[first]
             shift = state.feature_shift.cpu()[first]
-            route_map = torch.arange(self._total_rows) - torch.tensor(self._table_offset)[key_table]
+            route_map = torch.arange(self._total_rows) - torch.tensor(self._table_offset)[key_table] + \
+                torch.tensor(self._route_shift, dtype=torch.int64)[key_table]
             route_map[hot_keys] = sentinel[hot_table]
             row_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
             row_map[hot_keys] = key_slots - shift[hot_table]
@@ -336,7 +344,10 @@ class HybridSparseFeaturesDist(nn.Module):
         else:
             slot, is_hot = torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
         state = self._state
-        routed = torch.where(is_hot, self._hot_sentinel.index_select(0, fid), values.to(torch.int64))
+        cold = values.to(torch.int64)
+        if any(self._route_shift):
+            cold = cold + self._feature_route_shift.index_select(0, fid)
+        routed = torch.where(is_hot, self._hot_sentinel.index_select(0, fid), cold)
         rows = torch.where(is_hot, slot - state.feature_shift.index_select(0, fid), -1)
         return routed, rows, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
 

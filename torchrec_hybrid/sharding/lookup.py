@@ -67,20 +67,21 @@ class _ExtraBags:
         self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
 
 
-def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[str]):
-    """Each group split in its light and its heavy tables (lanes; empty ones dropped), and per
-    lane its features' indices in the sharding's order (set-up time loops)."""
-    out, features, f0 = [], [], 0
+def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int]):
+    """Each group split in its light and its heavy tables (``heavy``: indices in the sharding's
+    table order; lanes, empty ones dropped), and per lane its features' indices in the
+    sharding's order (set-up time loops)."""
+    out, features, first, t0 = [], [], [0], 0
     for c in configs:
-        first, f = {}, f0
         for t in c.embedding_tables:
-            first[t.name], f = f, f + t.num_features()
+            first.append(first[-1] + t.num_features())
         for lane in (False, True):
-            tables = [t for t in c.embedding_tables if (t.name in heavy) == lane]
-            if tables:
-                out.append(dataclasses.replace(c, embedding_tables=tables))
-                features.append([first[t.name] + i for t in tables for i in range(t.num_features())])
-        f0 = f
+            mine = [i for i in range(t0, t0 + len(c.embedding_tables))  # a 0-row column slice: no TBE
+                    if (i in heavy) == lane and c.embedding_tables[i - t0].local_rows > 0]
+            if mine:
+                out.append(dataclasses.replace(c, embedding_tables=[c.embedding_tables[i - t0] for i in mine]))
+                features.append([f for i in mine for f in range(first[i], first[i + 1])])
+        t0 += len(c.embedding_tables)
     return out, features
 
 
@@ -93,8 +94,8 @@ class HybridLookup(nn.Module):
     Args:
         grouped_configs: the cold groups (stock row-wise shard of every hybrid table).
         pg / device / env: as for stock lookups.
-        heavy_tables: tables whose cold rows are mostly on this rank: pooled in a lane of their
-            own (cells.LaneLayout).
+        heavy_tables: tables (indices in the groups' table order) whose cold rows are mostly on
+            this rank: pooled in a lane of their own (cells.LaneLayout).
     """
 
     def __init__(
@@ -103,7 +104,7 @@ class HybridLookup(nn.Module):
         pg: dist.ProcessGroup,
         device: torch.device,
         env: Optional[ShardingEnv] = None,
-        heavy_tables: Optional[Set[str]] = None,
+        heavy_tables: Optional[Set[int]] = None,
     ) -> None:
         super().__init__()
         self._feature_splits = [c.num_features() for c in grouped_configs]
@@ -114,7 +115,9 @@ class HybridLookup(nn.Module):
         )
         self._lane_keys = [c.feature_names() for c in lane_configs]
         self._lanes = LaneLayout(lane_features, [d for c in grouped_configs for d in c.embedding_dims()], device)
-        self._tables = [t.name for c in grouped_configs for t in c.embedding_tables]
+        # (name, first column) per table: a column-wise cold table has one per slice
+        self._tables = [(t.name, t.local_metadata.shard_offsets[1] if t.local_metadata else 0)
+                        for c in grouped_configs for t in c.embedding_tables]
         self._last_replica: Optional[tuple] = None
         self._last_state: Optional[HotState] = None
         self._extra: Optional[tuple] = None
@@ -191,13 +194,15 @@ class HybridLookup(nn.Module):
         if self._last_replica is None or self._last_state is None:
             return {}
         replica, sent = self._last_replica
-        layout, slot = self._last_state.layout, 0
-        out: Dict[str, tuple] = {}
+        layout, slot, tables = self._last_state.layout, 0, iter(self._tables)
+        parts: Dict[str, list] = {}
         for rep in self._last_state.replicas:
             for start, n, width in zip(rep.table_slot_start, rep.table_sizes, rep.table_dims):
                 first = slot + start
                 s = sent[(sent >= first) & (sent < first + n)].sort().values
                 pos = (layout.flat[s][:, None] + torch.arange(width, device=s.device)[None, :]).reshape(-1)
-                out[self._tables[len(out)]] = (s - first, replica[pos].view(-1, width))
+                name, col = next(tables)
+                parts.setdefault(name, []).append((col, s - first, replica[pos].view(-1, width)))
             slot += rep.num_slots
-        return out
+        return {name: (p[0][1], torch.cat([rows for _, _, rows in sorted(p, key=lambda x: x[0])], 1))
+                for name, p in parts.items()}  # a column-wise table's slices side by side

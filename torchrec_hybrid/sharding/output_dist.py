@@ -328,6 +328,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         mean_features: which features use MEAN pooling.
         codecs: the ``POOLED_EMBEDDINGS_ALL_TO_ALL`` entry of a ``qcomm_codecs_registry``
             (None: fp32); FP16 / BF16 per direction, others raise (:func:`output_codecs`).
+        column_order: output column ``j`` is column ``column_order[j]`` of the features
+            side by side (column-wise cold slices put back together; None: as they are).
 
     The hot-row layout (replica positions of the hot slots) comes with each step's lookup
     output (``out.layout``), the version of the hot set its input was split by.
@@ -336,9 +338,11 @@ class HybridPooledEmbeddingDist(nn.Module):
     # buffers (register_buffer in __init__)
     _dims: torch.Tensor
     _mean_cols: torch.Tensor
+    _column_order: Optional[torch.Tensor]
 
     def __init__(self, pg: dist.ProcessGroup, feature_dims: List[int], mean_features: List[bool],
-                 device: torch.device, codecs: Optional[QuantizedCommCodecs] = None) -> None:
+                 device: torch.device, codecs: Optional[QuantizedCommCodecs] = None,
+                 column_order: Optional[List[int]] = None) -> None:
         super().__init__()
         self._pg, self._world = pg, pg.size()
         self._codecs = output_codecs(codecs)
@@ -351,6 +355,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         self._uniform_dim = feature_dims[0] if len(set(feature_dims)) == 1 else None
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
+        order = None if column_order is None else torch.tensor(column_order, dtype=torch.int64, device=device)
+        self.register_buffer("_column_order", order, persistent=False)
         # (hot slots, their receive plan) of the last step whose every hot row travelled
         self._replica_cache: Tuple[Optional[torch.Tensor], Optional[ReceivePlan]] = (None, None)
 
@@ -423,6 +429,6 @@ class HybridPooledEmbeddingDist(nn.Module):
                 per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
                 divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
                 pooled = pooled / divisor.to(pooled.dtype)
-            return pooled
+            return pooled if self._column_order is None else pooled.index_select(1, self._column_order)
 
         return Deferred(finish)  # the all-to-all is in flight; wait() receives and adds up

@@ -16,21 +16,47 @@ zero rows (EXACT_ROWWISE_ADAGRAD when it is the last table of a TBE, any optimiz
 table is), so the table-wise layout leaves one row on each other rank (rows ``0..k-1`` and
 the last ``W-1-k``: with frequency-sorted ids the first are hot, the last nearly never seen).
 
-A layout is written into the plan as a stock row-wise ``EnumerableShardingSpec`` with one
-(possibly empty) shard per rank, so state_dict, DCP and the fused optimizer see one logical
-table whatever the layout, and checkpoints load into every stock plan and back.
+- ``column_wise``: the table cut in column slices (:class:`ColumnSlice`), every row of slice
+  s on its owner k_s and none elsewhere, for tables too big or too hot for one rank; a bag's
+  cold ids return one partial per slice, each ``1/k`` of the width. Its other ranks hold no
+  TBE table of the slice at all (they only replicate its hot rows), so the empty blocks do
+  not meet FBGEMM's limit below.
+
+A row layout is written into the plan as a stock row-wise ``EnumerableShardingSpec`` with one
+shard per rank, a column-wise one as stock column_wise's spec (one shard per slice), so
+state_dict, DCP and the fused optimizer see one logical table whatever the layout, and
+checkpoints load into every stock plan and back.
 """
 
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, NamedTuple, Sequence, Tuple
 
 import torch
 from torchrec.distributed.types import ParameterSharding
 
 ROW_WISE = "row_wise"
 TABLE_WISE = "table_wise"
-COLD_LAYOUTS = (ROW_WISE, TABLE_WISE)
+COLUMN_WISE = "column_wise"
+COLD_LAYOUTS = (ROW_WISE, TABLE_WISE, COLUMN_WISE)
+
+
+class ColumnSlice(NamedTuple):
+    """Columns ``offset .. offset + width - 1`` of a table, in row blocks ``bounds`` (one per rank)."""
+
+    offset: int
+    width: int
+    bounds: List[int]
+
+
+def column_widths(cols: int, slices: int) -> List[int]:
+    """Column slices as stock column_wise cuts them: ``ceil(cols / k)`` columns rounded up to a
+    multiple of 4 (FBGEMM's TBE needs it) per slice, the last one narrower."""
+    width = -(-cols // slices)
+    width += -width % 4
+    if slices < 1 or cols % 4 or width * (slices - 1) >= cols:
+        raise ValueError(f"cannot cut {cols} columns in {slices} slices of a multiple of 4 columns")
+    return [min(width, cols - s * width) for s in range(slices)]
 
 
 def even_bounds(rows: int, world: int) -> List[int]:
@@ -86,17 +112,38 @@ def check_bounds(name: str, bounds: Sequence[int], rows: int, world: int) -> Lis
     return b
 
 
-def bounds_of(name: str, ps: ParameterSharding, rows: int, cols: int, world: int) -> List[int]:
-    """The row bounds a plan entry's sharding spec encodes (one full-width shard per rank).
+def slices_of(name: str, ps: ParameterSharding, rows: int, cols: int, world: int) -> List[ColumnSlice]:
+    """The column slices and row bounds a plan entry's sharding spec encodes.
 
-    Raises ValueError naming the table when the spec is not one contiguous row block per
-    rank in rank order (the only shape frequency_hybrid shards take).
+    Either one contiguous full-width row block per rank in rank order (row-wise / table-wise
+    cold: one slice), or stock column_wise's spec: per column slice in column order one shard
+    of every row on its owner (column-wise cold; the slice's other blocks are empty). Raises
+    ValueError naming the table and the first shard that does not fit.
     """
-    spec = ps.sharding_spec
-    shards = getattr(spec, "shards", None)
-    if shards is None or len(shards) != world:
+    shards = list(getattr(ps.sharding_spec, "shards", None) or [])
+    if all(s.shard_offsets[1] == 0 for s in shards):
+        return [ColumnSlice(0, cols, _row_bounds(name, shards, rows, cols, world))]
+    out: List[ColumnSlice] = []
+    for i, s in enumerate(shards):
+        col, placement = sum(x.width for x in out), str(s.placement)
+        off, size = list(s.shard_offsets), list(s.shard_sizes)
+        owner = int(placement.split("/")[0].split(":")[1]) if placement.startswith("rank:") else -1
+        if off != [0, col] or size[0] != rows or size[1] <= 0 or size[1] % 4 or not 0 <= owner < world:
+            raise ValueError(f"table '{name}': shard {i} ({placement}, offsets {off}, sizes {size}) is neither one "
+                             f"row block per rank nor the column slice of every row at column {col} on one of "
+                             f"the {world} ranks (slices of a multiple of 4 columns)")
+        out.append(ColumnSlice(col, size[1], [0] * (owner + 1) + [rows] * (world - owner)))
+    if sum(x.width for x in out) != cols:
+        raise ValueError(f"table '{name}': column slices of widths {[x.width for x in out]} do not cover its "
+                         f"{cols} columns")
+    return out
+
+
+def _row_bounds(name: str, shards: list, rows: int, cols: int, world: int) -> List[int]:
+    """The bounds of one full-width row block per rank (``shards`` in rank order)."""
+    if len(shards) != world:
         raise ValueError(f"table '{name}': a frequency_hybrid plan needs one row block per rank "
-                         f"({world}), got {0 if shards is None else len(shards)} shards")
+                         f"({world}), got {len(shards)} shards")
     bounds = [0]
     for r, s in enumerate(shards):
         off, size = list(s.shard_offsets), list(s.shard_sizes)
@@ -107,6 +154,23 @@ def bounds_of(name: str, ps: ParameterSharding, rows: int, cols: int, world: int
                              f"the full-width row block after row {bounds[-1]} on rank {r}")
         bounds.append(off[0] + size[0])
     return check_bounds(name, bounds, rows, world)
+
+
+def routing_bounds(bounds: Sequence[int]) -> Tuple[List[int], int]:
+    """``(bounds', shift)``: the bounds FBGEMM's ``block_bucketize_sparse_features`` routes by,
+    and the shift to add to every id first. Its per-block binary search misroutes ids past
+    empty blocks, so each empty block becomes one fake row that no id reaches: the leading
+    ones before the first row (ids shifted past them), the others after the last. Empty
+    blocks only lead or trail (a column slice's, or stock row-wise's when rows < W)."""
+    b = [int(x) for x in bounds]
+    sizes = [y - x for x, y in zip(b, b[1:])]
+    lead = next((i for i, n in enumerate(sizes) if n > 0), len(sizes))
+    out = [0]
+    for r, n in enumerate(sizes):
+        if n == 0 and lead <= r and any(sizes[r:]):
+            raise ValueError(f"row bounds {b}: an empty block between non-empty ones cannot be routed")
+        out.append(out[-1] + max(n, 1))
+    return out, lead
 
 
 def owners(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
