@@ -20,8 +20,13 @@ def _models(world, opt="rowwise_adagrad", layout="hybrid"):
     ref = torchrec.EmbeddingBagCollection(tables=configs)
     hot_t = hot_ids()
     kinds = {t: (layout if k == "hybrid" else k) for t, k in HYBRID.items()}
+    if layout == "hybrid_cw":  # t3 is 4 wide: one slice (table-wise cold)
+        kinds["t3"] = "hybrid_tw"
+    # the stock plan: table_wise, or column_wise with the same slices for column-wise cold (row-wise
+    # Adagrad keeps an accumulator per row of each slice)
+    stock = {t: "cw" for t, k in kinds.items() if k == "hybrid_cw"}
     mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=dict(OPTIMIZERS[opt])))
-    mt = build(configs, world, {}, EmbeddingBagCollectionSharder(fused_params=dict(OPTIMIZERS[opt])))
+    mt = build(configs, world, stock, EmbeddingBagCollectionSharder(fused_params=dict(OPTIMIZERS[opt])))
     return configs, ref, hot_t, mh, mt
 
 
@@ -107,7 +112,8 @@ def test_state_dict_is_one_logical_table_per_hybrid_table():
     run_ranks(state_dict_shape, 2)
 
 
-@pytest.mark.parametrize("layout,world", [("hybrid", 2), ("hybrid_tw", 2), ("hybrid_uneven", 3)])
+@pytest.mark.parametrize("layout,world", [("hybrid", 2), ("hybrid_tw", 2), ("hybrid_uneven", 3), ("hybrid_cw", 3)])
 def test_dcp_between_hybrid_and_table_wise(tmp_path, layout, world):
-    """Every cold layout (even / table-wise / uneven row blocks) to stock table_wise and back."""
+    """Every cold layout (even / table-wise / uneven row blocks) to stock table_wise and back; column
+    slices to stock column_wise and back."""
     run_ranks(dcp_round_trip, world, path=str(tmp_path), layout=layout)

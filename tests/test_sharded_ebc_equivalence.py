@@ -180,9 +180,15 @@ def test_cold_layouts_train_like_table_wise(world, layout):
     ids=["weighted-sgd", "mean", "cold-only", "weight-decay"],
 )
 def test_mixed_cold_layouts_match_table_wise(case):
-    """One EBC holding every cold layout next to a stock table, on 3 ranks."""
+    """One EBC holding every cold layout next to a stock table, on 3 ranks (two of them in
+    turn column slices: a two-feature table, and the MEAN one)."""
     kinds = {"t0": "hybrid_tw", "t1": "hybrid_uneven", "t2": "hybrid", "t3": "tw"}
     run_ranks(train_pair, 3, kinds=kinds, **case)
+    if case.get("mean"):
+        sliced = {"t0": "hybrid_tw", "t1": "hybrid_cw", "t2": "hybrid_uneven", "t3": "tw"}
+    else:
+        sliced = {"t0": "hybrid_cw", "t1": "hybrid_uneven", "t2": "hybrid_tw", "t3": "tw"}
+    run_ranks(train_pair, 3, kinds=sliced, **case)
 
 
 def test_weight_decay_updates_only_looked_up_hot_rows():
