@@ -50,3 +50,53 @@ def _mixed_plan_trains(rank, world):
 def test_planner_plan_runs_under_dmp_on_two_ranks():
     hot = run_ranks(_mixed_plan_trains, 2, timeout=240)
     assert hot[0] == hot[1] > 0
+
+
+def _column_wise_cold_plan_trains(rank, world):
+    """The planner cuts one hot multi-hot table in column slices (one per rank); the plan runs
+    under DMP and trains like stock column_wise on the same slices (SGD, 3 steps)."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.types import ParameterSharding, ShardingPlan
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+    from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, gloo_topology
+
+    cfg = tables({"big": 20_000}, dim=64)
+    st = exact_stats(cfg, {"big": zipf_probs(20_000, 1.1)}, samples=4096)
+    fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
+    planner = HybridEmbeddingShardingPlanner(
+        topology=gloo_topology(world), batch_size=512, frequency_stats=st, stats=[NoopEmbeddingStats()],
+        constraints={"big": ParameterConstraints(pooling_factors=[20.0])}, compute_costs=None)
+    sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
+    plan = planner.collective_plan(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")),
+                                   [sharder], dist.GroupMember.WORLD)
+    ps = plan.plan[""]["big"]
+    assert ps.cold_layout == "column_wise", ps
+    assert sorted(str(s.placement) for s in ps.sharding_spec.shards) == [f"rank:{r}/cpu" for r in range(world)]
+    stock_ps = ParameterSharding(sharding_type="column_wise", compute_kernel="fused", ranks=ps.ranks,
+                                 sharding_spec=ps.sharding_spec)
+    torch.manual_seed(0)
+    ref = torchrec.EmbeddingBagCollection(tables=cfg)
+    models = []
+    for p, s in ((plan, sharder), (ShardingPlan({"": {"big": stock_ps}}),
+                                   EmbeddingBagCollectionSharder(fused_params=dict(fused)))):
+        m = DistributedModelParallel(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")),
+                                     device=torch.device("cpu"), plan=p, sharders=[s])
+        m.load_state_dict(ref.state_dict())
+        models.append(m)
+    g = torch.Generator().manual_seed(rank)
+    probs = zipf_probs(20_000, 1.1)
+    for step in range(3):
+        lengths = torch.randint(0, 30, (16,), generator=g)
+        values = torch.multinomial(probs, int(lengths.sum()), replacement=True, generator=g)
+        kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(keys=cfg[0].feature_names, values=values, lengths=lengths)
+        outs = [m(kjt).wait().values() for m in models]
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+        for o in outs:
+            (o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum().backward()
+    return ps.hot_ids.numel()
+
+
+def test_planner_column_wise_cold_plan_trains_like_column_wise():
+    hot = run_ranks(_column_wise_cold_plan_trains, 2, timeout=240)
+    assert hot[0] == hot[1] > 0

@@ -3,13 +3,16 @@
 The stock enumerator raises for an unknown sharding type (``calculate_shard_sizes_and_offsets``,
 ``get_partition_by_type``) and its estimators either raise (storage) or misprice it (perf).
 So the stock enumeration runs on sharders that hide ``frequency_hybrid`` and on constraints
-without it; then per table (with at least W rows) two hybrid options are added:
+without it; then per table (with at least W rows) up to three hybrid options are added:
 
 - **table-wise cold**: one shard the partitioner places on a rank like a table_wise table;
   a multi-hot bag's cold ids then return one partial sum;
 - **row-wise cold**: one row block per rank ("uniform"), of equal lookup cost as the
   statistics see it (``hot_set.balanced_row_bounds``), so frequency-sorted vocabularies do
   not load the first owner;
+- **column-wise cold** (tables of at least 2 x ``COLUMN_SLICE_DIM`` columns): column slices the
+  partitioner places like stock column_wise shards, each laid out table-wise on its rank,
+  for tables too big or too hot for one rank;
 - the hot set of each: H from the table's lookup histogram, minimising that layout's byte
   cost within the per-rank hot-row memory budget (``hot_set.choose_hot_rows``), carried
   on the option as ``hybrid_choice`` (ids included, so the plan can carry them);
@@ -47,6 +50,7 @@ logger = logging.getLogger(__name__)
 _TEMPLATE = ShardingType.TABLE_WISE.value  # offered on every device; cloned for hybrid-only tables
 DEFAULT_MAX_HOT_ROWS = 1 << 20
 DEFAULT_HOT_BUDGET_FRACTION = 0.25
+COLUMN_SLICE_DIM = 32  # default width of a column-wise cold slice
 
 
 class _StockOnly:
@@ -89,8 +93,9 @@ def _unsupported_codecs(sharder: Any) -> List[str]:
 
 
 def _layout_shares(layout: str, world: int) -> torch.Tensor:
-    """Owners' shares of a table's cold lookups assumed while sizing its hot set."""
-    if layout == row_blocks.TABLE_WISE:
+    """Owners' shares of a table's cold lookups assumed while sizing its hot set (each column
+    slice of a column-wise cold table is laid out table-wise)."""
+    if layout in (row_blocks.TABLE_WISE, row_blocks.COLUMN_WISE):
         return torch.nn.functional.one_hot(torch.tensor(0), world).to(torch.float64)
     return torch.full((world,), 1.0 / world, dtype=torch.float64)
 
@@ -229,7 +234,10 @@ class HybridEnumerator(EmbeddingEnumerator):
             hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed,
                                                self._compute)
             for name, (template, _) in candidates.items():
-                choice = self._choice(name, profiles[name], hot_rows[name], layout)
+                widths = self._widths(template, layout)
+                if not widths:
+                    continue
+                choice = self._choice(name, profiles[name], hot_rows[name], layout, widths)
                 self.choices.setdefault(name, {})[layout] = choice
                 sharder = by_type[type(template.module[1])]
                 for kernel in sharder.compute_kernels(FREQUENCY_HYBRID, self._topology.compute_device):
@@ -276,13 +284,29 @@ class HybridEnumerator(EmbeddingEnumerator):
             return hot_set.profile_uniform(tr, per_row, cap, ids, source="sharder"), ids.numel()
         return hot_set.profile_uniform(tr, per_row, 0), None  # no ids known: no hot rows
 
-    def _choice(self, name: str, p: hot_set.TableProfile, h: int, layout: str) -> HotSetChoice:
+    def _widths(self, template: ShardingOption, layout: str) -> List[int]:
+        """The column slices' widths of a layout: the full width for row layouts; for
+        column-wise cold up to ``min(W, cols // COLUMN_SLICE_DIM)`` slices of one width, a
+        multiple of 4 (the constraint's ``min_partition`` sets the width instead), none under two."""
+        cols = int(template.tensor.shape[1])
+        if layout != row_blocks.COLUMN_WISE:
+            return [cols]
+        c = self._all_constraints.get(template.name)
+        width = c.min_partition if c is not None and c.min_partition else COLUMN_SLICE_DIM
+        for k in range(min(self._topology.world_size, cols // max(1, width)), 1, -1):  # equal widths (two
+            if cols % k == 0 and (cols // k) % 4 == 0:  # slices may share a rank, so one TBE)
+                return [cols // k] * k
+        return []
+
+    def _choice(self, name: str, p: hot_set.TableProfile, h: int, layout: str, widths: List[int]) -> HotSetChoice:
         cov = hot_set.coverage_at(p, h)
         parts = {k: float(v) for k, v in cm.hybrid_bytes(p.traffic, cov, h).items()}
         assert p.shares is not None  # every profile here has its cold layout's shares
+        sent = sum(float(cm.hybrid_layout_bytes(dataclasses.replace(p.traffic, dim=w), cov, h, p.shares))
+                   for w in widths)
         return HotSetChoice(
-            table=name, hot_rows=h, coverage=cov, hot_ids=hot_set.hot_ids_for(p, h),
-            bytes_per_step=float(cm.hybrid_layout_bytes(p.traffic, cov, h, p.shares)), comm_bytes=parts,
+            table=name, hot_rows=h, coverage=cov, hot_ids=hot_set.hot_ids_for(p, h), widths=widths,
+            bytes_per_step=sent, comm_bytes=parts,
             source=p.source, forced=self._forced(name), cold_layout=layout, profile=p,
         )
 
@@ -296,6 +320,9 @@ class HybridEnumerator(EmbeddingEnumerator):
         if choice.cold_layout == row_blocks.TABLE_WISE:
             so.partition_by = "device"
             so.shards = [Shard(size=[rows, cols], offset=[0, 0])]
+        elif choice.cold_layout == row_blocks.COLUMN_WISE:  # one shard per slice, placed like stock column_wise's
+            so.partition_by = "device"
+            so.shards = [Shard(size=[rows, w], offset=[0, sum(choice.widths[:i])]) for i, w in enumerate(choice.widths)]
         else:
             so.partition_by = "uniform"
             p = choice.profile

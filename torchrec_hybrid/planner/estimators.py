@@ -9,6 +9,7 @@ reach the cost model as TorchRec's planner reads them (:func:`comm_elems`, :func
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Dict, Iterable, Optional
 
 from torchrec.distributed.planner.types import (
@@ -86,8 +87,9 @@ class HybridStorageEstimator(ShardEstimator):
             if ch is None:
                 raise ValueError(f"table {so.name!r}: frequency_hybrid option without a hot-set choice")
             tr, elem = traffic_of(so, t.world_size), so.tensor.element_size()
-            state = cm.optimizer_state_bytes_per_row(optimizer_name(sharder_data_map, so), tr.dim)
             io = cm.hybrid_step_buffer_bytes(tr, elem)
-            for shard in so.shards:
-                mem = cm.hybrid_memory_bytes(tr, ch.hot_rows, state, cold_rows=shard.size[0], elem=elem) + io
+            for shard in so.shards:  # a column-wise cold slice: its width's share
+                ts = tr if shard.size[1] == tr.dim else dataclasses.replace(tr, dim=shard.size[1])
+                state = cm.optimizer_state_bytes_per_row(optimizer_name(sharder_data_map, so), ts.dim)
+                mem = cm.hybrid_memory_bytes(ts, ch.hot_rows, state, cold_rows=shard.size[0], elem=elem) + io
                 shard.storage = Storage(hbm=mem if on_device else 0, ddr=0 if on_device else mem, ssd=0)

@@ -75,8 +75,13 @@ class TrafficTable:
         return t if comm is None or comm == t.comm else dataclasses.replace(t, comm=comm)
 
 
+def column_sliced(so: ShardingOption) -> bool:
+    """Whether a hybrid option is column-wise cold (shards are column slices, not row blocks)."""
+    return so.sharding_type == FREQUENCY_HYBRID and any(s.offset[1] != 0 for s in so.shards)
+
+
 def hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) -> List[int]:
-    """Row bounds of a hybrid option (table-wise cold: on ``owner``, default its shard's rank)."""
+    """Row bounds of a row-laid hybrid option (table-wise cold: on ``owner``, default its shard's rank)."""
     from torchrec_hybrid.sharding.row_blocks import single_owner_bounds
 
     if len(so.shards) == 1:
@@ -85,12 +90,29 @@ def hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) -
     return [0] + [int(s.offset[0] + s.size[0]) for s in so.shards]
 
 
-def _hybrid_loads(so: ShardingOption, world: int, owner: Optional[int] = None
-                  ) -> Tuple[float, torch.Tensor, torch.Tensor]:
-    """(coverage, owners' shares of the cold lookups, hot rows per owner) of a hybrid option."""
+def hybrid_slices(so: ShardingOption, world: int, owner: Optional[int] = None) -> List[Tuple[int, List[int]]]:
+    """``(width, row bounds)`` per column slice of a hybrid option: one slice of the full width
+    for row layouts; for column-wise cold, every row of slice s on its shard's rank (``owner``
+    while unplaced)."""
+    if not column_sliced(so):
+        return [(int(so.tensor.shape[1]), hybrid_bounds(so, world, owner))]
+    rows = int(so.tensor.shape[0])
+    out = []
+    for s in so.shards:
+        rank = (owner if s.rank is None else s.rank) or 0
+        out.append((int(s.size[1]), [0] * (rank + 1) + [rows] * (world - rank)))
+    return out
+
+
+def _hybrid_loads(so: ShardingOption, t: cm.TableTraffic, world: int, owner: Optional[int] = None
+                  ) -> List[Tuple[cm.TableTraffic, float, torch.Tensor, torch.Tensor]]:
+    """Per column slice: (its traffic, coverage, owners' shares of its cold lookups, hot rows per owner)."""
     ch = so.hybrid_choice
-    shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, hybrid_bounds(so, world, owner))
-    return ch.coverage, shares, hot
+    out = []
+    for width, bounds in hybrid_slices(so, world, owner):
+        shares, hot = hot_set.block_loads(ch.profile, ch.hot_rows, bounds)
+        out.append((t if width == t.dim else dataclasses.replace(t, dim=width), ch.coverage, shares, hot))
+    return out
 
 
 def option_rank_cost(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: bool = True,
@@ -99,9 +121,10 @@ def option_rank_cost(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: b
     per step for this option's table: the one dispatch from a sharding type to the cost
     model. Owners are the shards' ranks (or ``owner`` for a one-shard option not yet placed)."""
     st = so.sharding_type
-    if st == FREQUENCY_HYBRID:
-        cov, shares, hot = _hybrid_loads(so, world, owner)
-        return cm.hybrid_rank_bytes(t, cov, shares, hot), cm.hybrid_rank_work(t, cov, shares, hot)
+    if st == FREQUENCY_HYBRID:  # column-wise cold: the sum of its slices, each laid out table-wise
+        loads = _hybrid_loads(so, t, world, owner)
+        return (sum(cm.hybrid_rank_bytes(*x) for x in loads),  # type: ignore[return-value]
+                sum(cm.hybrid_rank_work(*x) for x in loads))
     if st == cm.TABLE_WISE:
         rank = owner if owner is not None else (so.shards[0].rank or 0)
         return cm.table_wise_rank_bytes(t, rank), cm.table_wise_rank_work(t, rank)
@@ -224,8 +247,10 @@ class BytesPerfEstimator(ShardEstimator):
             single = len(so.shards) == 1
             sent, work = option_rank_cost(so, t, w, self._traffic.gloo, owner=0 if single else None)
             ms = None if self._compute is None else self._compute.ms(work, sent)
+            sliced = column_sliced(so)
             for i, shard in enumerate(so.shards):
-                fwd = 0.0 if ms is None else float(ms.sum() if single else ms[i])
+                fwd = 0.0 if ms is None else float(ms.sum() / len(so.shards) if sliced else ms.sum() if single
+                                                   else ms[i])
                 comms = shard_traffic(so, t, w, i, sent) / bw
                 shard.perf = Perf(fwd_compute=fwd, fwd_comms=comms, bwd_compute=0.0, bwd_comms=0.0)
 
@@ -238,8 +263,10 @@ def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int
         return float(sent.sum())
     if st in (cm.COLUMN_WISE, "table_column_wise"):
         return float(cm.table_wise_rank_bytes(t, 0, dim=so.shards[index].size[1]).sum())
+    if column_sliced(so):  # slice `index`'s traffic, wherever it is placed
+        return float(cm.hybrid_rank_bytes(*_hybrid_loads(so, t, world, owner=0)[index]).sum())
     if st == FREQUENCY_HYBRID:
-        cov, shares, hot = _hybrid_loads(so, world)
+        _, cov, shares, hot = _hybrid_loads(so, t, world)[0]
         own = torch.zeros(world, dtype=torch.float64)
         own[index] = 1.0
         # what rank `index` sends as owner + what each other rank sends to it

@@ -27,8 +27,8 @@ from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnume
 from torchrec_hybrid.planner.compute_costs import default_compute_costs
 from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
 from torchrec_hybrid.planner.estimators import sharder_comms
-from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, TrafficTable, hybrid_bounds, plan_cost,
-                                               plan_rank_bytes, traffic_of)
+from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, TrafficTable, column_sliced, hybrid_bounds,
+                                               plan_cost, plan_rank_bytes, traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
 from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -226,11 +226,17 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 continue
             choice = so.hybrid_choice
             ids = choice.hot_ids if choice.hot_ids is not None else torch.empty(0, dtype=torch.int64)
-            bounds, cols = hybrid_bounds(so, topo.world_size), so.tensor.shape[1]
-            spec = EnumerableShardingSpec([
-                ShardMetadata(shard_offsets=[bounds[r], 0], shard_sizes=[bounds[r + 1] - bounds[r], cols],
-                              placement=placement(topo.compute_device, r, topo.local_world_size))
-                for r in range(topo.world_size)])
+            if column_sliced(so):  # stock column_wise's spec: one shard per slice, on its rank
+                spec = EnumerableShardingSpec([
+                    ShardMetadata(shard_offsets=list(s.offset), shard_sizes=list(s.size),
+                                  placement=placement(topo.compute_device, s.rank or 0, topo.local_world_size))
+                    for s in so.shards])
+            else:
+                bounds, cols = hybrid_bounds(so, topo.world_size), so.tensor.shape[1]
+                spec = EnumerableShardingSpec([
+                    ShardMetadata(shard_offsets=[bounds[r], 0], shard_sizes=[bounds[r + 1] - bounds[r], cols],
+                                  placement=placement(topo.compute_device, r, topo.local_world_size))
+                    for r in range(topo.world_size)])
             base = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
             base.update(sharding_spec=spec, ranks=list(range(topo.world_size)))
             module_plan[so.name] = HybridParameterSharding(**base, hot_ids=ids.clone(), hot_rows=int(ids.numel()),

@@ -6,8 +6,8 @@ set on every rank; the sharded module reads ``parameter_sharding.hot_ids`` and p
 over the sharder's.
 """
 
-from dataclasses import dataclass, fields
-from typing import Any, Optional
+from dataclasses import dataclass, field, fields
+from typing import Any, List, Optional
 
 import torch
 from torchrec.distributed.types import ParameterSharding
@@ -53,7 +53,8 @@ class HotSetChoice:
     step_cost: bytes / bandwidth of each collective (what H minimises).
     best_stock_*: the cheapest allowed stock type for the table by the same cost model.
     source: "stats", "sharder" or "uniform" (where coverage came from).
-    cold_layout: where the cold rows live (row_blocks.py); profile: what H was sized on.
+    cold_layout: where the cold rows live (row_blocks.py); profile: what H was sized on;
+        widths: its column slices' widths (column-wise cold; else the full width).
     forced: frequency_hybrid was the only type the constraints allowed.
     """
 
@@ -69,5 +70,6 @@ class HotSetChoice:
     best_stock_cost: Optional[float] = None
     source: str = "stats"
     forced: bool = False
-    cold_layout: str = "row_wise"  # row_blocks.ROW_WISE or TABLE_WISE
+    cold_layout: str = "row_wise"  # row_blocks.ROW_WISE, TABLE_WISE or COLUMN_WISE
     profile: Any = None  # the hot_set.TableProfile the choice was made on (owner loads)
+    widths: List[int] = field(default_factory=list)  # column slices' widths (one: the full width)
