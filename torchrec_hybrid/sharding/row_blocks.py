@@ -136,6 +136,11 @@ def slices_of(name: str, ps: ParameterSharding, rows: int, cols: int, world: int
     if sum(x.width for x in out) != cols:
         raise ValueError(f"table '{name}': column slices of widths {[x.width for x in out]} do not cover its "
                          f"{cols} columns")
+    width_on: dict = {}  # a rank's slices of one table share one TBE, which needs them of one width
+    for x in out:
+        if width_on.setdefault(x.bounds.index(rows), x.width) != x.width:
+            raise ValueError(f"table '{name}': rank {x.bounds.index(rows) - 1} holds column slices of widths "
+                             f"{width_on[x.bounds.index(rows)]} and {x.width}; slices on one rank need one width")
     return out
 
 

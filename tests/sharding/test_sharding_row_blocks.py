@@ -1,0 +1,77 @@
+"""Cold layouts as plan specs (row_blocks.py): parsing, refusals, and FBGEMM routing bounds."""
+
+import pytest
+import torch
+from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
+from torchrec.distributed.types import EnumerableShardingSpec, ShardMetadata
+
+from torchrec_hybrid.sharding import row_blocks
+
+
+def _ps(generator, rows=40, cols=64, world=4):
+    return generator(torch.empty(rows, cols), world, world, "cpu", None)
+
+
+def test_row_wise_spec_is_one_slice_of_row_blocks():
+    (sl,) = row_blocks.slices_of("t", _ps(row_wise()), 40, 64, 4)
+    assert sl == row_blocks.ColumnSlice(0, 64, row_blocks.even_bounds(40, 4))
+
+
+def test_column_wise_spec_is_slices_each_on_its_owner():
+    slices = row_blocks.slices_of("t", _ps(column_wise(ranks=[2, 0])), 40, 64, 4)
+    assert [(s.offset, s.width) for s in slices] == [(0, 32), (32, 32)]
+    assert slices[0].bounds == [0, 0, 0, 40, 40] and slices[1].bounds == [0, 40, 40, 40, 40]
+    assert row_blocks.owners(torch.tensor([0, 39]), torch.tensor(slices[0].bounds)).tolist() == [2, 2]
+
+
+@pytest.mark.parametrize("generator,cols,match", [
+    (lambda: table_wise(rank=1), 64, "one row block per rank"),
+    (lambda: column_wise(ranks=[0, 1, 2]), 60, "multiple of 4"),  # 20 + 20 + 20
+    (lambda: column_wise(ranks=[1, 1, 0]), 48, None),  # equal widths may share a rank
+])
+def test_specs_frequency_hybrid_cannot_take_are_refused(generator, cols, match):
+    ps = _ps(generator(), cols=cols)
+    if match is None:
+        assert len(row_blocks.slices_of("t", ps, 40, cols, 4)) == 3
+    else:
+        with pytest.raises(ValueError, match=match):
+            row_blocks.slices_of("t", ps, 40, cols, 4)
+
+
+def test_slices_of_two_widths_on_one_rank_are_refused():
+    shards = [ShardMetadata([0, 0], [40, 32], "rank:1/cpu"), ShardMetadata([0, 32], [40, 16], "rank:1/cpu")]
+    ps = _ps(row_wise())
+    ps.sharding_spec = EnumerableShardingSpec(shards)
+    with pytest.raises(ValueError, match="rank 1 holds column slices of widths 32 and 16"):
+        row_blocks.slices_of("t", ps, 40, 48, 4)
+
+
+def test_column_widths_are_multiples_of_4():
+    assert row_blocks.column_widths(64, 4) == [16] * 4
+    assert row_blocks.column_widths(64, 3) == [24, 24, 16]
+    with pytest.raises(ValueError, match="cannot cut 4 columns in 2 slices"):
+        row_blocks.column_widths(4, 2)
+
+
+@pytest.mark.parametrize("bounds", [[0, 0, 0, 23, 23], [0, 23, 23, 23, 23], [0, 5, 9, 15, 23], [0, 0, 23, 23, 23]])
+def test_routing_bounds_send_every_id_to_its_owner(bounds):
+    """FBGEMM's bucketization by the routing bounds (ids shifted) gives each id its owner's bucket
+    and its local row, empty blocks or not; hot ids (the sentinel) land in the extra bucket W."""
+    world, rows = len(bounds) - 1, bounds[-1]
+    routing, shift = row_blocks.routing_bounds(bounds)
+    sentinel = max(world * -(-rows // world), routing[-1])
+    ids = torch.cat([torch.arange(rows), torch.tensor([sentinel])])
+    lengths, rows_out, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
+        torch.tensor([ids.numel()]), torch.where(ids < rows, ids + shift, ids), bucketize_pos=False, sequence=False,
+        block_sizes=torch.tensor([-(-rows // world)]), my_size=world + 1, weights=None,
+        block_bucketize_pos=[torch.tensor(routing + [sentinel + 1])])
+    owner = row_blocks.owners(torch.arange(rows), torch.tensor(bounds))
+    assert lengths.tolist() == torch.bincount(owner, minlength=world).tolist() + [1]
+    b = torch.tensor(bounds)
+    assert rows_out[:rows].tolist() == (torch.sort(owner, stable=True).indices - b[owner.sort(stable=True).values]
+                                        ).tolist()
+
+
+def test_routing_bounds_refuse_an_empty_block_in_the_middle():
+    with pytest.raises(ValueError, match="empty block between"):
+        row_blocks.routing_bounds([0, 5, 5, 9])
