@@ -26,7 +26,6 @@ def test_column_wise_spec_is_slices_each_on_its_owner():
 
 @pytest.mark.parametrize("generator,cols,match", [
     (lambda: table_wise(rank=1), 64, "one row block per rank"),
-    (lambda: column_wise(ranks=[0, 1, 2]), 60, "multiple of 4"),  # 20 + 20 + 20
     (lambda: column_wise(ranks=[1, 1, 0]), 48, None),  # equal widths may share a rank
 ])
 def test_specs_frequency_hybrid_cannot_take_are_refused(generator, cols, match):
@@ -36,6 +35,14 @@ def test_specs_frequency_hybrid_cannot_take_are_refused(generator, cols, match):
     else:
         with pytest.raises(ValueError, match=match):
             row_blocks.slices_of("t", ps, 40, cols, 4)
+
+
+def test_slices_not_a_multiple_of_4_wide_are_refused():
+    shards = [ShardMetadata([0, 10 * i], [40, 10], f"rank:{i}/cpu") for i in range(3)]
+    ps = _ps(row_wise())
+    ps.sharding_spec = EnumerableShardingSpec(shards)
+    with pytest.raises(ValueError, match="table 't': shard 0 .* multiple of 4"):
+        row_blocks.slices_of("t", ps, 40, 30, 4)
 
 
 def test_slices_of_two_widths_on_one_rank_are_refused():
