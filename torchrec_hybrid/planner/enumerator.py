@@ -10,9 +10,10 @@ without it; then per table (with at least W rows) up to three hybrid options are
 - **row-wise cold**: one row block per rank ("uniform"), of equal lookup cost as the
   statistics see it (``hot_set.balanced_row_bounds``), so frequency-sorted vocabularies do
   not load the first owner;
-- **column-wise cold** (tables of at least 2 x ``COLUMN_SLICE_DIM`` columns): column slices the
-  partitioner places like stock column_wise shards, each laid out table-wise on its rank,
-  for tables too big or too hot for one rank;
+- **column-wise cold** (tables of at least 2 x ``COLUMN_SLICE_DIM`` columns whose table-wise cold
+  bytes exceed a rank's even share of all candidates', or with a ``min_partition`` constraint):
+  column slices the partitioner places like stock column_wise shards, each laid out
+  table-wise on its rank;
 - the hot set of each: H from the table's lookup histogram, minimising that layout's byte
   cost within the per-rank hot-row memory budget (``hot_set.choose_hot_rows``), carried
   on the option as ``hybrid_choice`` (ids included, so the plan can carry them);
@@ -233,8 +234,14 @@ class HybridEnumerator(EmbeddingEnumerator):
             }
             hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed,
                                                self._compute)
+            # column slices only for a table too hot for one rank: table-wise cold, its bytes exceed a
+            # rank's even share of every candidate's (the cut costs its ids once per slice, and mixed
+            # widths move partial sums element by element)
+            tw = {n: by_layout[row_blocks.TABLE_WISE].bytes_per_step for n, by_layout in self.choices.items()
+                  if row_blocks.TABLE_WISE in by_layout}
             for name, (template, _) in candidates.items():
-                widths = self._widths(template, layout)
+                too_hot = tw.get(name, 0.0) * world > sum(tw.values())
+                widths = self._widths(template, layout, too_hot)
                 if not widths:
                     continue
                 choice = self._choice(name, profiles[name], hot_rows[name], layout, widths)
@@ -284,14 +291,17 @@ class HybridEnumerator(EmbeddingEnumerator):
             return hot_set.profile_uniform(tr, per_row, cap, ids, source="sharder"), ids.numel()
         return hot_set.profile_uniform(tr, per_row, 0), None  # no ids known: no hot rows
 
-    def _widths(self, template: ShardingOption, layout: str) -> List[int]:
+    def _widths(self, template: ShardingOption, layout: str, too_hot: bool = False) -> List[int]:
         """The column slices' widths of a layout: the full width for row layouts; for
-        column-wise cold up to ``min(W, cols // COLUMN_SLICE_DIM)`` slices of one width, a
-        multiple of 4 (the constraint's ``min_partition`` sets the width instead), none under two."""
+        column-wise cold of a table ``too_hot`` for one rank (or with a ``min_partition``) up to
+        ``min(W, cols // COLUMN_SLICE_DIM)`` slices of one width, a multiple of 4 (the
+        constraint's ``min_partition`` sets the width instead), none under two."""
         cols = int(template.tensor.shape[1])
         if layout != row_blocks.COLUMN_WISE:
             return [cols]
         c = self._all_constraints.get(template.name)
+        if not (too_hot or (c is not None and c.min_partition)):  # asked for by a min_partition, or too hot
+            return []
         width = c.min_partition if c is not None and c.min_partition else COLUMN_SLICE_DIM
         for k in range(min(self._topology.world_size, cols // max(1, width)), 1, -1):  # equal widths (two
             if cols % k == 0 and (cols // k) % 4 == 0:  # slices may share a rank, so one TBE)
