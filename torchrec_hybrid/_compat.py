@@ -71,12 +71,6 @@ def sharding_grouped_configs(sharding) -> list:
 # --- TorchRec ShardedEmbeddingBagCollection -----------------------------------------------
 
 
-def sebc_lookups(sebc) -> list:
-    """The lookups of a ShardedEmbeddingBagCollection, one per sharding (``_lookups``;
-    checked against torchrec 1.8.0)."""
-    return sebc._lookups
-
-
 def sebc_shardings(sebc) -> list:
     """The embedding shardings of a ShardedEmbeddingBagCollection, one per sharding type
     (``_embedding_shardings``; checked against torchrec 1.8.0)."""

@@ -43,8 +43,7 @@ from torchrec_hybrid.sharding.input_dist import (
     id_report_words,
     id_reports_from_words,
 )
-from torchrec_hybrid.sharding.lookup import HybridLookup
-from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, codec_problems, describe_codec_problems
+from torchrec_hybrid.sharding.output_dist import describe_codec_problems
 from torchrec_hybrid.sharding import variable_batch
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
 
@@ -164,19 +163,7 @@ class HybridEmbeddingBagCollectionContext(EmbeddingBagCollectionContext):
             self.id_check.gathered.record_stream(stream)
 
 
-# The comm op whose codecs a frequency_hybrid table's traffic takes: its output dist is an
-# all-to-all of pooled embeddings (partial sums and hot rows), encoded by the codecs a
-# qcomm_codecs_registry gives it (FP16 / BF16; sharding/output_dist.py). It never
-# reduce-scatters, so a POOLED_EMBEDDINGS_REDUCE_SCATTER codec (row_wise tables) does not concern it.
-HYBRID_COMM_OPS = (OUTPUT_COMM_OP,)
 _UNVERIFIED_DECAY_MODES = ("COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
-
-
-def unsupported_comm_codecs(qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> List[str]:
-    """The entries of ``qcomm_codecs_registry`` frequency_hybrid traffic cannot honour, described
-    (``output_dist.codec_problems``: codecs other than FP16 / BF16 / FP32 for
-    ``POOLED_EMBEDDINGS_ALL_TO_ALL``, entries for comm ops TorchRec does not define)."""
-    return codec_problems(qcomm_codecs_registry)
 
 
 def _unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
@@ -206,7 +193,7 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
                            qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> None:
     """Refuses (``ValueError``) what a frequency_hybrid table in ``plan`` cannot honour yet:
     quantized-comm codecs other than FP16 / BF16 on its output all-to-all
-    (:func:`unsupported_comm_codecs`), a compute kernel other than ``fused`` (UVM / caching / key-value), and
+    (``output_dist.codec_problems``), a compute kernel other than ``fused`` (UVM / caching / key-value), and
     the fused options of :func:`_unsupported_fused_options` (from the sharder's fused params
     or the plan's per-table ones). Deterministic on every rank; raised before any collective."""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -312,9 +299,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def create_context(self) -> HybridEmbeddingBagCollectionContext:
         return HybridEmbeddingBagCollectionContext()
-
-    def hybrid_lookups(self) -> List[HybridLookup]:
-        return [lk for lk in _compat.sebc_lookups(self) if isinstance(lk, HybridLookup)]
 
     def _hybrid_shardings(self) -> List[HybridPooledEmbeddingSharding]:
         return [s for s in _compat.sebc_shardings(self) if isinstance(s, HybridPooledEmbeddingSharding)]

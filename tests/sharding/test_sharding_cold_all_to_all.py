@@ -55,7 +55,7 @@ def _rank(rank, world, weighted, lanes):
                weights=[None if k.weights_or_none() is None else k.weights().tolist() for k in kjts],
                stride=[k.stride() for k in kjts], keys=[k.keys() for k in kjts],
                length_per_key=[k.length_per_key() for k in kjts], positions=layout.positions(q, feature, batches),
-               rows_per_feature=rows_per_feature, reports=bags.reports, counts=bags.counts)
+               rows_per_feature=rows_per_feature, reports=bags.reports, counts=bags.bag_counts)
     return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in out.items()}  # plain data across processes
 
 

@@ -88,9 +88,9 @@ def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]], fallb
 def _unsupported_codecs(sharder: Any) -> List[str]:
     """The sharder's quantized-comm codecs frequency_hybrid cannot honour (it refuses them at
     shard time; FP16 / BF16 on the pooled all-to-all it honours, and the cost model prices)."""
-    from torchrec_hybrid.sharded_ebc import unsupported_comm_codecs  # not at import: a cycle via planner.types
+    from torchrec_hybrid.sharding.output_dist import codec_problems  # not at import: a cycle via planner.types
 
-    return unsupported_comm_codecs(getattr(sharder, "qcomm_codecs_registry", None))
+    return codec_problems(getattr(sharder, "qcomm_codecs_registry", None))
 
 
 def _layout_shares(layout: str, world: int) -> torch.Tensor:

@@ -34,7 +34,7 @@ from torchrec_hybrid.sharding.segments import exclusive_cumsum, round_robin_orde
 class ColdBags:
     """What an owner received in one step: the payload and, per source rank, its metadata.
 
-    counts / ids: non-empty bags and ids per ``[source, feature]`` (int64); host_feature_bags /
+    bag_counts / id_counts: how many non-empty bags and ids per ``[source, feature]`` (int64); host_feature_bags /
     host_feature_ids: their per-feature totals over the sources, on the host (from the
     split-size sync that precedes the payload); reports / host_reports: the ``R`` extra
     metadata words per source (int32 ``[W, R]``, and as one flat host list), or None.
@@ -45,8 +45,8 @@ class ColdBags:
     """
 
     payload: torch.Tensor
-    counts: torch.Tensor
-    ids: torch.Tensor
+    bag_counts: torch.Tensor
+    id_counts: torch.Tensor
     host_feature_bags: List[int]
     host_feature_ids: List[int]
     weighted: bool
@@ -57,7 +57,7 @@ class ColdBags:
     host_sent_bags: int = 0
 
     def record_stream(self, stream: torch.Stream) -> None:
-        for t in (self.payload, self.counts, self.ids, self.reports):
+        for t in (self.payload, self.bag_counts, self.id_counts, self.reports):
             if t is not None:
                 t.record_stream(stream)
 
@@ -74,11 +74,11 @@ class ColdBags:
         (bags) received per feature, and the received bags in arrival order - (source,
         feature, sample), the order they travel home in - as (row q, feature).
         """
-        W, F = self.counts.shape
+        W, F = self.bag_counts.shape
         data = self._permuted_payload(lanes, W, extra_per_feature, extra_rows, extra_ones)
         host_rows, host_ids, host_bags, batches = self._host_sizes(lanes, F, host_extra)
         n_bags, n_ids = sum(host_bags), sum(host_ids)
-        rows_per_feature = self.counts.sum(0)
+        rows_per_feature = self.bag_counts.sum(0)
         lengths = _padded_lengths(lanes, rows_per_feature + extra_per_feature, data, n_bags, batches)
         kjts = _lane_kjts(lanes, keys, batches, host_ids, lengths, data, n_bags, n_ids, self.weighted)
         return kjts, batches, rows_per_feature, self._arrival_order(W, F, sum(host_rows))
@@ -88,7 +88,7 @@ class ColdBags:
         """The payload with the extra bags' parts appended, in lane order by one FBGEMM segment permute: all
         bag lengths, then all ids, then all weights' bits (per feature the sources' runs, then its extras)."""
         parts = 3 if self.weighted else 2
-        received = [self.counts, self.ids] + ([self.ids] if self.weighted else [])
+        received = [self.bag_counts, self.id_counts] + ([self.id_counts] if self.weighted else [])
         extras = [extra_per_feature, extra_per_feature] + ([extra_per_feature] if self.weighted else [])
         sizes = torch.cat([torch.stack(received, 1).view(-1), torch.cat(extras)]).to(torch.int32)
         extra_values = [extra_ones, extra_rows.to(torch.int32)]
@@ -111,11 +111,11 @@ class ColdBags:
     def _arrival_order(self, W: int, F: int, n_received: int):
         """The received bags in arrival order - (source, feature, sample), the order they travel home in - as
         (row q, feature): run (s, f) of the arrival order holds bags first[s, f] ... of feature f."""
-        size = self.counts.view(-1)
+        size = self.bag_counts.view(-1)
         run_feature = torch.arange(W * F, device=size.device) % F
         arrival_feature = torch.repeat_interleave(run_feature, size, output_size=n_received)
         arrival_q = segment_arange(size, n_received) + torch.repeat_interleave(
-            exclusive_cumsum(self.counts, 0).view(-1), size, output_size=n_received)
+            exclusive_cumsum(self.bag_counts, 0).view(-1), size, output_size=n_received)
         return arrival_q, arrival_feature
 
 
@@ -172,11 +172,11 @@ class ColdIdsAllToAll:
         units = feature_units if feature_units is not None else [1] * num_features
         self._units = torch.tensor(units, dtype=torch.int64, device=device)
 
-    def __call__(self, counts: torch.Tensor, ids: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
+    def __call__(self, bag_counts: torch.Tensor, id_counts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
                  weights: Optional[torch.Tensor], report: Optional[torch.Tensor]) -> Awaitable[Awaitable[ColdBags]]:
         """Starts the exchange.
 
-        counts / ids: non-empty bags and ids per ``[destination, feature]``; lengths / rows /
+        bag_counts / id_counts: how many non-empty bags and ids per ``[destination, feature]``; lengths / rows /
         weights: those bags' lengths, ids and weights, in (destination, feature, sample)
         order, each possibly followed by padding that is not sent (buffers of a size known
         before the counts keep the caller free of host syncs); report: R int32 words for
@@ -185,11 +185,11 @@ class ColdIdsAllToAll:
         W, F = self._world, self._features
         weighted = weights is not None
         parts = 3 if weighted else 2
-        header = [counts.view(W, F), ids.view(W, F)]
+        header = [bag_counts.view(W, F), id_counts.view(W, F)]
         if report is not None:
             header.append(report.view(1, -1).expand(W, -1))
         meta = torch.cat(header, 1).to(torch.int32)
-        bags_per_dest, ids_per_dest = counts.view(W, F).sum(1), ids.view(W, F).sum(1)
+        bags_per_dest, ids_per_dest = bag_counts.view(W, F).sum(1), id_counts.view(W, F).sum(1)
         bag_pad = (lengths.numel() - bags_per_dest.sum()).view(1)
         id_pad = (rows.numel() - ids_per_dest.sum()).view(1)
         seg = [bags_per_dest, bag_pad, ids_per_dest, id_pad] + ([ids_per_dest, id_pad] if weighted else [])
@@ -200,7 +200,8 @@ class ColdIdsAllToAll:
         _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(
             self._send_order[parts], torch.cat(seg).to(torch.int32), flat, None, flat.numel())
         send_splits = (bags_per_dest + (parts - 1) * ids_per_dest).to(torch.int64)
-        sent_units = torch.cat([(counts.view(W, F).to(torch.int64) * self._units).sum(1), bags_per_dest.sum().view(1)])
+        sent_units = torch.cat([(bag_counts.view(W, F).to(torch.int64) * self._units).sum(1),
+                                bags_per_dest.sum().view(1)])
         if W == 1:
             return Deferred(lambda: Deferred(lambda: self._received(payload, meta, send_splits, sent_units,
                                                                     weighted, None)))
@@ -244,6 +245,7 @@ class ColdIdsAllToAll:
 
     def _bags(self, payload, meta, weighted, reports, split) -> ColdBags:
         F = self._features
-        return ColdBags(payload=payload, counts=meta[:, :F].to(torch.int64), ids=meta[:, F:2 * F].to(torch.int64),
+        return ColdBags(payload=payload, bag_counts=meta[:, :F].to(torch.int64),
+                        id_counts=meta[:, F:2 * F].to(torch.int64),
                         weighted=weighted, reports=meta[:, 2 * F:] if meta.size(1) > 2 * F else None,
                         host_reports=reports, **split)

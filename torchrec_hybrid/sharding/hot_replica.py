@@ -6,7 +6,7 @@ checkpoints and the fused optimizer state are exactly stock row-wise. Each step:
 - forward: each owner looks its owned hot rows up as extra one-id bags of its cold fused
   TBE and sends them to every rank in the all-to-all that carries the cold partial sums;
   every rank assembles its replica from them and pools its hot lookups locally with
-  FBGEMM's dense TBE kernel (:meth:`HotReplica.pool`);
+  FBGEMM's dense TBE kernel (:meth:`HotPooling.pool`);
 - backward: the replica's row gradients go back to the owners in the reverse all-to-all,
   autograd sums the W contributions into the extra bags' gradient, and the owner's fused
   TBE applies the update: the update FBGEMM applies for the global batch, with the owner's
@@ -65,11 +65,12 @@ def hot_slot_layout(dims: List[int], sizes: List[int]) -> Tuple[List[int], List[
     return bucket, table_start, bucket_start
 
 
-class HotReplica:
-    """The replica of one ``GroupedEmbeddingConfig``'s hot rows: layout and local pooling.
+class HotPooling:
+    """Local pooling of one ``GroupedEmbeddingConfig``'s hot lookups from the replica.
 
-    The replica is a flat buffer laid out like a dense TBE over one table per width
-    ("bucket"); it is assembled every step from the owners' rows (see the module docstring).
+    Holds no weights: the replica is a flat buffer the output dist assembles every step from
+    the owners' rows (see the module docstring). This class knows its layout - a dense TBE
+    over one table per width ("bucket") - and pools from it (:meth:`pool`).
 
     Args:
         config: the cold group's config (tables in group order).
@@ -153,7 +154,7 @@ class HotRowLayout:
         world / rank: the process group's size and this rank.
     """
 
-    def __init__(self, replicas: List[HotReplica], bounds: List[List[List[int]]],
+    def __init__(self, replicas: List[HotPooling], bounds: List[List[List[int]]],
                  hot_ids: List[List[torch.Tensor]], world: int, rank: int) -> None:
         owner, row, feature, flat, width = [], [], [], [], []
         self.flat_bases, base, f = [], 0, 0  # f: first feature of the group (sharding order)

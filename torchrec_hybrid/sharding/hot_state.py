@@ -2,11 +2,12 @@
 
 A hot set is only a choice of which rows every rank looks up locally: every row lives in its
 owner's cold shard whatever the choice, so changing it moves no weights and no optimizer
-state (hot_replica.py). What changes is derived data: the input dist's key -> slot map, the
-replicas' layout and which owner sends which row. :class:`HotState` bundles that for one
-version. The input dist stamps each step's input with the state it split the ids by, and the
-lookup and output dist read it from there, so a refresh between two steps never mixes two
-hot sets - not even for a batch already in flight under ``TrainPipelineSparseDist``.
+state (hot_replica.py). What changes is derived data: the hot ids' slots, the replicas'
+layout and which owner sends which row (the input dist rebuilds its key maps from them).
+:class:`HotState` bundles that for one version. The input dist stamps each step's input
+with the state it split the ids by, and the lookup and output dist read it from there, so
+a refresh between two steps never mixes two hot sets - not even for a batch already in
+flight under ``TrainPipelineSparseDist``.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from typing import List, Sequence
 import torch
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
-from torchrec_hybrid.sharding.hot_replica import HotReplica, HotRowLayout
+from torchrec_hybrid.sharding.hot_replica import HotPooling, HotRowLayout
 
 
 @dataclass(eq=False)
@@ -34,7 +35,7 @@ class HotState:
     version: int
     hot_ids: List[torch.Tensor]
     slot_starts: List[int]
-    replicas: List[HotReplica]
+    replicas: List[HotPooling]
     layout: HotRowLayout
     feature_shift: torch.Tensor
 
@@ -49,10 +50,10 @@ def build_hot_state(groups: Sequence[GroupedEmbeddingConfig], hot_ids_per_group:
     """The state of ``hot_ids_per_group`` (per group, per table: sorted ids) for row blocks
     ``bounds_per_group``. Hot slots are numbered group after group, each group's as its
     replica stores them. Set-up / refresh time: loops over groups and tables."""
-    replicas: List[HotReplica] = []
+    replicas: List[HotPooling] = []
     base = 0
     for g, ids in zip(groups, hot_ids_per_group):
-        replicas.append(HotReplica(g, list(ids), device, slot_base=base))
+        replicas.append(HotPooling(g, list(ids), device, slot_base=base))
         base += replicas[-1].num_slots
     bounds = [[list(b) for b in g] for g in bounds_per_group]
     layout = HotRowLayout(replicas, bounds, [list(i) for i in hot_ids_per_group], world, rank).to(device)

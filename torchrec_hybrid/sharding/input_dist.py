@@ -45,7 +45,7 @@ class HybridLookupInput:
     """What the hybrid lookup consumes for one step (one element of SEBC's ``KJTList``).
 
     cold: the bags received from every rank for the rows this rank owns (local row ids),
-        only the non-empty ones, ``cold.counts[w, f]`` from rank w for feature f.
+        only the non-empty ones, ``cold.bag_counts[w, f]`` from rank w for feature f.
     hot_indices / hot_offsets / hot_weights: the local batch's hot lookups for the
         replicas, as rows of their feature's replica table, jagged by (feature, sample):
         ``hot_offsets`` (``[F * B + 1]``) index into ``hot_indices``, whose hot rows come
@@ -131,8 +131,8 @@ def _hot_first(rows: torch.Tensor, weights: Optional[torch.Tensor], offsets: tor
 class _SentBags(NamedTuple):
     """The non-empty cold bags this rank sends, front-packed into fixed-size buffers."""
 
-    counts: torch.Tensor  # per (owner, feature)  [W * F]
-    ids: torch.Tensor  # cold ids per (owner, feature)  [W * F]
+    bag_counts: torch.Tensor  # how many per (owner, feature)  [W * F]
+    id_counts: torch.Tensor  # how many cold ids per (owner, feature)  [W * F]
     lengths: torch.Tensor  # their lengths, then padding  [W * F * B]
     cells: torch.Tensor  # their cells sample * F + feature, then padding  [W * F * B]
 
@@ -308,12 +308,12 @@ class HybridSparseFeaturesDist(nn.Module):
             touched=touched,
             hot=state,
             sent_cells=bags.cells,
-            sent_counts=bags.counts.view(W, F),
+            sent_counts=bags.bag_counts.view(W, F),
             lengths=flat_lengths.view(F, B),
         )
 
         def launch(id_report: Optional[torch.Tensor]) -> Awaitable[Awaitable[HybridLookupInput]]:
-            cold = self._cold_a2a(bags.counts, bags.ids, bags.lengths, local_rows, sent_weights,
+            cold = self._cold_a2a(bags.bag_counts, bags.id_counts, bags.lengths, local_rows, sent_weights,
                                   None if id_report is None else id_report.to(values.device))
 
             def metadata_arrived() -> Awaitable[HybridLookupInput]:

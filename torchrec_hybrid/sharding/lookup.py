@@ -3,14 +3,14 @@
 The cold part is TorchRec's own ``GroupedPooledEmbeddingsLookup`` over the row-wise shard
 (fused TBEs, fused optimizer, state_dict all stock); besides the received bags it looks up
 the hot rows this rank owns, as one-id bags, so they can be sent to every replica and be
-updated by the fused optimizer in backward. The hot part is one :class:`HotReplica` per
+updated by the fused optimizer in backward. The hot part is one :class:`HotPooling` per
 table group, pooled once the replica has arrived. The output keeps both unreduced; the
 output dist routes the cold partial sums and the hot rows, and adds the sums up.
 """
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional, Set
+from typing import Callable, List, Optional, Set
 
 import torch
 import torch.distributed as dist
@@ -23,7 +23,6 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.cells import LaneLayout
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
-from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
@@ -115,11 +114,6 @@ class HybridLookup(nn.Module):
         )
         self._lane_keys = [c.feature_names() for c in lane_configs]
         self._lanes = LaneLayout(lane_features, [d for c in grouped_configs for d in c.embedding_dims()], device)
-        # (name, first column) per table: a column-wise cold table has one per slice
-        self._tables = [(t.name, t.local_metadata.shard_offsets[1] if t.local_metadata else 0)
-                        for c in grouped_configs for t in c.embedding_tables]
-        self._last_replica: Optional[tuple] = None
-        self._last_state: Optional[HotState] = None
         self._extra: Optional[tuple] = None
 
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
@@ -127,7 +121,6 @@ class HybridLookup(nn.Module):
         state = inp.hot
         layout = state.layout
         replicas = state.replicas
-        self._last_state = state
         mine, hot_slots, hot_counts = layout.select(None if inp.touched is None else inp.touched())
         if self._extra is None or self._extra[0] is not mine:  # the same every step when all rows travel
             self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
@@ -142,7 +135,6 @@ class HybridLookup(nn.Module):
 
         @record_function("## hybrid:hot_lookup ##")
         def hot(replica: torch.Tensor) -> torch.Tensor:
-            self._last_replica = (replica.detach(), hot_slots)
             if len(replicas) == 1:
                 return replicas[0].pool(replica, inp.hot_indices, inp.hot_offsets, inp.hot_weights, B)
             out = []
@@ -155,7 +147,7 @@ class HybridLookup(nn.Module):
         return HybridLookupOutput(
             cold=cold,
             cold_bag_pos=bag_pos,
-            cold_bag_counts=inp.cold.counts,
+            cold_bag_counts=inp.cold.bag_counts,
             hot_row_pos=row_pos,
             hot=hot,
             hot_slots=hot_slots,
@@ -186,23 +178,3 @@ class HybridLookup(nn.Module):
 
     def named_buffers(self, prefix: str = "", recurse: bool = True, remove_duplicate: bool = True):
         yield from self.cold.named_buffers(prefix, recurse, remove_duplicate)
-
-    def last_hot_rows(self) -> Dict[str, tuple]:
-        """What the last forward pooled hot lookups from, per table: ``(k, rows)``, the rows
-        the owners sent (``rows[i]`` is the table's ``k[i]``-th hot id in ascending order).
-        For checks; empty before the first forward."""
-        if self._last_replica is None or self._last_state is None:
-            return {}
-        replica, sent = self._last_replica
-        layout, slot, tables = self._last_state.layout, 0, iter(self._tables)
-        parts: Dict[str, list] = {}
-        for rep in self._last_state.replicas:
-            for start, n, width in zip(rep.table_slot_start, rep.table_sizes, rep.table_dims):
-                first = slot + start
-                s = sent[(sent >= first) & (sent < first + n)].sort().values
-                pos = (layout.flat[s][:, None] + torch.arange(width, device=s.device)[None, :]).reshape(-1)
-                name, col = next(tables)
-                parts.setdefault(name, []).append((col, s - first, replica[pos].view(-1, width)))
-            slot += rep.num_slots
-        return {name: (p[0][1], torch.cat([rows for _, _, rows in sorted(p, key=lambda x: x[0])], 1))
-                for name, p in parts.items()}  # a column-wise table's slices side by side
