@@ -10,7 +10,7 @@ Nothing is measured here: every figure is read or derived from a file a benchmar
 template filled from ``facts()`` that must stand verbatim in its doc (whitespace folded); prose is
 not rewritten, so when a results file changes the check names the sentence to reword. Finally no
 ratio, MB, kB, ms, % or minute figure may stand in a doc outside a table or a snippet
-(``unbound_figures``). ``tests/test_docs_figures.py`` runs the check.
+(``unbound_figures``). ``tests/benchmarks/test_benchmarks_docs_figures.py`` runs the check.
 """
 
 from __future__ import annotations
