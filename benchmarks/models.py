@@ -3,7 +3,8 @@
 Stock types use TorchRec's own ``EmbeddingBagCollectionSharder`` (so the baselines contain
 no code of this project); ``frequency_hybrid`` uses ``HybridEmbeddingBagCollectionSharder``.
 Manual plans put table i on rank i % W (table_wise) or on ranks i % W and (i + 1) % W
-(column_wise, two shards); row_wise is planned by hand because TorchRec's planner only
+(column_wise, two shards), frequency_hybrid on even row blocks (table_wise for a table with
+fewer rows than ranks, which frequency_hybrid refuses); row_wise is planned by hand because TorchRec's planner only
 offers it on CUDA. Every non-DP manual plan uses the fused kernel (else weights never
 update). Dense parameters (DLRM MLPs, data_parallel tables) get plain SGD.
 """
@@ -51,7 +52,9 @@ def _module(w: Workload, tables: List[torchrec.EmbeddingBagConfig], device: torc
                 dense_arch_layer_sizes=[64, w.dim], over_arch_layer_sizes=[64, 1], dense_device=device)
 
 
-def _manual(kind: str, i: int, world: int):
+def _manual(kind: str, i: int, world: int, rows: int):
+    if kind == "frequency_hybrid" and rows < world:  # no empty cold row block (refused): stock table_wise
+        kind = "table_wise"
     return {
         "table_wise": lambda: table_wise(rank=i % world, compute_kernel="fused"),
         "column_wise": lambda: column_wise(ranks=sorted({i % world, (i + 1) % world}), compute_kernel="fused"),
@@ -78,7 +81,7 @@ def build(kind: str, w: Workload, tables, hot_ids, device: torch.device) -> Buil
         plan = planner.collective_plan(module, [sharder], dist.GroupMember.WORLD)
     else:
         mplan = construct_module_sharding_plan(
-            ebc, {t.name: _manual(kind, i, world) for i, t in enumerate(tables)}, sharder=sharder,
+            ebc, {t.name: _manual(kind, i, world, t.num_embeddings) for i, t in enumerate(tables)}, sharder=sharder,
             local_size=world, world_size=world, device_type=device.type)
         plan = ShardingPlan({path: mplan})
     model = DistributedModelParallel(module, device=device, plan=plan, sharders=[sharder])

@@ -66,13 +66,6 @@ class _ExtraBags:
         self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
 
 
-def _has_tbe_table(t) -> bool:
-    """Whether this rank's TBE holds table ``t``: every row block does, an empty one too (its
-    plan places a 0-row shard here, which TorchRec's state_dict expects); a column slice this
-    rank owns no rows of does not (its plan places no shard here)."""
-    return t.local_rows > 0 or t.local_cols == t.embedding_dim
-
-
 def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int]):
     """Each group split in its light and its heavy tables (``heavy``: indices in the sharding's
     table order; lanes, empty ones dropped), and per lane its features' indices in the
@@ -82,8 +75,8 @@ def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int]):
         for t in c.embedding_tables:
             first.append(first[-1] + t.num_features())
         for lane in (False, True):
-            mine = [i for i in range(t0, t0 + len(c.embedding_tables))
-                    if (i in heavy) == lane and _has_tbe_table(c.embedding_tables[i - t0])]
+            mine = [i for i in range(t0, t0 + len(c.embedding_tables))  # a 0-row column slice: no TBE
+                    if (i in heavy) == lane and c.embedding_tables[i - t0].local_rows > 0]
             if mine:
                 out.append(dataclasses.replace(c, embedding_tables=[c.embedding_tables[i - t0] for i in mine]))
                 features.append([f for i in mine for f in range(first[i], first[i + 1])])
