@@ -195,16 +195,14 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
     quantized-comm codecs other than FP16 / BF16 on its output all-to-all
     (``output_dist.codec_problems``), a compute kernel other than ``fused`` (UVM / caching / key-value), and
     the fused options of :func:`_unsupported_fused_options` (from the sharder's fused params
-    or the plan's per-table ones), and an empty cold row block (a table with fewer rows than
-    ranks: FBGEMM's CPU TBE fails on 0-row tables now and then). Deterministic on every rank;
-    raised before any collective."""
+    or the plan's per-table ones). Deterministic on every rank; raised before any collective.
+    (An empty cold row block is refused where the layout is read: ``row_blocks.check_bounds``.)"""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
     from torchrec.distributed.utils import add_params_from_parameter_sharding
 
     hybrid = [c.name for c in configs if plan[c.name].sharding_type == FREQUENCY_HYBRID]
     if not hybrid:
         return
-    c_rows = {c.name: c.num_embeddings for c in configs}
     problems = []
     codecs = describe_codec_problems(qcomm_codecs_registry)
     if codecs is not None:
@@ -218,13 +216,6 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
                             f"{FREQUENCY_HYBRID} (only 'fused'; no UVM / caching / key-value kernels)")
         for what in _unsupported_fused_options(add_params_from_parameter_sharding(dict(fused_params or {}), ps)):
             problems.append(f"table '{name}': fused option {what} is not supported by {FREQUENCY_HYBRID}")
-        shards = list(getattr(ps.sharding_spec, "shards", None) or [])  # a column slice never has 0 rows
-        empty = [r for r, sh in enumerate(shards) if not sh.shard_sizes[0]]
-        if empty:
-            problems.append(f"table '{name}': {c_rows[name]} rows on {len(shards)} ranks leave "
-                            f"ranks {empty} an empty cold row block, which FBGEMM's CPU TBE does not take "
-                            f"reliably; give it table_wise or data_parallel (the planner offers "
-                            f"{FREQUENCY_HYBRID} only to tables with at least one row per rank)")
     if problems:
         raise ValueError("; ".join(problems))
 

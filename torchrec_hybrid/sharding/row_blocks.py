@@ -106,9 +106,12 @@ def check_bounds(name: str, bounds: Sequence[int], rows: int, world: int) -> Lis
         raise ValueError(f"table '{name}': row bounds must run from 0 to {rows}, got {b[0]} .. {b[-1]}")
     if any(y < x for x, y in zip(b, b[1:])):
         raise ValueError(f"table '{name}': row bounds must not decrease, got {b}")
-    if rows >= world and any(y == x for x, y in zip(b, b[1:])):
-        raise ValueError(f"table '{name}': row bounds {b} leave a rank without rows; FBGEMM's CPU TBE cannot "
-                         "hold an empty table (give every rank at least one row)")
+    empty = [r for r in range(world) if b[r + 1] == b[r]]
+    if empty:
+        raise ValueError(f"table '{name}': row bounds {b} leave ranks {empty} without rows; FBGEMM's CPU TBE "
+                         "cannot hold an empty table (give every rank at least one row; a table with fewer rows "
+                         "than ranks: table_wise or data_parallel - the planner offers it frequency_hybrid only "
+                         "from one row per rank)")
     return b
 
 
