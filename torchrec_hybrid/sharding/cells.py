@@ -3,20 +3,29 @@
 A pooled output ``[rows, sum(dims)]`` holds one bag per (row, feature) "cell", numbered
 ``row * F + feature`` (the sample side's output, :class:`CellPositions`); the owner's cold
 output is the concatenation of its lanes' outputs (:class:`LaneLayout`). Data moves in
-"units": whole rows of ``[-1, D]`` when every feature has width D, else single elements.
+"units" of :func:`unit_width` elements (rows of ``[-1, U]``): a whole row when every feature
+has width D, else the widths' greatest common divisor (a column-wise cold table's 16-wide
+slices beside 64-wide tables move as 16-element units, not element by element).
 """
 
-from typing import Dict, List, Optional
+import math
+from typing import Dict, List
 
 import torch
 
 from torchrec_hybrid.sharding.segments import segment_positions
 
 
+def unit_width(dims: List[int]) -> int:
+    """Elements per unit: the greatest common divisor of the widths (1 for none)."""
+    return math.gcd(*dims) if dims else 1
+
+
 def partial_units(dims: List[int]) -> List[int]:
-    """Units of one bag's pooled vector per feature: 1 (a row) when every feature has one
-    width, else the feature's width (elements)."""
-    return [1] * len(dims) if len(set(dims)) <= 1 else list(dims)
+    """Units of one bag's pooled vector per feature: its width / :func:`unit_width` (1 per
+    feature when every feature has one width)."""
+    u = unit_width(dims)
+    return [d // u for d in dims]
 
 
 class LaneLayout:
@@ -39,21 +48,22 @@ class LaneLayout:
         F = self.num_features = len(dims)
         self.lane_features = lane_features
         self.order = [f for fs in lane_features for f in fs]  # lane order -> sharding feature
-        lane_of, local_of, dim_local = [0] * F, [0] * F, [0] * F
-        self.lane_dim_sums = []
+        units = partial_units(dims)
+        self.unit = unit_width(dims)  # elements per unit
+        self.one_unit = all(u == 1 for u in units)  # every bag's vector is one unit (a row)
+        lane_of, local_of, unit_local = [0] * F, [0] * F, [0] * F
+        lane_units = []
         for g, fs in enumerate(lane_features):  # set-up time loop over lanes
             off = 0
             for i, f in enumerate(fs):
-                lane_of[f], local_of[f], dim_local[f] = g, i, off
-                off += dims[f]
-            self.lane_dim_sums.append(off)
-        self.uniform_dim: Optional[int] = dims[0] if dims and len(set(dims)) == 1 else None
+                lane_of[f], local_of[f], unit_local[f] = g, i, off
+                off += units[f]
+            lane_units.append(off)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
-        self.lane_of, self.local_of, self.dim_local, self.dims = map(as_t, (lane_of, local_of, dim_local, dims))
+        self.lane_of, self.local_of, self.unit_local, self.units = map(as_t, (lane_of, local_of, unit_local, units))
         self.order_t = as_t(self.order)
         self._orders: Dict[int, torch.Tensor] = {}
-        self._units_per_row = as_t([len(fs) if self.uniform_dim else d for fs, d in
-                                    zip(lane_features, self.lane_dim_sums)])
+        self._units_per_row = as_t(lane_units)
 
     def receive_order(self, world: int, parts: int) -> torch.Tensor:
         """Segment order (FBGEMM ``permute_1D_sparse_data``) that turns what an owner received
@@ -81,27 +91,26 @@ class LaneLayout:
         return (torch.cumsum(per_lane, 0) - per_lane)[lane] + self.local_of[feature] * batch + q
 
     def positions(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
-        """Positions (rows of ``[-1, D]`` when every feature has width D, else elements) of
-        the q-th bags of ``feature`` in the concatenated lane outputs of a step whose lanes
-        had ``batches`` rows."""
+        """Positions (units, rows of ``[-1, unit]``) of the q-th bags of ``feature`` in the
+        concatenated lane outputs of a step whose lanes had ``batches`` rows."""
         per_lane = torch.tensor(batches, dtype=torch.int64, device=q.device) * self._units_per_row
         base = (torch.cumsum(per_lane, 0) - per_lane)[self.lane_of[feature]]
         width = self._units_per_row[self.lane_of[feature]]
-        if self.uniform_dim is not None:
+        if self.one_unit:
             return base + q * width + self.local_of[feature]
-        return segment_positions(base + q * width + self.dim_local[feature], self.dims[feature])
+        return segment_positions(base + q * width + self.unit_local[feature], self.units[feature])
 
 
 class CellPositions:
     """Cells ``row * F + feature`` of a pooled output -> positions in its units: the output
-    as one lane of all F features (rows as they are when every feature has width D)."""
+    as one lane of all F features (cells as they are when every feature has one width)."""
 
     def __init__(self, dims: List[int], device: torch.device) -> None:
         self.num_features = len(dims)
         self._lane = LaneLayout([list(range(len(dims)))], dims, device)
 
     def __call__(self, cells: torch.Tensor) -> torch.Tensor:
-        if self._lane.uniform_dim is not None:
+        if self._lane.one_unit:
             return cells
         F = self.num_features
         return self._lane.positions(torch.div(cells, F, rounding_mode="floor"), cells % F, [0])

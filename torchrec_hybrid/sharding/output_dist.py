@@ -35,7 +35,7 @@ from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodec, Qu
 from torchrec_hybrid import _compat
 from torchrec_hybrid._compat import Deferred
 
-from torchrec_hybrid.sharding.cells import CellPositions
+from torchrec_hybrid.sharding.cells import CellPositions, partial_units, unit_width
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
@@ -337,6 +337,7 @@ class HybridPooledEmbeddingDist(nn.Module):
 
     # buffers (register_buffer in __init__)
     _dims: torch.Tensor
+    _feature_units: torch.Tensor
     _mean_cols: torch.Tensor
     _column_order: Optional[torch.Tensor]
 
@@ -351,8 +352,13 @@ class HybridPooledEmbeddingDist(nn.Module):
         self.register_buffer("_dims", dims.to(device), persistent=False)
         self._cells = CellPositions(feature_dims, device)
         self._any_mean = any(mean_features)
-        # all features one width: move whole rows instead of computing element positions
-        self._uniform_dim = feature_dims[0] if len(set(feature_dims)) == 1 else None
+        # data moves in units of U elements (cells.py): whole rows when all features have one
+        # width, else the widths' common divisor
+        self._unit = unit_width(feature_dims)
+        units = partial_units(feature_dims)
+        self._one_unit = all(u == 1 for u in units)
+        self.register_buffer("_feature_units", torch.tensor(units, dtype=torch.int64, device=device),
+                             persistent=False)
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
         order = None if column_order is None else torch.tensor(column_order, dtype=torch.int64, device=device)
@@ -361,19 +367,20 @@ class HybridPooledEmbeddingDist(nn.Module):
         self._replica_cache: Tuple[Optional[torch.Tensor], Optional[ReceivePlan]] = (None, None)
 
     def _units(self, counts: torch.Tensor) -> torch.Tensor:
-        """Units (rows or elements) per rank of ``counts`` bags per [rank, feature]."""
-        if self._uniform_dim is not None:
+        """Units per rank of ``counts`` bags per [rank, feature]."""
+        if self._one_unit:
             return counts.sum(1).to(torch.int64)
-        return (counts.to(torch.int64) * self._dims[None, :]).sum(1)
+        return (counts.to(torch.int64) * self._feature_units[None, :]).sum(1)
 
     def _replica_positions(self, layout: HotRowLayout, slots: torch.Tensor, per_owner: torch.Tensor):
         """Positions in the flat replica (units) of received hot slots, and units per owner."""
-        if self._uniform_dim is not None:
-            return torch.div(layout.flat[slots], self._uniform_dim, rounding_mode="floor"), per_owner
-        width = layout.width[slots]
+        first = torch.div(layout.flat[slots], self._unit, rounding_mode="floor")
+        if self._one_unit:
+            return first, per_owner
+        width = torch.div(layout.width[slots], self._unit, rounding_mode="floor")
         units = torch.zeros(self._world, dtype=torch.int64, device=slots.device)
         units.index_add_(0, layout.owner[slots], width)
-        return segment_positions(layout.flat[slots], width), units
+        return segment_positions(first, width), units
 
     def _receive_plan(self, layout: HotRowLayout, slots: torch.Tensor, per_owner: torch.Tensor) -> ReceivePlan:
         """``(replica_dst, units per owner, order, host units)``: where the received hot units
@@ -384,7 +391,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         if cached_slots is slots and cached is not None:
             return cached
         dst, units = self._replica_positions(layout, slots, per_owner)
-        order = torch.zeros(layout.flat_size // (self._uniform_dim or 1), dtype=torch.int64, device=dst.device)
+        order = torch.zeros(layout.flat_size // self._unit, dtype=torch.int64, device=dst.device)
         order[dst] = torch.arange(dst.numel(), device=dst.device)
         plan = (dst, units, order, units.tolist())
         self._replica_cache = (slots, plan)
@@ -392,8 +399,7 @@ class HybridPooledEmbeddingDist(nn.Module):
 
     @record_function("## hybrid:output_dist ##")
     def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
-        W, D = self._world, self._uniform_dim
-        unit = D or 1
+        W, unit = self._world, self._unit
         # owner side: per destination the bags it sent us (received order), then our hot rows
         bag_pos = out.cold_bag_pos
         bag_units = self._units(out.cold_bag_counts)
@@ -411,8 +417,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
 
-        cold = out.cold.reshape(-1, D) if D else out.cold.reshape(-1)
-        send = _Pack.apply(cold, index, row_pos, row_dst, W)
+        send = _Pack.apply(out.cold.reshape(-1, unit), index, row_pos, row_dst, W)
         # split sizes from the host copies the cold exchange made (no sync of its own)
         send_splits = [(u + row_pos.numel()) * unit for u in out.host_return_units]
         recv_splits = [(u + r) * unit for u, r in zip(out.host_partial_units, host_replica_units)]
@@ -422,8 +427,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         @record_function("## hybrid:output_dist_wait ##")
         def finish() -> torch.Tensor:
             recv = _AllToAllWait.apply(token, req)
-            partials, replica = _Unpack.apply(recv.view(-1, D) if D else recv, part_src, row_src, replica_dst,
-                                              replica_src, replica_size)
+            partials, replica = _Unpack.apply(recv.view(-1, unit), part_src, row_src, replica_dst, replica_src,
+                                              replica_size)
             pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
             if self._any_mean:
                 per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
