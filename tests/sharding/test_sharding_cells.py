@@ -1,0 +1,51 @@
+"""Units of the hybrid's pooled data: rows when all features share a width, else runs of the
+widths' common divisor; positions checked against the element layout of the lane outputs."""
+
+import torch
+
+from torchrec_hybrid.sharding.cells import CellPositions, LaneLayout, partial_units, unit_width
+
+
+def _element_runs(lane_features, dims, batches, bags):
+    """Reference: the elements of each (q, feature) bag in the concatenated, flattened lane
+    outputs ``[batch_g, sum of the lane's widths]`` (test-time loops)."""
+    out, base = [], {}
+    start = 0
+    for g, fs in enumerate(lane_features):
+        width = sum(dims[f] for f in fs)
+        off = 0
+        for f in fs:
+            base[f] = (start, width, off)
+            off += dims[f]
+        start += batches[g] * width
+    for q, f in bags:
+        s, width, off = base[f]
+        first = s + q * width + off
+        out.extend(range(first, first + dims[f]))
+    return out
+
+
+def test_mixed_widths_move_in_common_divisor_units():
+    dims = [64, 16, 32, 16]
+    assert unit_width(dims) == 16 and partial_units(dims) == [4, 1, 2, 1]
+    lane_features, batches = [[0, 2], [1, 3]], [3, 5]
+    lanes = LaneLayout(lane_features, dims, torch.device("cpu"))
+    bags = [(2, 0), (0, 1), (4, 3), (1, 2), (0, 0), (4, 1)]
+    q = torch.tensor([b[0] for b in bags])
+    f = torch.tensor([b[1] for b in bags])
+    units = lanes.positions(q, f, batches)
+    assert units.numel() == sum(partial_units(dims)[b[1]] for b in bags)  # 4 units per 64-wide bag, not 64
+    total = sum(b * sum(dims[x] for x in fs) for b, fs in zip(batches, lane_features))
+    flat = torch.arange(total).view(-1, lanes.unit)
+    assert flat.index_select(0, units).reshape(-1).tolist() == _element_runs(lane_features, dims, batches, bags)
+
+
+def test_one_width_moves_rows_and_cells_stay_cells():
+    dims = [32, 32, 32]
+    assert unit_width(dims) == 32 and partial_units(dims) == [1, 1, 1]
+    cells = torch.tensor([0, 4, 8, 5])
+    assert torch.equal(CellPositions(dims, torch.device("cpu"))(cells), cells)
+    mixed = CellPositions([32, 16], torch.device("cpu"))  # units of 16: a row is 2 + 1 units
+    # cell 3 (row 1, feature 1) is unit 3 + 2 = 5; cell 2 (row 1, feature 0) units 3 and 4
+    assert mixed(torch.tensor([3])).tolist() == [5]
+    assert mixed(torch.tensor([2])).tolist() == [3, 4]
