@@ -267,6 +267,12 @@ def table_results_qcomms() -> str:
     return "\n".join(markdown(load("qcomms_w4")["results"]))
 
 
+def table_results_cold_layouts() -> str:
+    from benchmarks.cold_layouts import markdown
+
+    return "\n".join(markdown(load("cold_layouts"))[2:])  # the table, without its title
+
+
 TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "readme_product": ("README.md", table_readme_product),
     "readme_headline": ("README.md", table_readme_headline),
@@ -276,6 +282,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_headline": ("docs/results.md", table_results_headline),
     "results_projection": ("docs/results.md", table_results_projection),
     "results_qcomms": ("docs/results.md", table_results_qcomms),
+    "results_cold_layouts": ("docs/results.md", table_results_cold_layouts),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
 }
 

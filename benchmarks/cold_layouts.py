@@ -1,0 +1,171 @@
+"""Cold layouts of the heaviest table: what spreading its cold lookups costs per step.
+
+The network-priced hybrid plan (``benchmarks/product.py``, ``hybrid_planner_bytes``) lays out
+each table's cold rows to minimise bytes; on DLRMv2 multi-hot bags its heaviest table (the
+one with the most lookups: t_cat_20, 100 ids per bag) gets table-wise cold, so one rank does
+all of its cold lookups. This benchmark checks whether spreading them would pay: the same plan
+with that table switched to each other cold layout (row-wise: even row blocks on every rank;
+column-wise: one column slice per rank), its hot ids kept, against the plan as returned and
+TorchRec's planner's plan. One gloo process group, the same batches, one step of each plan
+per round in a rotated order behind a barrier. Per plan: the median over steps of each rank's
+process CPU, their sum, the median of the slowest rank's step, and the bytes each rank sends
+(``/proc/self/io``; mean and busiest rank).
+
+    python -m benchmarks.cold_layouts                          # W=4, multihot, ~2 min here
+    python -m benchmarks.cold_layouts --out benchmarks/results # the committed run
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import dataclasses
+import json
+import logging
+import os
+import statistics
+import time
+from typing import Any, Dict, List
+
+import torch
+
+from benchmarks.product import WORKLOADS, _data, _plan_models
+from torchrec_hybrid.spawn import spawn_ranks
+
+logger = logging.getLogger(__name__)
+
+BASE = "hybrid_planner_bytes"
+LAYOUTS = ("table_wise", "row_wise", "column_wise")
+
+
+def heaviest_table(plan, stats) -> str:
+    """The frequency_hybrid table of ``plan`` with the most lookups in ``stats``."""
+    from torchrec_hybrid.types import FREQUENCY_HYBRID
+
+    hybrid = [n for mp in plan.plan.values() for n, ps in mp.items() if ps.sharding_type == FREQUENCY_HYBRID]
+    return max(hybrid, key=stats.lookups)
+
+
+def with_cold_layout(plan, tables, name: str, layout: str, world: int):
+    """``plan`` with table ``name`` switched to ``layout`` cold (table-wise: on the rank after its
+    current owner's; column-wise: one slice per rank), its hot ids kept."""
+    from torchrec_hybrid.planner.types import HybridParameterSharding
+    from torchrec_hybrid.sharding_plan import frequency_hybrid
+
+    out = copy.deepcopy(plan)
+    module_plan = next(mp for mp in out.plan.values() if name in mp)
+    old = module_plan[name]
+    cfg = next(t for t in tables if t.name == name)
+    kw: Dict[str, Any] = {"cold": layout}
+    if layout == "table_wise":
+        sizes = [s.shard_sizes[0] for s in old.sharding_spec.shards]
+        kw["rank"] = (max(range(world), key=sizes.__getitem__) + 1) % world
+    elif layout == "column_wise":
+        kw["ranks"] = list(range(world))
+    ps = frequency_hybrid(**kw)(torch.empty(cfg.num_embeddings, cfg.embedding_dim), 1, world, "cpu", None)
+    fields = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
+    fields["ranks"] = list(range(world))
+    module_plan[name] = HybridParameterSharding(**fields, hot_ids=old.hot_ids.clone(), hot_rows=old.hot_rows,
+                                                cold_layout=layout)
+    return out
+
+
+def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    import torchrec
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+    from torchrec_hybrid.comm_bytes import sent_bytes
+
+    spec = WORKLOADS[workload]
+    tables, stats, batches = _data(spec, world, rank, rows_cap, 8, warmup + steps)
+    _, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
+    name = heaviest_table(plans[BASE], stats)
+    current = next(mp[name] for mp in plans[BASE].plan.values() if name in mp).cold_layout
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    sharder = HybridEmbeddingBagCollectionSharder(fused_params=fused)
+    names = [f"{BASE} ({current} cold)", "stock_planner"]
+    models = {names[0]: models[BASE], "stock_planner": models["stock_planner"]}
+    for layout in LAYOUTS:
+        if layout != current:
+            names.append(f"{name} {layout} cold")
+            models[names[-1]] = DistributedModelParallel(
+                torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta")), device=torch.device("cpu"),
+                plan=with_cold_layout(plans[BASE], tables, name, layout, world), sharders=[sharder])
+    logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
+    cpu: Dict[str, List[float]] = {n: [] for n in names}
+    wall: Dict[str, List[float]] = {n: [] for n in names}
+    sent: Dict[str, List[int]] = {n: [] for n in names}
+    for i, kjt in enumerate(batches):
+        k = i % len(names)
+        for n in names[k:] + names[:k]:  # the order rotates every step
+            dist.barrier()
+            b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
+            models[n](kjt).wait().values().sum().backward()
+            t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
+            if i >= warmup:
+                cpu[n].append(c1 - c0)
+                wall[n].append(t1 - t0)
+                sent[n].append(b1 - b0)
+    emit({"table": name, "names": names, "cpu": cpu, "wall": wall, "sent": sent})
+
+
+def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
+    outs = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload, rows_cap=rows_cap,
+                                              warmup=warmup, steps=steps)]
+    r0 = outs[0]
+    plans = {}
+    for n in r0["names"]:
+        cpu = [statistics.median(o["cpu"][n]) * 1e3 for o in outs]
+        sent = [sum(o["sent"][n]) / len(o["sent"][n]) for o in outs]
+        step = [max(o["wall"][n][i] for o in outs) for i in range(len(r0["wall"][n]))]
+        plans[n] = {"cpu_ms_per_rank": cpu, "cpu_ms_sum": sum(cpu), "median_step_ms": statistics.median(step) * 1e3,
+                    "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent)}
+    s = plans["stock_planner"]
+    for p in plans.values():
+        p["step_vs_stock"] = p["median_step_ms"] / s["median_step_ms"]
+        p["cpu_sum_vs_stock"] = p["cpu_ms_sum"] / s["cpu_ms_sum"]
+    return {"workload": workload, "world": world, "rows_cap": rows_cap, "warmup": warmup, "steps": steps,
+            "table": r0["table"], "plans": plans}
+
+
+def markdown(res: Dict[str, Any]) -> List[str]:
+    lines = [f"# Cold layouts of the heaviest table ({res['table']}): {res['workload']}, W={res['world']}, "
+             f"{res['steps']} interleaved steps", "",
+             "| plan | process CPU per rank, ms | sum | vs stock | median step, ms | vs stock "
+             "| MB / rank (mean / busiest) |", "|---|---|---:|---:|---:|---:|---:|"]
+    for n, p in res["plans"].items():
+        lines.append(f"| {n} | {' / '.join(f'{x:.1f}' for x in p['cpu_ms_per_rank'])} | {p['cpu_ms_sum']:.1f} | "
+                     f"{p['cpu_sum_vs_stock']:.2f}x | {p['median_step_ms']:.1f} | {p['step_vs_stock']:.2f}x | "
+                     f"{p['mean_bytes'] / 1e6:.2f} / {p['busiest_bytes'] / 1e6:.2f} |")
+    return lines
+
+
+def main(argv=None) -> Dict[str, Any]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--workload", default="multihot", choices=list(WORKLOADS))
+    ap.add_argument("--rows-cap", type=int, default=100_000)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--out", default="out/cold_layouts")
+    a = ap.parse_args(argv)
+    if a.world < 2 or a.steps < 1 or a.warmup < 0:
+        ap.error(f"--world must be >= 2 and --steps >= 1, --warmup >= 0 (got {a.world}, {a.steps}, {a.warmup})")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    os.makedirs(a.out, exist_ok=True)
+    res = run(a.workload, a.world, a.rows_cap, a.warmup, a.steps)
+    with open(os.path.join(a.out, "cold_layouts.json"), "w") as f:
+        json.dump(res, f, indent=1)
+    text = "\n".join(markdown(res)) + "\n"
+    with open(os.path.join(a.out, "cold_layouts.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return res
+
+
+if __name__ == "__main__":
+    main()
