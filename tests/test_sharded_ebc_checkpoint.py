@@ -1,5 +1,7 @@
 """state_dict and torch.distributed.checkpoint round trips between hybrid and stock plans."""
 
+import dataclasses
+
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
@@ -14,11 +16,18 @@ from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
 HYBRID = {"t0": "hybrid", "t1": "hybrid", "t2": "tw", "t3": "hybrid"}
 
 
+SMALL_T3 = 3  # rows of t3 in the "hybrid_tw_small" case: fewer than the ranks
+
+
 def _models(world, opt="rowwise_adagrad", layout="hybrid"):
     configs = tables()
+    hot_t = hot_ids()
+    if layout == "hybrid_tw_small":  # t3 with fewer rows than ranks: one whole-table shard, table-wise cold
+        configs = [dataclasses.replace(c, num_embeddings=SMALL_T3) if c.name == "t3" else c for c in configs]
+        hot_t["t3"] = torch.tensor([1])
+        layout = "hybrid_tw"
     torch.manual_seed(0)
     ref = torchrec.EmbeddingBagCollection(tables=configs)
-    hot_t = hot_ids()
     kinds = {t: (layout if k == "hybrid" else k) for t, k in HYBRID.items()}
     if layout == "hybrid_cw":  # t3 is 4 wide: one slice (table-wise cold)
         kinds["t3"] = "hybrid_tw"
@@ -112,8 +121,9 @@ def test_state_dict_is_one_logical_table_per_hybrid_table():
     run_ranks(state_dict_shape, 2)
 
 
-@pytest.mark.parametrize("layout,world", [("hybrid", 2), ("hybrid_tw", 2), ("hybrid_uneven", 3), ("hybrid_cw", 3)])
+@pytest.mark.parametrize("layout,world", [("hybrid", 2), ("hybrid_tw", 2), ("hybrid_uneven", 3), ("hybrid_cw", 3),
+                                          ("hybrid_tw_small", 4)])
 def test_dcp_between_hybrid_and_table_wise(tmp_path, layout, world):
     """Every cold layout (even / table-wise / uneven row blocks) to stock table_wise and back; column
-    slices to stock column_wise and back."""
+    slices to stock column_wise and back; a table with fewer rows than ranks, table-wise cold."""
     run_ranks(dcp_round_trip, world, path=str(tmp_path), layout=layout)

@@ -13,6 +13,7 @@ import torchrec
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
 from tests.models import (
+    DEFAULT_HOT,
     OPTIMIZERS,
     build,
     expanded_batch,
@@ -55,8 +56,9 @@ def _hybrid_forward(mh, kjt, step: int, refresh, hot_t):
 
 
 def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kinds=None, ref_kinds=None, hot=None,
-               mode="mixed", rank0_mode=None, refresh=None, variable=False):
-    configs = tables(mean=mean)
+               mode="mixed", rank0_mode=None, refresh=None, variable=False, rows=None):
+    configs = [dataclasses.replace(c, num_embeddings=(rows or {}).get(c.name, c.num_embeddings))
+               for c in tables(mean=mean)]
     torch.manual_seed(0)
     ref = torchrec.EmbeddingBagCollection(tables=configs, is_weighted=weighted)
     hot_t = hot_ids(hot)
@@ -160,6 +162,17 @@ def test_empty_row_block_is_refused_on_every_rank(opt):
     is refused at shard time on every rank, naming the table (the planner never offers it)."""
     for outcome, message in run_ranks(_build_small_table, 4, opt=opt):
         assert outcome == "raised" and "table 't3'" in message and "ranks [3]" in message, message
+
+
+@pytest.mark.parametrize("opt", ["sgd", "rowwise_adagrad"])
+@pytest.mark.parametrize("hot", [{"t3": [1]}, {"t3": []}], ids=["hot-row", "no-hot-row"])
+def test_table_with_fewer_rows_than_ranks_table_wise_cold(opt, hot):
+    """A 3-row table on 4 ranks, table-wise cold (written as stock table_wise writes it: one
+    shard on its owner, no TBE table elsewhere) beside even row-wise cold tables, trains like
+    table_wise: forward, weights and optimizer state after several steps, replicas."""
+    hot = {**DEFAULT_HOT, **hot}
+    run_ranks(train_pair, 4, opt=opt, rows={"t3": 3}, hot=hot,
+              kinds={"t0": "hybrid", "t1": "hybrid_tw", "t2": "hybrid", "t3": "hybrid_tw"})
 
 
 @pytest.mark.parametrize(

@@ -49,8 +49,8 @@ def _sharders(hybrid=None):
     return [hybrid] + [s for s in get_default_sharders() if type(s) is not EmbeddingBagCollectionSharder]
 
 
-def _planner(constraints=None, **kw):
-    m = ThreeKinds()
+def _planner(constraints=None, tiny=False, **kw):
+    m = ThreeKinds(tiny=tiny)
     stats = exact_stats(m.ebc.embedding_bag_configs(), {"b0": zipf_probs(2000, 1.1)})
     return HybridEmbeddingShardingPlanner(topology=gloo_topology(WORLD), batch_size=256, frequency_stats=stats,
                                           constraints=constraints, stats=[NoopEmbeddingStats()], compute_costs=None,
@@ -97,14 +97,25 @@ def test_subclass_offering_only_hybrid_is_honoured():
     assert types["b0"] == types["b1"] == FREQUENCY_HYBRID
 
 
-def test_only_hybrid_and_fewer_rows_than_ranks_raises_clearly():
+def test_only_hybrid_and_fewer_rows_than_ranks_is_table_wise_cold():
+    """A table with fewer rows than ranks gets frequency_hybrid with every row on one owner,
+    written as stock table_wise writes it (one shard of the whole table): no empty row block."""
     only = HybridEmbeddingBagCollectionSharder(sharding_types=[FREQUENCY_HYBRID])
-    with pytest.raises(ValueError, match="table 'b1'.*1 rows, fewer than the 2 ranks"):
-        _planner().plan(ThreeKinds(tiny=True), _sharders(only))
-    # with a stock type beside it the table gets that one
+    plan = _planner(tiny=True).plan(ThreeKinds(tiny=True), _sharders(only))
+    ps = next(mp["b1"] for mp in plan.plan.values() if "b1" in mp)
+    assert ps.sharding_type == FREQUENCY_HYBRID and ps.cold_layout == "table_wise"
+    (shard,) = ps.sharding_spec.shards
+    assert shard.shard_offsets == [0, 0] and shard.shard_sizes[0] == 1
+    # with a stock type beside it the planner chooses between the two
     both = HybridEmbeddingBagCollectionSharder(sharding_types=[FREQUENCY_HYBRID, "data_parallel"])
-    types = _types(_planner().plan(ThreeKinds(tiny=True), _sharders(both)))
-    assert types["b1"] == "data_parallel" and types["b0"] in (FREQUENCY_HYBRID, "data_parallel")
+    types = _types(_planner(tiny=True).plan(ThreeKinds(tiny=True), _sharders(both)))
+    assert types["b1"] in (FREQUENCY_HYBRID, "data_parallel") and types["b0"] in (FREQUENCY_HYBRID, "data_parallel")
+
+
+def test_statistics_of_another_model_are_refused():
+    """Statistics counted on a 300-row b1 do not describe a 1-row b1: refused, naming the table."""
+    with pytest.raises(ValueError, match="table 'b1' count 300 rows, but the table has 1 rows"):
+        _planner().plan(ThreeKinds(tiny=True), _sharders())
 
 
 def test_unknown_sharding_types_option_raises():

@@ -4,7 +4,7 @@ and ``check_hot_ids``: user-given hot ids against the tables and the plan."""
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
-from torchrec.distributed.sharding_plan import column_wise, row_wise
+from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan, ShardMetadata
 
 from torchrec_hybrid.sharding import row_blocks
@@ -31,7 +31,9 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
     - ``cold="row_wise"`` (default): stock even row blocks on all ranks, or ``row_bounds``
       (``[0, b_1, ..., rows]``, one block per rank, e.g. ``row_blocks.balanced_bounds``);
     - ``cold="table_wise", rank=k``: every row on rank k (a bag's cold ids return one
-      partial sum, as table_wise; best for multi-hot bags);
+      partial sum, as table_wise; best for multi-hot bags); each other rank keeps one row
+      (row_blocks.py), except for a table with fewer rows than ranks, which is written as
+      stock table_wise writes it (one shard on k);
     - ``cold="column_wise", ranks=[k_0, ...]``: the columns cut in ``len(ranks)`` slices as
       stock column_wise cuts them, slice s laid out table-wise on rank ``k_s`` (for tables
       too big or too hot for one rank).
@@ -53,6 +55,12 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         ps = stock(param, local_size, world_size, device_type, sharder)
         ps.sharding_type = FREQUENCY_HYBRID
         rows, cols = param.shape
+        if cold == row_blocks.TABLE_WISE and rows < world_size:  # stock table_wise's spec: one shard
+            assert rank is not None  # checked above: cold='table_wise' needs rank=
+            ps = table_wise(rank=rank, compute_kernel=compute_kernel)(param, local_size, world_size, device_type,
+                                                                      sharder)
+            ps.sharding_type, ps.ranks = FREQUENCY_HYBRID, list(range(world_size))
+            return ps
         if cold == row_blocks.TABLE_WISE:
             assert rank is not None  # checked above: cold='table_wise' needs rank=
             slices = [row_blocks.ColumnSlice(0, cols, row_blocks.single_owner_bounds(rows, world_size, rank))]

@@ -367,6 +367,8 @@ def _prune_unmappable(state: Dict[str, Any], saved: Dict[str, Any]) -> List[str]
                         "they start with fresh optimizer state")
     if reshaped:
         problems.append(f"embedding optimizer state of another shape (another optimizer?) not loaded: {reshaped}")
+    if not emb:  # nothing left to load (DCP refuses an empty entry)
+        del optim["embedding"]
     if not saved_alg:
         del optim["embedding_optimizer"]
     dense_keys = [k for k in _flat_keys(optim["dense"], "optim.dense.") if k not in saved]

@@ -181,7 +181,6 @@ class HybridEnumerator(EmbeddingEnumerator):
     ) -> Tuple[Dict[str, Tuple[ShardingOption, hot_set.TableProfile]], Dict[str, int], Dict[str, str]]:
         """The tables that may be frequency_hybrid: ``(name -> (a stock option as template,
         profile), name -> fixed hot rows, name -> why not)`` for the ones that cannot."""
-        world = self._topology.world_size
         candidates: Dict[str, Tuple[ShardingOption, hot_set.TableProfile]] = {}
         fixed: Dict[str, int] = {}
         why_not: Dict[str, str] = {}  # tables the constraints or the sharder ask hybrid for, but cannot have it
@@ -192,11 +191,6 @@ class HybridEnumerator(EmbeddingEnumerator):
                     self._refuse_unoffered(name, opts[0], sharder)
                 continue
             if not self._allowed(name, FREQUENCY_HYBRID):
-                continue
-            rows = opts[0].tensor.shape[0]
-            if rows < world:  # some rank would hold an empty cold block
-                why_not[name] = (f"it has {rows} rows, fewer than the {world} ranks, and {FREQUENCY_HYBRID} "
-                                 "needs at least one cold row per rank")
                 continue
             codecs = _unsupported_codecs(sharder)
             if codecs:
@@ -236,10 +230,12 @@ class HybridEnumerator(EmbeddingEnumerator):
                                                self._compute)
             # column slices only for a table too hot for one rank: table-wise cold, its bytes exceed a
             # rank's even share of every candidate's (the cut costs its ids once per slice, and mixed
-            # widths move partial sums element by element)
+            # widths move partial sums in smaller units)
             tw = {n: by_layout[row_blocks.TABLE_WISE].bytes_per_step for n, by_layout in self.choices.items()
                   if row_blocks.TABLE_WISE in by_layout}
             for name, (template, _) in candidates.items():
+                if template.tensor.shape[0] < world and layout != row_blocks.TABLE_WISE:
+                    continue  # fewer rows than ranks: only every row on one owner (no empty block to hold)
                 too_hot = tw.get(name, 0.0) * world > sum(tw.values())
                 widths = self._widths(template, layout, too_hot)
                 if not widths:

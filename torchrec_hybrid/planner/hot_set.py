@@ -37,9 +37,16 @@ class TableProfile:
 
 def profile_from_stats(stats, table: str, traffic: cm.TableTraffic, bytes_per_hot_row: int,
                        max_rows: int) -> TableProfile:
-    """Coverage and ranked ids of ``table`` from a ``FrequencyStats`` (exact or sketched)."""
+    """Coverage and ranked ids of ``table`` from a ``FrequencyStats`` (exact or sketched);
+    ValueError when they count another number of rows than the table has (statistics of
+    another model)."""
+    counted = next((c.num_embeddings for c in getattr(stats, "tables", []) if c.name == table), None)
     total = stats.lookups(table)
     ids, counts = stats.top_counts(table, max_rows)
+    if counted not in (None, traffic.rows) or (ids.numel() and int(ids.max()) >= traffic.rows):
+        seen = f"count {counted} rows" if counted not in (None, traffic.rows) else f"name row {int(ids.max())}"
+        raise ValueError(f"frequency statistics of table '{table}' {seen}, but the table has {traffic.rows} rows: "
+                         "statistics of another model? Count them on this model's tables")
     if total <= 0:
         ids, counts = ids[:0], counts[:0]
     cov = cm.coverage_from_counts(counts.cpu(), total=total if total > 0 else 1.0)  # ranked; decayed totals may be < 1

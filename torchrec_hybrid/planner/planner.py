@@ -226,7 +226,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 continue
             choice = so.hybrid_choice
             ids = choice.hot_ids if choice.hot_ids is not None else torch.empty(0, dtype=torch.int64)
-            if column_sliced(so):  # stock column_wise's spec: one shard per slice, on its rank
+            if column_sliced(so) or so.tensor.shape[0] < topo.world_size:
+                # stock column_wise's spec: one shard per slice, on its rank (fewer rows than ranks,
+                # table-wise cold: stock table_wise's, one shard of the whole table)
                 spec = EnumerableShardingSpec([
                     ShardMetadata(shard_offsets=list(s.offset), shard_sizes=list(s.size),
                                   placement=placement(topo.compute_device, s.rank or 0, topo.local_world_size))

@@ -36,7 +36,7 @@ from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup
 from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, HybridPooledEmbeddingDist, describe_codec_problems
-from torchrec_hybrid.sharding.row_blocks import slices_of
+from torchrec_hybrid.sharding.row_blocks import is_row_layout, slices_of
 
 
 class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
@@ -86,8 +86,8 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
         self._input_dists: List[HybridSparseFeaturesDist] = []
 
     def shard_tables(self, sharding_infos: List[EmbeddingShardingInfo], stock_shard) -> list:
-        """Per rank its tables: stock row-wise for a table of one column slice; for column-wise
-        cold one table per slice, every row on its owner, none elsewhere (other ranks keep a
+        """Per rank its tables: stock row-wise for row blocks; for column-wise cold (and a lone
+        shard of the whole table) one table per slice, every row on its owner, none elsewhere (other ranks keep a
         table of 0 rows so the features line up; the lookup gives it no TBE), each with the
         whole table's global metadata, so checkpoints and the fused optimizer see one table."""
         world = _compat.rw_sharding_setup(self).world_size
@@ -96,7 +96,7 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
             c, ps = info.embedding_config, info.param_sharding
             slices = slices_of(c.name, ps, c.num_embeddings, c.embedding_dim, world)
             shards: List[ShardMetadata] = ps.sharding_spec.shards  # type: ignore[union-attr]
-            if len(slices) == 1:
+            if is_row_layout(shards, world):
                 for r, tables in enumerate(stock_shard([info])):
                     per_rank[r].extend(tables)
                 continue

@@ -30,7 +30,7 @@ checkpoints load into every stock plan and back.
 
 from __future__ import annotations
 
-from typing import List, NamedTuple, Sequence, Tuple
+from typing import Any, List, NamedTuple, Sequence, Tuple
 
 import torch
 from torchrec.distributed.types import ParameterSharding
@@ -115,16 +115,25 @@ def check_bounds(name: str, bounds: Sequence[int], rows: int, world: int) -> Lis
     return b
 
 
+def is_row_layout(shards: Sequence[Any], world: int) -> bool:
+    """Whether a hybrid spec's ``shards`` are row blocks (one full-width block per rank), not
+    column slices: every shard starts at column 0, and - with several ranks - there is more
+    than one shard (a lone shard of the whole table is a slice of full width on its owner)."""
+    return all(s.shard_offsets[1] == 0 for s in shards) and (len(shards) != 1 or world == 1)
+
+
 def slices_of(name: str, ps: ParameterSharding, rows: int, cols: int, world: int) -> List[ColumnSlice]:
     """The column slices and row bounds a plan entry's sharding spec encodes.
 
     Either one contiguous full-width row block per rank in rank order (row-wise / table-wise
     cold: one slice), or stock column_wise's spec: per column slice in column order one shard
-    of every row on its owner (column-wise cold; the slice's other blocks are empty). Raises
+    of every row on its owner (column-wise cold; the slice's other blocks are empty). A lone
+    shard of the whole table, as stock table_wise writes it, is one slice of full width: how a
+    table with fewer rows than ranks is laid out table-wise cold (``table_wise_spec``). Raises
     ValueError naming the table and the first shard that does not fit.
     """
     shards = list(getattr(ps.sharding_spec, "shards", None) or [])
-    if all(s.shard_offsets[1] == 0 for s in shards):
+    if is_row_layout(shards, world):
         return [ColumnSlice(0, cols, _row_bounds(name, shards, rows, cols, world))]
     out: List[ColumnSlice] = []
     for i, s in enumerate(shards):
