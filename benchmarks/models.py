@@ -4,9 +4,10 @@ Stock types use TorchRec's own ``EmbeddingBagCollectionSharder`` (so the baselin
 no code of this project); ``frequency_hybrid`` uses ``HybridEmbeddingBagCollectionSharder``.
 Manual plans put table i on rank i % W (table_wise) or on ranks i % W and (i + 1) % W
 (column_wise, two shards), frequency_hybrid on even row blocks (table_wise for a table with
-fewer rows than ranks, which frequency_hybrid refuses); row_wise is planned by hand because TorchRec's planner only
-offers it on CUDA. Every non-DP manual plan uses the fused kernel (else weights never
-update). Dense parameters (DLRM MLPs, data_parallel tables) get plain SGD.
+fewer rows than ranks, where even blocks leave a rank empty, which frequency_hybrid refuses);
+row_wise is planned by hand because TorchRec's planner only offers it on CUDA. Every non-DP
+manual plan uses the fused kernel (else weights never update). Dense parameters (DLRM MLPs,
+data_parallel tables) get plain SGD.
 """
 
 from dataclasses import dataclass

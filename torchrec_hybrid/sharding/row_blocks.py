@@ -15,6 +15,8 @@ No block is empty when the table has at least W rows: FBGEMM's CPU TBE fails on 
 zero rows (EXACT_ROWWISE_ADAGRAD when it is the last table of a TBE, any optimizer when every
 table is), so the table-wise layout leaves one row on each other rank (rows ``0..k-1`` and
 the last ``W-1-k``: with frequency-sorted ids the first are hot, the last nearly never seen).
+A table with fewer rows than ranks is table-wise cold as one shard of the whole table, as
+stock table_wise writes it: a column slice of full width (below), no TBE table elsewhere.
 
 - ``column_wise``: the table cut in column slices (:class:`ColumnSlice`), every row of slice
   s on its owner k_s and none elsewhere, for tables too big or too hot for one rank; a bag's
@@ -110,8 +112,8 @@ def check_bounds(name: str, bounds: Sequence[int], rows: int, world: int) -> Lis
     if empty:
         raise ValueError(f"table '{name}': row bounds {b} leave ranks {empty} without rows; FBGEMM's CPU TBE "
                          "cannot hold an empty table (give every rank at least one row; a table with fewer rows "
-                         "than ranks: table_wise or data_parallel - the planner offers it frequency_hybrid only "
-                         "from one row per rank)")
+                         "than ranks: frequency_hybrid(cold='table_wise', rank=k), one shard of the whole table "
+                         "on rank k, as the planner lays it out, or a stock type)")
     return b
 
 
@@ -129,7 +131,7 @@ def slices_of(name: str, ps: ParameterSharding, rows: int, cols: int, world: int
     cold: one slice), or stock column_wise's spec: per column slice in column order one shard
     of every row on its owner (column-wise cold; the slice's other blocks are empty). A lone
     shard of the whole table, as stock table_wise writes it, is one slice of full width: how a
-    table with fewer rows than ranks is laid out table-wise cold (``table_wise_spec``). Raises
+    table with fewer rows than ranks is laid out table-wise cold (``sharding_plan.frequency_hybrid``). Raises
     ValueError naming the table and the first shard that does not fit.
     """
     shards = list(getattr(ps.sharding_spec, "shards", None) or [])
