@@ -24,17 +24,27 @@ def test_column_wise_spec_is_slices_each_on_its_owner():
     assert row_blocks.owners(torch.tensor([0, 39]), torch.tensor(slices[0].bounds)).tolist() == [2, 2]
 
 
+def test_table_wise_spec_is_one_full_width_slice_on_its_owner():
+    """Stock table_wise's spec (one shard of the whole table) is table-wise cold with no row
+    elsewhere: how a table with fewer rows than ranks is laid out."""
+    (sl,) = row_blocks.slices_of("t", _ps(table_wise(rank=1)), 40, 64, 4)
+    assert sl == row_blocks.ColumnSlice(0, 64, [0, 0, 40, 40, 40])
+    (sl,) = row_blocks.slices_of("t", _ps(table_wise(rank=3), rows=2), 2, 64, 4)
+    assert sl.bounds == [0, 0, 0, 0, 2]
+
+
 @pytest.mark.parametrize("generator,cols,match", [
-    (lambda: table_wise(rank=1), 64, "one row block per rank"),
     (lambda: column_wise(ranks=[1, 1, 0]), 48, None),  # equal widths may share a rank
+    (lambda: row_wise(), 64, "leave ranks \\[3\\] without rows"),  # 3 rows on 4 ranks: an empty block
 ])
 def test_specs_frequency_hybrid_cannot_take_are_refused(generator, cols, match):
-    ps = _ps(generator(), cols=cols)
+    rows = 40 if match is None else 3
+    ps = _ps(generator(), rows=rows, cols=cols)
     if match is None:
-        assert len(row_blocks.slices_of("t", ps, 40, cols, 4)) == 3
+        assert len(row_blocks.slices_of("t", ps, rows, cols, 4)) == 3
     else:
         with pytest.raises(ValueError, match=match):
-            row_blocks.slices_of("t", ps, 40, cols, 4)
+            row_blocks.slices_of("t", ps, rows, cols, 4)
 
 
 def test_slices_not_a_multiple_of_4_wide_are_refused():
