@@ -105,7 +105,7 @@ def _build_models(tables, hot0, world: int, batch: int, pg):
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
     from torchrec.distributed.types import ShardingPlan
 
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
@@ -120,7 +120,7 @@ def _build_models(tables, hot0, world: int, batch: int, pg):
         sharder = HybridEmbeddingBagCollectionSharder(hot_ids=hot0, fused_params=dict(fused))
         module = ebc()
         plan = construct_module_sharding_plan(module, {t.name: frequency_hybrid() if t.num_embeddings >= world else
-                                                        table_wise(rank=0, compute_kernel="fused") for t in tables},
+                                                        frequency_hybrid(cold="table_wise", rank=0) for t in tables},
                                               sharder=sharder, local_size=world, world_size=world,
                                               device_type="cpu")
         models[name] = DistributedModelParallel(module, device=torch.device("cpu"), plan=ShardingPlan({"": plan}),

@@ -3,8 +3,8 @@
 Stock types use TorchRec's own ``EmbeddingBagCollectionSharder`` (so the baselines contain
 no code of this project); ``frequency_hybrid`` uses ``HybridEmbeddingBagCollectionSharder``.
 Manual plans put table i on rank i % W (table_wise) or on ranks i % W and (i + 1) % W
-(column_wise, two shards), frequency_hybrid on even row blocks (table_wise for a table with
-fewer rows than ranks, where even blocks leave a rank empty, which frequency_hybrid refuses);
+(column_wise, two shards), frequency_hybrid on even row blocks (table-wise cold on rank i % W
+for a table with fewer rows than ranks, where even blocks would leave a rank empty);
 row_wise is planned by hand because TorchRec's planner only offers it on CUDA. Every non-DP
 manual plan uses the fused kernel (else weights never update). Dense parameters (DLRM MLPs,
 data_parallel tables) get plain SGD.
@@ -54,8 +54,8 @@ def _module(w: Workload, tables: List[torchrec.EmbeddingBagConfig], device: torc
 
 
 def _manual(kind: str, i: int, world: int, rows: int):
-    if kind == "frequency_hybrid" and rows < world:  # no empty cold row block (refused): stock table_wise
-        kind = "table_wise"
+    if kind == "frequency_hybrid" and rows < world:  # even blocks would leave a rank empty: table-wise cold
+        return frequency_hybrid(cold="table_wise", rank=i % world)
     return {
         "table_wise": lambda: table_wise(rank=i % world, compute_kernel="fused"),
         "column_wise": lambda: column_wise(ranks=sorted({i % world, (i + 1) % world}), compute_kernel="fused"),

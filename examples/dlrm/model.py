@@ -32,7 +32,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
@@ -142,7 +142,7 @@ def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot
         logger.warning("torchrec_hybrid.planner is not available; using the manual plan")
     ebc = model.model.sparse_arch.embedding_bag_collection
     gens = {c.name: frequency_hybrid() if c.num_embeddings >= world_size else  # no empty cold row block
-            table_wise(rank=0, compute_kernel="fused") for c in ebc.embedding_bag_configs()}
+            frequency_hybrid(cold="table_wise", rank=0) for c in ebc.embedding_bag_configs()}
     plan = construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=world_size,
                                           world_size=world_size, device_type=device.type)
     return ShardingPlan({EBC_PATH: plan}), sharder, "manual", None
