@@ -175,6 +175,14 @@ def test_table_with_fewer_rows_than_ranks_table_wise_cold(opt, hot):
               kinds={"t0": "hybrid", "t1": "hybrid_tw", "t2": "hybrid", "t3": "hybrid_tw"})
 
 
+def test_table_with_fewer_rows_than_ranks_refreshes_its_hot_set():
+    """The same 3-row table's hot set switched twice (one row -> two -> none) keeps matching table_wise."""
+    small = {"t0": [0, 1, 2, 39], "t1": [0, 4, 11], "t2": [5, 22], "t3": [0, 2]}
+    run_ranks(train_pair, 4, opt="rowwise_adagrad", rows={"t3": 3}, hot={**DEFAULT_HOT, "t3": [1]}, steps=12,
+              kinds={"t0": "hybrid", "t1": "hybrid_tw", "t2": "hybrid", "t3": "hybrid_tw"},
+              refresh=dict(at=(3, 7), hot=(small, {**ALL_HOT, "t3": []}), in_flight=False))
+
+
 @pytest.mark.parametrize(
     "case",
     [
