@@ -175,6 +175,17 @@ def test_table_with_fewer_rows_than_ranks_table_wise_cold(opt, hot):
               kinds={"t0": "hybrid", "t1": "hybrid_tw", "t2": "hybrid", "t3": "hybrid_tw"})
 
 
+@pytest.mark.parametrize("kinds,rows,hot", [
+    ({"t0": "tw", "t1": "tw", "t2": "tw", "t3": "hybrid_tw"}, {"t3": 3}, {**DEFAULT_HOT, "t3": [1]}),
+    ({"t0": "hybrid_cw", "t1": "tw", "t2": "tw", "t3": "tw"}, None, None),
+], ids=["lone-small-table", "lone-column-slices"])
+def test_ranks_holding_no_cold_rows_train_like_table_wise(kinds, rows, hot):
+    """The module's only hybrid table has no rows on some ranks (one shard of a 3-row table on 4
+    ranks; two column slices on 4 ranks): those ranks look nothing up cold, yet take part in the
+    output all-to-all both ways, and everything still matches table_wise."""
+    run_ranks(train_pair, 4, opt="rowwise_adagrad", rows=rows, hot=hot, kinds=kinds)
+
+
 def test_table_with_fewer_rows_than_ranks_refreshes_its_hot_set():
     """The same 3-row table's hot set switched twice (one row -> two -> none) keeps matching table_wise."""
     small = {"t0": [0, 1, 2, 39], "t1": [0, 4, 11], "t2": [5, 22], "t3": [0, 2]}

@@ -128,8 +128,12 @@ class HybridLookup(nn.Module):
         with record_function("## hybrid:cold_lookup ##"):
             kjts, batches, rows_per_feature, (q, feature) = inp.cold.lane_inputs(
                 self._lanes, self._lane_keys, extra.per_feature, extra.host_per_feature, extra.rows, extra.ones)
-            outs = _compat.grouped_lookup_forward(self.cold, kjts)
-            cold = outs[0].reshape(-1) if len(outs) == 1 else torch.cat([o.reshape(-1) for o in outs])
+            outs = _compat.grouped_lookup_forward(self.cold, kjts) if kjts else []
+            if not outs:  # no cold rows here (only 0-row slices): nothing to look up, but the output
+                # all-to-all's backward must still run on this rank, so the empty output joins the graph
+                cold = torch.zeros(0, device=inp.lengths.device, requires_grad=torch.is_grad_enabled())
+            else:
+                cold = outs[0].reshape(-1) if len(outs) == 1 else torch.cat([o.reshape(-1) for o in outs])
         bag_pos = self._lanes.positions(q, feature, batches)
         row_pos = self._lanes.positions(rows_per_feature[extra.features] + extra.rank, extra.features, batches)
 
