@@ -107,13 +107,13 @@ class CellPositions:
 
     def __init__(self, dims: List[int], device: torch.device) -> None:
         self.num_features = len(dims)
-        self._lane = LaneLayout([list(range(len(dims)))], dims, device)
+        self.layout = LaneLayout([list(range(len(dims)))], dims, device)
 
     def __call__(self, cells: torch.Tensor) -> torch.Tensor:
-        if self._lane.one_unit:
+        if self.layout.one_unit:
             return cells
         F = self.num_features
-        return self._lane.positions(torch.div(cells, F, rounding_mode="floor"), cells % F, [0])
+        return self.layout.positions(torch.div(cells, F, rounding_mode="floor"), cells % F, [0])
 
 
 def heavy_tables(world: int, local_rows: List[int], rows: List[int]) -> List[bool]:

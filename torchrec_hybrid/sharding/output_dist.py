@@ -35,7 +35,7 @@ from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodec, Qu
 from torchrec_hybrid import _compat
 from torchrec_hybrid._compat import Deferred
 
-from torchrec_hybrid.sharding.cells import CellPositions, partial_units, unit_width
+from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
@@ -352,13 +352,11 @@ class HybridPooledEmbeddingDist(nn.Module):
         self.register_buffer("_dims", dims.to(device), persistent=False)
         self._cells = CellPositions(feature_dims, device)
         self._any_mean = any(mean_features)
-        # data moves in units of U elements (cells.py): whole rows when all features have one
-        # width, else the widths' common divisor
-        self._unit = unit_width(feature_dims)
-        units = partial_units(feature_dims)
-        self._one_unit = all(u == 1 for u in units)
-        self.register_buffer("_feature_units", torch.tensor(units, dtype=torch.int64, device=device),
-                             persistent=False)
+        # data moves in the cells' units (cells.py): whole rows when all features have one
+        # width, else runs of the widths' common divisor
+        lanes = self._cells.layout
+        self._unit, self._one_unit = lanes.unit, lanes.one_unit
+        self.register_buffer("_feature_units", lanes.units, persistent=False)
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
         order = None if column_order is None else torch.tensor(column_order, dtype=torch.int64, device=device)
