@@ -70,23 +70,30 @@ def test_column_widths_are_multiples_of_4():
         row_blocks.column_widths(4, 2)
 
 
-@pytest.mark.parametrize("bounds", [[0, 0, 0, 23, 23], [0, 23, 23, 23, 23], [0, 5, 9, 15, 23], [0, 0, 23, 23, 23]])
-def test_routing_bounds_send_every_id_to_its_owner(bounds):
-    """FBGEMM's bucketization by the routing bounds (ids shifted) gives each id its owner's bucket
-    and its local row, empty blocks or not; hot ids (the sentinel) land in the extra bucket W."""
+@pytest.mark.parametrize("bounds", [[0, 0, 0, 23, 23], [0, 23, 23, 23, 23], [0, 5, 9, 15, 23], [0, 0, 23, 23, 23],
+                                    [0, 6, 12, 18, 23]])
+def test_bucketization_sends_every_id_to_its_owner_and_hot_ids_to_bucket_w(bounds):
+    """FBGEMM's bucketization as the input dist calls it - by even blocks when the layout is
+    stock row-wise's, else by the routing bounds (ids shifted) plus a row for bucket W - gives
+    each cold id its owner's bucket and local row, empty blocks or not, and each hot route
+    (row_blocks.hot_route, replica rows past the block size) bucket W and row hot_base + its
+    replica row."""
     world, rows = len(bounds) - 1, bounds[-1]
     routing, shift = row_blocks.routing_bounds(bounds)
-    sentinel = max(world * -(-rows // world), routing[-1])
-    ids = torch.cat([torch.arange(rows), torch.tensor([sentinel])])
+    even = bounds == row_blocks.even_bounds(rows, world)
+    base = row_blocks.hot_base([bounds], world)
+    replica_rows = torch.tensor([0, 3, 40, 7, 2 * rows])
+    ids = torch.cat([torch.arange(rows) + shift, row_blocks.hot_route(replica_rows, base, world)])
     lengths, rows_out, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
-        torch.tensor([ids.numel()]), torch.where(ids < rows, ids + shift, ids), bucketize_pos=False, sequence=False,
+        torch.tensor([ids.numel()]), ids, bucketize_pos=False, sequence=False,
         block_sizes=torch.tensor([-(-rows // world)]), my_size=world + 1, weights=None,
-        block_bucketize_pos=[torch.tensor(routing + [sentinel + 1])])
+        block_bucketize_pos=None if even else [torch.tensor(routing + [routing[-1] + 1])])
     owner = row_blocks.owners(torch.arange(rows), torch.tensor(bounds))
-    assert lengths.tolist() == torch.bincount(owner, minlength=world).tolist() + [1]
+    assert lengths.tolist() == torch.bincount(owner, minlength=world).tolist() + [replica_rows.numel()]
     b = torch.tensor(bounds)
     assert rows_out[:rows].tolist() == (torch.sort(owner, stable=True).indices - b[owner.sort(stable=True).values]
                                         ).tolist()
+    assert rows_out[rows:].tolist() == (replica_rows + base).tolist()
 
 
 def test_routing_bounds_refuse_an_empty_block_in_the_middle():

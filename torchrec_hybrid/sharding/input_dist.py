@@ -5,11 +5,13 @@ Per step and per rank (local batch B, F features of hybrid tables):
    dense key -> hot-slot map (one gather), or, when the tables are too large in total for
    such a map, by binary search in the sorted hot keys -> a hot slot or "cold";
 2. every id is bucketized by owner (row-wise blocks, the stock RW layout), hot ids into an
-   extra bucket that stays here; only the non-empty cold bags go to their owner, in two
+   extra bucket W that stays here; only the non-empty cold bags go to their owner, in two
    all-to-alls (cold_all_to_all.py);
-3. the hot ids are moved to the front of a buffer as large as the batch's ids (a stable
-   partition: a cumsum and one scatter), with offsets into it per bag, for the replicated
-   hot TBE, which reads only what the offsets span.
+3. that extra bucket is the replicated hot TBE's input as it stands: a hot id is routed as
+   ``(hot_base + replica row) * (W + 1) + W``, which FBGEMM's bucketization hashes (as any
+   id past the last block) to bucket W, local row ``hot_base + replica row``; the bucket
+   comes last, in (feature, sample) order, and the hot TBE reads it through offsets into
+   the bucketized ids (one cumsum of the bucketized lengths), nothing else.
 Every shape is known before any data is read, so nothing here waits for the device (on a
 GPU, a data-dependent size such as a hot/cold split's would be a host sync per step).
 The forward does all local work and returns a :class:`HybridInputDistAwaitable`; the cold
@@ -49,7 +51,7 @@ class HybridLookupInput:
     hot_indices / hot_offsets / hot_weights: the local batch's hot lookups for the
         replicas, as rows of their feature's replica table, jagged by (feature, sample):
         ``hot_offsets`` (``[F * B + 1]``) index into ``hot_indices``, whose hot rows come
-        first and whose tail (the cold ids' places) no offset spans.
+        last; no offset spans the head (the cold ids' places).
     touched: None, or () -> bool ``[total hot rows]``: the hot slots any rank looked up
         this step (when only those may be updated).
     hot: the hot set the ids were split by (hot_state.py): the lookup and output dist use
@@ -112,22 +114,6 @@ def id_reports_from_words(words: List[int]) -> List[List[int]]:
             for i in range(0, len(words), n)]
 
 
-def _hot_first(rows: torch.Tensor, weights: Optional[torch.Tensor], offsets: torch.Tensor):
-    """The hot lookups (``rows >= 0``) moved to the front in bag order, their weights alike, and
-    per bag the offsets of its hot lookups there (``[len(offsets)]``): a stable partition with
-    no data-dependent shape, so the replica TBE reads only hot ids (its tail is never spanned)."""
-    n = rows.numel()
-    if n == 0:
-        return rows, torch.zeros_like(offsets, dtype=torch.int64), weights
-    is_hot = rows >= 0
-    before = torch.cumsum(is_hot, 0)  # hot lookups up to and including each
-    target = torch.where(is_hot, before - 1, before[-1:] + torch.arange(n, device=rows.device) - before)
-    hot_rows = torch.empty_like(rows).index_copy_(0, target, rows)
-    hot_weights = None if weights is None else torch.empty_like(weights).index_copy_(0, target, weights)
-    hot_offsets = torch.cat([before.new_zeros(1), before]).index_select(0, offsets.to(torch.int64))
-    return hot_rows, hot_offsets, hot_weights
-
-
 class _SentBags(NamedTuple):
     """The non-empty cold bags this rank sends, front-packed into fixed-size buffers."""
 
@@ -188,11 +174,9 @@ class HybridSparseFeaturesDist(nn.Module):
     _key_slots: torch.Tensor
     _slot_map: Optional[torch.Tensor]
     _route_map: Optional[torch.Tensor]
-    _row_map: Optional[torch.Tensor]
     _feature_key_offset: torch.Tensor
     _feature_ids: torch.Tensor
     _block_sizes: torch.Tensor
-    _hot_sentinel: torch.Tensor
     _feature_route_shift: torch.Tensor
 
     def __init__(
@@ -221,13 +205,13 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
         self.register_buffer("_feature_ids", torch.arange(self._num_features, device=device), persistent=False)
         # Even blocks (the stock row-wise layout) bucketize by division; any other layout by
-        # FBGEMM's per-feature block positions (a binary search per id). Hot ids are routed
-        # to an extra bucket W by a sentinel id past every owner's block.
+        # FBGEMM's per-feature block positions (a binary search per id). Hot ids are hashed
+        # past them into bucket W (row_blocks.hot_route; see the module docstring).
         W = self._world
         block_sizes = [(b[-1] + W - 1) // W for b in row_bounds]
         even = all(list(b) == row_blocks.even_bounds(b[-1], W) for b in row_bounds)
         routing = [row_blocks.routing_bounds(b) for b in row_bounds]  # empty blocks as fake rows
-        sentinel = [W * max(1, s) if even else max(W * max(1, s), r[-1]) for s, (r, _) in zip(block_sizes, routing)]
+        self._hot_base = row_blocks.hot_base(row_bounds, W)
         # per table, what its cold ids are shifted by before the bucketization (a column slice's owner)
         self._route_shift = [routing[feature_tables.index(t)][1] if t in feature_tables else 0
                              for t in range(len(table_rows))]
@@ -236,10 +220,9 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer(
             "_block_sizes", torch.tensor([max(1, s) for s in block_sizes], dtype=torch.int64, device=device),
             persistent=False)
-        self.register_buffer("_hot_sentinel", torch.tensor(sentinel, dtype=torch.int64, device=device),
-                             persistent=False)
-        self._block_pos = None if even else [torch.tensor(r + [s + 1], dtype=torch.int64, device=device)
-                                             for (r, _), s in zip(routing, sentinel)]
+        # positions: bucket W is one row past the owners' blocks, which no id reaches (hot ids hash)
+        self._block_pos = None if even else [torch.tensor(r + [r[-1] + 1], dtype=torch.int64, device=device)
+                                             for r, _ in routing]
         units = None if feature_dims is None else partial_units(feature_dims)
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device, feature_units=units)
         empty = torch.empty(0, dtype=torch.int64)
@@ -259,30 +242,25 @@ class HybridSparseFeaturesDist(nn.Module):
         self._exchange_touched = self._exchange_requested and self._total_hot > 0
         self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
         self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
-        # Tables small enough in total get dense key maps (one gather per id and map): the id
-        # the bucketization routes (the id itself, or its table's sentinel when hot) and the
-        # replica row the hot lookup reads (-1 when cold). Larger tables use
+        # Tables small enough in total get a dense key map (one gather per id): the id the
+        # bucketization routes (the id itself, or its hot route when hot). Larger tables use
         # a binary search over the sorted hot keys (memory O(hot rows)).
-        route_map = row_map = slot_map = None
+        route_map = slot_map = None
         if self._total_rows <= DENSE_MAP_MAX_ROWS:
             first = [self._feature_tables.index(t) for t in range(len(self._table_offset))]  # a feature per table
             rows = torch.tensor(self._table_offset[1:] + [self._total_rows]) - torch.tensor(self._table_offset)
             key_table = torch.repeat_interleave(torch.arange(len(first)), rows)
             hot_table = key_table[hot_keys]
-            sentinel = self._hot_sentinel.cpu()[first]
             shift = state.feature_shift.cpu()[first]
             route_map = torch.arange(self._total_rows) - torch.tensor(self._table_offset)[key_table] + \
                 torch.tensor(self._route_shift, dtype=torch.int64)[key_table]
-            route_map[hot_keys] = sentinel[hot_table]
-            row_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
-            row_map[hot_keys] = key_slots - shift[hot_table]
-            route_map, row_map = route_map.to(device), row_map.to(device)
+            route_map[hot_keys] = row_blocks.hot_route(key_slots - shift[hot_table], self._hot_base, self._world)
+            route_map = route_map.to(device)
             if self._exchange_touched:
                 slot_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
                 slot_map[hot_keys] = key_slots
                 slot_map = slot_map.to(device)
         self.register_buffer("_route_map", route_map, persistent=False)
-        self.register_buffer("_row_map", row_map, persistent=False)
         self.register_buffer("_slot_map", slot_map, persistent=False)
 
     def forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
@@ -296,10 +274,12 @@ class HybridSparseFeaturesDist(nn.Module):
         flat_lengths = features.lengths()
         weights = features.weights_or_none()
         host_per_feature = features.length_per_key()
-        routed, hot_rows, touched = self._route(values, torch.tensor(host_per_feature, device=values.device))
+        routed, touched = self._route(values, torch.tensor(host_per_feature, device=values.device))
         sent, local_rows, sent_weights = self._bucketize(flat_lengths, routed, weights)
         bags = self._nonempty_bags(sent[:W * F * B], B)
-        hot_indices, hot_offsets, hot_weights = _hot_first(hot_rows, weights, features.offsets())
+        # bucket W holds the hot lookups, last: offsets into the bucketized ids, replica rows
+        hot_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(sent)[W * F * B:]
+        hot_indices, hot_weights = local_rows - self._hot_base, sent_weights
         state = self._state
         local = dict(
             hot_indices=hot_indices,
@@ -325,18 +305,18 @@ class HybridSparseFeaturesDist(nn.Module):
         return HybridInputDistAwaitable(launch)
 
     def _route(self, values: torch.Tensor, per_feature: torch.Tensor):
-        """Per id: the id the bucketization sees (hot ids: their table's sentinel, which
-        lands in bucket W), the replica row its hot lookup reads (cold ids: -1), and, when
-        only looked-up hot rows may be updated, the started exchange of those."""
+        """Per id: the id the bucketization sees (hot ids: their hot route, which lands in
+        bucket W as their replica row) and, when only looked-up hot rows may be updated, the
+        started exchange of those."""
         n = values.numel()
         keys = values.to(torch.int64) + torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=n)
-        if self._route_map is not None and self._row_map is not None:
-            routed, rows = self._route_map.index_select(0, keys), self._row_map.index_select(0, keys)
+        if self._route_map is not None:
+            routed = self._route_map.index_select(0, keys)
             if not self._exchange_touched:
-                return routed, rows, None
-            assert self._slot_map is not None  # built with the maps when rows are exchanged
+                return routed, None
+            assert self._slot_map is not None  # built with the map when rows are exchanged
             slot = self._slot_map.index_select(0, keys)
-            return routed, rows, self._start_touched_exchange(slot, slot >= 0)
+            return routed, self._start_touched_exchange(slot, slot >= 0)
         fid = torch.repeat_interleave(self._feature_ids, per_feature, output_size=n)
         if self._total_hot > 0:
             pos = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
@@ -347,12 +327,12 @@ class HybridSparseFeaturesDist(nn.Module):
         cold = values.to(torch.int64)
         if any(self._route_shift):
             cold = cold + self._feature_route_shift.index_select(0, fid)
-        routed = torch.where(is_hot, self._hot_sentinel.index_select(0, fid), cold)
-        rows = torch.where(is_hot, slot - state.feature_shift.index_select(0, fid), -1)
-        return routed, rows, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
+        hot = row_blocks.hot_route(slot - state.feature_shift.index_select(0, fid), self._hot_base, self._world)
+        routed = torch.where(is_hot, hot, cold)
+        return routed, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
 
     def _bucketize(self, lengths: torch.Tensor, routed: torch.Tensor, weights: Optional[torch.Tensor]):
-        """Every id bucketized by owner, hot ids (routed to their sentinel) into an extra
+        """Every id bucketized by owner, hot ids (routed by ``row_blocks.hot_route``) into an extra
         bucket W that is never sent: ``(lengths [(W + 1) * F * B], local rows, weights)`` in
         (bucket, feature, sample) order, so the cold ids are a prefix. The stock row-wise
         bucketization (what ``bucketize_kjt_before_all2all`` calls), on the flat ids."""

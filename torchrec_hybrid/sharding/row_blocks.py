@@ -199,3 +199,20 @@ def owners(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     (an empty block starts where the next block does).
     """
     return torch.searchsorted(bounds[:-1], ids, right=True) - 1
+
+
+def hot_base(row_bounds: Sequence[Sequence[int]], world: int) -> int:
+    """The smallest local row a hot lookup takes in the extra bucket W of FBGEMM's
+    ``block_bucketize_sparse_features`` (``my_size = W + 1``), for tables of these bounds:
+    past every id the bucketization reads as a row, whether it routes by even blocks (rows
+    up to block size * (W + 1)) or by :func:`routing_bounds` plus one row for bucket W."""
+    sizes = [max(1, -(-b[-1] // world)) for b in row_bounds]
+    ends = [routing_bounds(b)[0][-1] for b in row_bounds]
+    return 1 + max(sizes + ends, default=0)
+
+
+def hot_route(replica_rows: torch.Tensor, base: int, world: int) -> torch.Tensor:
+    """The ids hot lookups are bucketized as: ``(base + replica row) * (W + 1) + W``. FBGEMM
+    hashes an id past the last block (bucket ``id % (W + 1)``, local row ``id // (W + 1)``),
+    so they land in bucket W as local rows ``base + replica row``."""
+    return (replica_rows + base) * (world + 1) + world
