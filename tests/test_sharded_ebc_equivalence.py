@@ -264,6 +264,22 @@ def test_mixed_cold_layouts_match_table_wise(case):
     run_ranks(train_pair, 3, kinds=sliced, **case)
 
 
+def _without_key_maps(rank, world, **case):
+    from torchrec_hybrid.sharding import input_dist
+    input_dist.DENSE_MAP_MAX_ROWS = 0  # as for tables too large in total for dense key maps
+    train_pair(rank, world, **case)
+
+
+@pytest.mark.parametrize("case", [dict(opt="sgd", weighted=True), dict(opt="rowwise_adagrad_wd", mode="cold_only",
+                                                                      rank0_mode="mixed")],
+                         ids=["weighted-sgd", "weight-decay"])
+def test_tables_too_large_for_key_maps_train_like_table_wise(case):
+    """Without dense key maps the input dist finds hot ids and owners by binary search; every
+    cold layout and the looked-up-rows exchange must route exactly as with the maps."""
+    run_ranks(_without_key_maps, 3, kinds={"t0": "hybrid_tw", "t1": "hybrid_cw", "t2": "hybrid_uneven", "t3": "hybrid"},
+              **case)
+
+
 def test_weight_decay_updates_only_looked_up_hot_rows():
     """Weight decay moves a row even on a zero gradient, so owners may update (and send) only
     hot rows some rank looked up; here rank 1 looks up no hot row at all."""

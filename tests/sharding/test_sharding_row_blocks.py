@@ -71,31 +71,22 @@ def test_column_widths_are_multiples_of_4():
 
 
 @pytest.mark.parametrize("bounds", [[0, 0, 0, 23, 23], [0, 23, 23, 23, 23], [0, 5, 9, 15, 23], [0, 0, 23, 23, 23],
-                                    [0, 6, 12, 18, 23]])
-def test_bucketization_sends_every_id_to_its_owner_and_hot_ids_to_bucket_w(bounds):
-    """FBGEMM's bucketization as the input dist calls it - by even blocks when the layout is
-    stock row-wise's, else by the routing bounds (ids shifted) plus a row for bucket W - gives
-    each cold id its owner's bucket and local row, empty blocks or not, and each hot route
-    (row_blocks.hot_route, replica rows past the block size) bucket W and row hot_base + its
-    replica row."""
+                                    [0, 6, 12, 18, 23], [0, 5, 5, 9, 23]])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_bucketization_sends_every_id_to_its_owner_and_hot_ids_to_bucket_w(bounds, dtype):
+    """FBGEMM's bucketization as the input dist calls it (block sizes 0, W + 1 buckets) decodes
+    row_blocks.bucket_ids: each cold id to its owner's bucket and its row there, whatever the
+    blocks (empty, uneven, one owner), and each hot lookup to bucket W as its replica row."""
     world, rows = len(bounds) - 1, bounds[-1]
-    routing, shift = row_blocks.routing_bounds(bounds)
-    even = bounds == row_blocks.even_bounds(rows, world)
-    base = row_blocks.hot_base([bounds], world)
+    b = torch.tensor(bounds)
+    owner = row_blocks.owners(torch.arange(rows), b)
     replica_rows = torch.tensor([0, 3, 40, 7, 2 * rows])
-    ids = torch.cat([torch.arange(rows) + shift, row_blocks.hot_route(replica_rows, base, world)])
+    ids = torch.cat([row_blocks.bucket_ids(torch.arange(rows) - b[owner], owner, world),
+                     row_blocks.bucket_ids(replica_rows, world, world)]).to(dtype)
     lengths, rows_out, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
         torch.tensor([ids.numel()]), ids, bucketize_pos=False, sequence=False,
-        block_sizes=torch.tensor([-(-rows // world)]), my_size=world + 1, weights=None,
-        block_bucketize_pos=None if even else [torch.tensor(routing + [routing[-1] + 1])])
-    owner = row_blocks.owners(torch.arange(rows), torch.tensor(bounds))
+        block_sizes=torch.zeros(1, dtype=dtype), my_size=world + 1, weights=None)
     assert lengths.tolist() == torch.bincount(owner, minlength=world).tolist() + [replica_rows.numel()]
-    b = torch.tensor(bounds)
     assert rows_out[:rows].tolist() == (torch.sort(owner, stable=True).indices - b[owner.sort(stable=True).values]
                                         ).tolist()
-    assert rows_out[rows:].tolist() == (replica_rows + base).tolist()
-
-
-def test_routing_bounds_refuse_an_empty_block_in_the_middle():
-    with pytest.raises(ValueError, match="empty block between"):
-        row_blocks.routing_bounds([0, 5, 5, 9])
+    assert rows_out[rows:].tolist() == replica_rows.tolist()

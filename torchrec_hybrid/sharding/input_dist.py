@@ -4,14 +4,16 @@ Per step and per rank (local batch B, F features of hybrid tables):
 1. every id becomes a key ``table_offset + id`` (all tables at once) and is looked up in a
    dense key -> hot-slot map (one gather), or, when the tables are too large in total for
    such a map, by binary search in the sorted hot keys -> a hot slot or "cold";
-2. every id is bucketized by owner (row-wise blocks, the stock RW layout), hot ids into an
-   extra bucket W that stays here; only the non-empty cold bags go to their owner, in two
-   all-to-alls (cold_all_to_all.py);
-3. that extra bucket is the replicated hot TBE's input as it stands: a hot id is routed as
-   ``(hot_base + replica row) * (W + 1) + W``, which FBGEMM's bucketization hashes (as any
-   id past the last block) to bucket W, local row ``hot_base + replica row``; the bucket
-   comes last, in (feature, sample) order, and the hot TBE reads it through offsets into
-   the bucketized ids (one cumsum of the bucketized lengths), nothing else.
+2. every id is bucketized by FBGEMM's ``block_bucketize_sparse_features``: a cold id to its
+   owner with its row there (any row layout, row_blocks.py), a hot id to an extra bucket W
+   that stays here, as its replica row. The key map of step 1 holds each id's bucket and
+   row already, encoded as ``row * (W + 1) + bucket`` (:func:`row_blocks.bucket_ids`),
+   which the bucketization, with block sizes 0, decodes (it hashes every id: bucket
+   ``id % (W + 1)``, row ``id // (W + 1)``); only the non-empty cold bags go to their
+   owner, in two all-to-alls (cold_all_to_all.py);
+3. bucket W is the replicated hot TBE's input as it stands: it comes last, in (feature,
+   sample) order, and the hot TBE reads it through offsets into the bucketized ids (one
+   cumsum of the bucketized lengths), nothing else.
 Every shape is known before any data is read, so nothing here waits for the device (on a
 GPU, a data-dependent size such as a hot/cold split's would be a host sync per step).
 The forward does all local work and returns a :class:`HybridInputDistAwaitable`; the cold
@@ -177,7 +179,7 @@ class HybridSparseFeaturesDist(nn.Module):
     _feature_key_offset: torch.Tensor
     _feature_ids: torch.Tensor
     _block_sizes: torch.Tensor
-    _feature_route_shift: torch.Tensor
+    _block_starts: torch.Tensor
 
     def __init__(
         self,
@@ -204,25 +206,19 @@ class HybridSparseFeaturesDist(nn.Module):
         self._feature_tables = list(feature_tables)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
         self.register_buffer("_feature_ids", torch.arange(self._num_features, device=device), persistent=False)
-        # Even blocks (the stock row-wise layout) bucketize by division; any other layout by
-        # FBGEMM's per-feature block positions (a binary search per id). Hot ids are hashed
-        # past them into bucket W (row_blocks.hot_route; see the module docstring).
+        # every table's row blocks as keys where each rank's block starts (rank after rank,
+        # table after table): a key's owner and row there, for the cold ids
         W = self._world
-        block_sizes = [(b[-1] + W - 1) // W for b in row_bounds]
-        even = all(list(b) == row_blocks.even_bounds(b[-1], W) for b in row_bounds)
-        routing = [row_blocks.routing_bounds(b) for b in row_bounds]  # empty blocks as fake rows
-        self._hot_base = row_blocks.hot_base(row_bounds, W)
-        # per table, what its cold ids are shifted by before the bucketization (a column slice's owner)
-        self._route_shift = [routing[feature_tables.index(t)][1] if t in feature_tables else 0
-                             for t in range(len(table_rows))]
-        self.register_buffer("_feature_route_shift", torch.tensor([r[1] for r in routing], device=device),
+        first = [feature_tables.index(t) for t in range(len(table_rows))]  # a feature per table
+        self._bounds = [list(row_bounds[f]) for f in first]
+        starts = [off + b for off, bounds in zip(self._table_offset, self._bounds) for b in bounds[:-1]]
+        self.register_buffer("_block_starts", torch.tensor(starts, dtype=torch.int64, device=device),
                              persistent=False)
-        self.register_buffer(
-            "_block_sizes", torch.tensor([max(1, s) for s in block_sizes], dtype=torch.int64, device=device),
-            persistent=False)
-        # positions: bucket W is one row past the owners' blocks, which no id reaches (hot ids hash)
-        self._block_pos = None if even else [torch.tensor(r + [r[-1] + 1], dtype=torch.int64, device=device)
-                                             for r, _ in routing]
+        # the bucketized ids' dtype: int32 when every encoded id fits (half the work of int64)
+        top = row_blocks.bucket_ids(torch.tensor(self._total_rows), W, W)  # rows, replica rows < total rows
+        self._id_dtype = torch.int32 if int(top) < 2 ** 31 else torch.int64
+        self.register_buffer("_block_sizes", torch.zeros(self._num_features, dtype=self._id_dtype, device=device),
+                             persistent=False)
         units = None if feature_dims is None else partial_units(feature_dims)
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device, feature_units=units)
         empty = torch.empty(0, dtype=torch.int64)
@@ -243,8 +239,9 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer("_hot_keys", hot_keys.to(device), persistent=False)
         self.register_buffer("_key_slots", key_slots.to(device), persistent=False)
         # Tables small enough in total get a dense key map (one gather per id): the id the
-        # bucketization routes (the id itself, or its hot route when hot). Larger tables use
-        # a binary search over the sorted hot keys (memory O(hot rows)).
+        # bucketization decodes (row_blocks.bucket_ids: cold ids to their owner, hot ones to
+        # bucket W). Larger tables use binary searches over the sorted hot keys and the
+        # blocks' starts (memory O(hot rows + W * tables)).
         route_map = slot_map = None
         if self._total_rows <= DENSE_MAP_MAX_ROWS:
             first = [self._feature_tables.index(t) for t in range(len(self._table_offset))]  # a feature per table
@@ -252,10 +249,9 @@ class HybridSparseFeaturesDist(nn.Module):
             key_table = torch.repeat_interleave(torch.arange(len(first)), rows)
             hot_table = key_table[hot_keys]
             shift = state.feature_shift.cpu()[first]
-            route_map = torch.arange(self._total_rows) - torch.tensor(self._table_offset)[key_table] + \
-                torch.tensor(self._route_shift, dtype=torch.int64)[key_table]
-            route_map[hot_keys] = row_blocks.hot_route(key_slots - shift[hot_table], self._hot_base, self._world)
-            route_map = route_map.to(device)
+            route_map = self._cold_ids(torch.arange(self._total_rows), self._block_starts.cpu())
+            route_map[hot_keys] = row_blocks.bucket_ids(key_slots - shift[hot_table], self._world, self._world)
+            route_map = route_map.to(device=device, dtype=self._id_dtype)
             if self._exchange_touched:
                 slot_map = torch.full((self._total_rows,), -1, dtype=torch.int64)
                 slot_map[hot_keys] = key_slots
@@ -277,9 +273,9 @@ class HybridSparseFeaturesDist(nn.Module):
         routed, touched = self._route(values, torch.tensor(host_per_feature, device=values.device))
         sent, local_rows, sent_weights = self._bucketize(flat_lengths, routed, weights)
         bags = self._nonempty_bags(sent[:W * F * B], B)
-        # bucket W holds the hot lookups, last: offsets into the bucketized ids, replica rows
+        # bucket W holds the hot lookups (replica rows), last: offsets into the bucketized ids
         hot_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(sent)[W * F * B:]
-        hot_indices, hot_weights = local_rows - self._hot_base, sent_weights
+        hot_indices, hot_weights = local_rows, sent_weights
         state = self._state
         local = dict(
             hot_indices=hot_indices,
@@ -304,10 +300,17 @@ class HybridSparseFeaturesDist(nn.Module):
 
         return HybridInputDistAwaitable(launch)
 
+    def _cold_ids(self, keys: torch.Tensor, block_starts: torch.Tensor) -> torch.Tensor:
+        """The bucketized ids of these keys as cold ids: owner and row there. The last block
+        starting at or before a key is the non-empty one holding it (empty blocks start
+        where the next one does)."""
+        block = torch.searchsorted(block_starts, keys, right=True) - 1
+        return row_blocks.bucket_ids(keys - block_starts.index_select(0, block), block % self._world, self._world)
+
     def _route(self, values: torch.Tensor, per_feature: torch.Tensor):
-        """Per id: the id the bucketization sees (hot ids: their hot route, which lands in
-        bucket W as their replica row) and, when only looked-up hot rows may be updated, the
-        started exchange of those."""
+        """Per id: the id the bucketization decodes (row_blocks.bucket_ids: cold ids to their
+        owner, hot ids to bucket W as their replica row) and, when only looked-up hot rows
+        may be updated, the started exchange of those."""
         n = values.numel()
         keys = values.to(torch.int64) + torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=n)
         if self._route_map is not None:
@@ -324,21 +327,19 @@ class HybridSparseFeaturesDist(nn.Module):
         else:
             slot, is_hot = torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
         state = self._state
-        cold = values.to(torch.int64)
-        if any(self._route_shift):
-            cold = cold + self._feature_route_shift.index_select(0, fid)
-        hot = row_blocks.hot_route(slot - state.feature_shift.index_select(0, fid), self._hot_base, self._world)
-        routed = torch.where(is_hot, hot, cold)
+        cold = self._cold_ids(keys, self._block_starts)
+        hot = row_blocks.bucket_ids(slot - state.feature_shift.index_select(0, fid), self._world, self._world)
+        routed = torch.where(is_hot, hot, cold).to(self._id_dtype)
         return routed, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
 
     def _bucketize(self, lengths: torch.Tensor, routed: torch.Tensor, weights: Optional[torch.Tensor]):
-        """Every id bucketized by owner, hot ids (routed by ``row_blocks.hot_route``) into an extra
-        bucket W that is never sent: ``(lengths [(W + 1) * F * B], local rows, weights)`` in
+        """Every id bucketized by owner, hot ids into an extra bucket W that is never sent:
+        ``(lengths [(W + 1) * F * B], local rows, weights)`` in
         (bucket, feature, sample) order, so the cold ids are a prefix. The stock row-wise
         bucketization (what ``bucketize_kjt_before_all2all`` calls), on the flat ids."""
         sent, rows, sent_weights, _, _ = torch.ops.fbgemm.block_bucketize_sparse_features(
             lengths, routed, bucketize_pos=False, sequence=False, block_sizes=self._block_sizes,
-            my_size=self._world + 1, weights=weights, block_bucketize_pos=self._block_pos)
+            my_size=self._world + 1, weights=weights)
         return sent.view(-1), rows, sent_weights
 
     def _nonempty_bags(self, sent: torch.Tensor, B: int) -> "_SentBags":

@@ -32,7 +32,7 @@ checkpoints load into every stock plan and back.
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Sequence, Tuple
+from typing import Any, List, NamedTuple, Sequence
 
 import torch
 from torchrec.distributed.types import ParameterSharding
@@ -175,23 +175,6 @@ def _row_bounds(name: str, shards: list, rows: int, cols: int, world: int) -> Li
     return check_bounds(name, bounds, rows, world)
 
 
-def routing_bounds(bounds: Sequence[int]) -> Tuple[List[int], int]:
-    """``(bounds', shift)``: the bounds FBGEMM's ``block_bucketize_sparse_features`` routes by,
-    and the shift to add to every id first. Its per-block binary search misroutes ids past
-    empty blocks, so each empty block becomes one fake row that no id reaches: the leading
-    ones before the first row (ids shifted past them), the others after the last. Empty
-    blocks only lead or trail (a column slice's, or stock row-wise's when rows < W)."""
-    b = [int(x) for x in bounds]
-    sizes = [y - x for x, y in zip(b, b[1:])]
-    lead = next((i for i, n in enumerate(sizes) if n > 0), len(sizes))
-    out = [0]
-    for r, n in enumerate(sizes):
-        if n == 0 and lead <= r and any(sizes[r:]):
-            raise ValueError(f"row bounds {b}: an empty block between non-empty ones cannot be routed")
-        out.append(out[-1] + max(n, 1))
-    return out, lead
-
-
 def owners(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     """Owner rank of each row id (``bounds``: int64 ``[W + 1]``); empty blocks own nothing.
 
@@ -201,18 +184,10 @@ def owners(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(bounds[:-1], ids, right=True) - 1
 
 
-def hot_base(row_bounds: Sequence[Sequence[int]], world: int) -> int:
-    """The smallest local row a hot lookup takes in the extra bucket W of FBGEMM's
-    ``block_bucketize_sparse_features`` (``my_size = W + 1``), for tables of these bounds:
-    past every id the bucketization reads as a row, whether it routes by even blocks (rows
-    up to block size * (W + 1)) or by :func:`routing_bounds` plus one row for bucket W."""
-    sizes = [max(1, -(-b[-1] // world)) for b in row_bounds]
-    ends = [routing_bounds(b)[0][-1] for b in row_bounds]
-    return 1 + max(sizes + ends, default=0)
-
-
-def hot_route(replica_rows: torch.Tensor, base: int, world: int) -> torch.Tensor:
-    """The ids hot lookups are bucketized as: ``(base + replica row) * (W + 1) + W``. FBGEMM
-    hashes an id past the last block (bucket ``id % (W + 1)``, local row ``id // (W + 1)``),
-    so they land in bucket W as local rows ``base + replica row``."""
-    return (replica_rows + base) * (world + 1) + world
+def bucket_ids(rows: torch.Tensor, buckets, world: int) -> torch.Tensor:
+    """The ids FBGEMM's ``block_bucketize_sparse_features`` (block sizes 0, ``my_size`` W + 1)
+    sends to bucket ``buckets`` (an owner rank, or W: stays here) as row ``rows``:
+    ``row * (W + 1) + bucket``. It hashes every id it cannot place in a block - with blocks of
+    0 rows, every id - to bucket ``id % (W + 1)``, row ``id // (W + 1)``, so one encoding
+    routes any row layout (empty blocks, uneven blocks, single owners) by its owner."""
+    return rows * (world + 1) + buckets
