@@ -118,15 +118,15 @@ class HotPooling:
 
         ``replica`` is this group's flat replica; ``rows`` are rows of the features' replica
         tables (hot slot - :attr:`feature_shift`), jagged by (feature, sample) per ``offsets``,
-        which may start past 0 and leave a tail unread (input_dist.py). The gradient flows to
+        which may start past 0 and leave a head unread (input_dist.py). The gradient flows to
         ``replica``.
         """
         d = self._dense
         out = torch.ops.fbgemm.dense_embedding_codegen_lookup_function(
             dev_weights=replica, weights_offsets=d.weights_offsets, D_offsets=d.D_offsets,
             total_D=d.total_D, max_D=d.max_D, hash_size_cumsum=d.hash_size_cumsum,
-            total_hash_size_bits=d.total_hash_size_bits, indices=rows.to(torch.int64),
-            offsets=offsets.to(torch.int64), pooling_mode=d.pooling_mode,
+            total_hash_size_bits=d.total_hash_size_bits, indices=rows,  # int32 or int64, offsets alike
+            offsets=offsets.to(rows.dtype), pooling_mode=d.pooling_mode,
             indice_weights=None if weights is None else weights.float(), feature_requires_grad=None,
             output_dtype=d.output_dtype,
         )
