@@ -600,8 +600,8 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "{hl_machine} {hl_setup};"),
     ("README.md", "The hybrid sends {hl_third} of table_wise's bytes."),
     ("README.md", "its median step was {hl_vs_fastest} the fastest stock plan's ({hl_fastest}) and {hl_vs_tw} "
-                  "hand-placed table_wise's in the run above, and {full_vs_fastest} ({full_fastest}) and {full_vs_tw} in "
-                  "the same configuration of the full run (`full.md`)"),
+                  "hand-placed table_wise's in the run above, and {full_vs_fastest} ({full_fastest}) and "
+                  "{full_vs_tw} in the same configuration of the full run (`full.md`)"),
     ("README.md", "At the smaller sweep sizes ({sweep_setup}; `full.json`) that fixed per-step cost makes it "
                   "{sweep_time} as slow as the fastest stock plan (median {sweep_time_median})"),
     ("README.md", "Multi-hot (DLRMv2 sizes) with only {sweep_hot_rows} hot rows sends {sweep_multihot} "
