@@ -179,7 +179,7 @@ class HybridSparseFeaturesDist(nn.Module):
     _feature_key_offset: torch.Tensor
     _feature_ids: torch.Tensor
     _block_sizes: torch.Tensor
-    _block_starts: torch.Tensor
+    _block_bounds: torch.Tensor
 
     def __init__(
         self,
@@ -203,17 +203,15 @@ class HybridSparseFeaturesDist(nn.Module):
         self._total_rows = int(rows.sum())
         self._exchange_requested = exchange_touched
         self._device = device
-        self._feature_tables = list(feature_tables)
         self.register_buffer("_feature_key_offset", table_offset[ft].to(device), persistent=False)
         self.register_buffer("_feature_ids", torch.arange(self._num_features, device=device), persistent=False)
-        # every table's row blocks as keys where each rank's block starts (rank after rank,
-        # table after table): a key's owner and row there, for the cold ids
+        # every table's row blocks as keys (rank after rank, table after table, then the end
+        # of the last): bounds whose block index gives a cold key's owner and row there
         W = self._world
-        first = [feature_tables.index(t) for t in range(len(table_rows))]  # a feature per table
-        self._bounds = [list(row_bounds[f]) for f in first]
-        starts = [off + b for off, bounds in zip(self._table_offset, self._bounds) for b in bounds[:-1]]
-        self.register_buffer("_block_starts", torch.tensor(starts, dtype=torch.int64, device=device),
-                             persistent=False)
+        self._table_feature = [feature_tables.index(t) for t in range(len(table_rows))]  # a feature per table
+        starts = [off + b for t, off in enumerate(self._table_offset) for b in row_bounds[self._table_feature[t]][:-1]]
+        self.register_buffer("_block_bounds", torch.tensor(starts + [self._total_rows], dtype=torch.int64,
+                                                           device=device), persistent=False)
         # the bucketized ids' dtype: int32 when every encoded id fits (half the work of int64)
         top = row_blocks.bucket_ids(torch.tensor(self._total_rows), W, W)  # rows, replica rows < total rows
         self._id_dtype = torch.int32 if int(top) < 2 ** 31 else torch.int64
@@ -244,12 +242,11 @@ class HybridSparseFeaturesDist(nn.Module):
         # blocks' starts (memory O(hot rows + W * tables)).
         route_map = slot_map = None
         if self._total_rows <= DENSE_MAP_MAX_ROWS:
-            first = [self._feature_tables.index(t) for t in range(len(self._table_offset))]  # a feature per table
             rows = torch.tensor(self._table_offset[1:] + [self._total_rows]) - torch.tensor(self._table_offset)
-            key_table = torch.repeat_interleave(torch.arange(len(first)), rows)
+            key_table = torch.repeat_interleave(torch.arange(len(self._table_feature)), rows)
             hot_table = key_table[hot_keys]
-            shift = state.feature_shift.cpu()[first]
-            route_map = self._cold_ids(torch.arange(self._total_rows), self._block_starts.cpu())
+            shift = state.feature_shift.cpu()[self._table_feature]
+            route_map = self._cold_ids(torch.arange(self._total_rows), self._block_bounds.cpu())
             route_map[hot_keys] = row_blocks.bucket_ids(key_slots - shift[hot_table], self._world, self._world)
             route_map = route_map.to(device=device, dtype=self._id_dtype)
             if self._exchange_touched:
@@ -300,12 +297,11 @@ class HybridSparseFeaturesDist(nn.Module):
 
         return HybridInputDistAwaitable(launch)
 
-    def _cold_ids(self, keys: torch.Tensor, block_starts: torch.Tensor) -> torch.Tensor:
-        """The bucketized ids of these keys as cold ids: owner and row there. The last block
-        starting at or before a key is the non-empty one holding it (empty blocks start
-        where the next one does)."""
-        block = torch.searchsorted(block_starts, keys, right=True) - 1
-        return row_blocks.bucket_ids(keys - block_starts.index_select(0, block), block % self._world, self._world)
+    def _cold_ids(self, keys: torch.Tensor, block_bounds: torch.Tensor) -> torch.Tensor:
+        """The bucketized ids of these keys as cold ids: owner and row there (the blocks of
+        every table as one layout of W blocks per table, :func:`row_blocks.owners`)."""
+        block = row_blocks.owners(keys, block_bounds)
+        return row_blocks.bucket_ids(keys - block_bounds.index_select(0, block), block % self._world, self._world)
 
     def _route(self, values: torch.Tensor, per_feature: torch.Tensor):
         """Per id: the id the bucketization decodes (row_blocks.bucket_ids: cold ids to their
@@ -327,15 +323,15 @@ class HybridSparseFeaturesDist(nn.Module):
         else:
             slot, is_hot = torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
         state = self._state
-        cold = self._cold_ids(keys, self._block_starts)
+        cold = self._cold_ids(keys, self._block_bounds)
         hot = row_blocks.bucket_ids(slot - state.feature_shift.index_select(0, fid), self._world, self._world)
         routed = torch.where(is_hot, hot, cold).to(self._id_dtype)
         return routed, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
 
     def _bucketize(self, lengths: torch.Tensor, routed: torch.Tensor, weights: Optional[torch.Tensor]):
         """Every id bucketized by owner, hot ids into an extra bucket W that is never sent:
-        ``(lengths [(W + 1) * F * B], local rows, weights)`` in
-        (bucket, feature, sample) order, so the cold ids are a prefix. The stock row-wise
+        ``(lengths [(W + 1) * F * B], local rows, weights)`` in (bucket, feature, sample)
+        order, so the cold ids are a prefix. The stock row-wise
         bucketization (what ``bucketize_kjt_before_all2all`` calls), on the flat ids."""
         sent, rows, sent_weights, _, _ = torch.ops.fbgemm.block_bucketize_sparse_features(
             lengths, routed, bucketize_pos=False, sequence=False, block_sizes=self._block_sizes,
