@@ -12,7 +12,7 @@ one batch by its inverse indices, ``sharding/variable_batch.py``), every id agai
 its table size, and (``validate_weights``) every per-sample weight for NaN / inf, on the
 device without a host sync. A rank never raises on its own: it records its first problem in
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
-harmless batch (empty when malformed; bad ids and weights replaced by 0), so the step's
+harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
 collectives complete; the reports ride the hybrid cold metadata all-to-all (or, without
 hybrid tables, one small all-gather) and every rank raises the same
 :class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
@@ -281,7 +281,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._feature_index = {f: i for i, f in enumerate(self._feature_names)}
         # the keys of the first batch: the stock input dist fixes its feature permutation then
         self._reference_keys: Optional[Tuple[str, ...]] = None
-        self._limit_cache: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, bool]] = {}
+        self._limit_cache: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, bool, torch.Tensor]] = {}
         self._no_report = torch.zeros(3, dtype=torch.int64)
         self._no_report_words = torch.zeros(ID_REPORT_WORDS, dtype=torch.int32)
         for c in hybrid:
@@ -368,7 +368,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         of its own; :meth:`input_dist` hands it over); else an async all-gather overlaps the
         input all-to-alls. Either way it is read before the lookups. This rank never raises
         here (the others would wait in the step's collectives): a malformed batch is replaced
-        by an empty one, bad ids by 0 and bad weights by 0 meanwhile, so the dists stay in step.
+        by an empty one, bad ids by ids in range and bad weights by 0 meanwhile, so the dists stay in step.
         """
         check = IdCheck(report=self._no_report, carried=self._carry_id_check)
         problem = problem or self._structure_problem(features)
@@ -388,7 +388,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck) -> KeyedJaggedTensor:
         """Every id against its table's size, every weight finite: vectorised and without a
         host sync. The first problem becomes ``check.report`` (on the device; all zeros when
-        there is none) and bad ids / weights are replaced by 0, so the step runs on in step
+        there is none); bad ids are clamped into range and bad weights replaced by 0, so the step runs on in step
         with the other ranks until the verdicts are read, before any lookup."""
         keys = tuple(features.keys())
         values = features.values()
@@ -399,18 +399,23 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                  dtype=values.dtype, device=values.device)
             features_of_keys = [self._feature_index.get(k, -1) for k in keys]
             index = torch.tensor(features_of_keys, dtype=torch.int64, device=values.device)
-            cached = self._limit_cache[(keys, values.dtype)] = (limit, index, min(features_of_keys, default=0) >= 0)
-        limit, feature_of_key, all_known = cached
+            cached = self._limit_cache[(keys, values.dtype)] = (limit, index, min(features_of_keys, default=0) >= 0,
+                                                                 limit.new_zeros(()))
+        limit, feature_of_key, all_known, zero = cached
         weights = features.weights_or_none()
         check_weights = self._validate_weights and weights is not None and weights.is_floating_point()
         if values.numel() == 0:
             return features
         counts = torch.tensor(features.length_per_key(), device=values.device)
         n = values.numel()
-        bad = (values < 0) | (values > torch.repeat_interleave(limit, counts, output_size=n))
+        # one clamp into [0, limit] and one compare (bad ids read 0 or their table's last row
+        # until the verdict is read; the batch is then refused before any lookup)
+        checked = values.clamp(min=zero, max=torch.repeat_interleave(limit, counts, output_size=n))
+        bad = checked != values
         known = None if all_known else torch.repeat_interleave(feature_of_key >= 0, counts, output_size=n)
-        if known is not None:
+        if known is not None:  # ids of keys that are no feature stay as they are
             bad &= known
+            checked = torch.where(known, checked, values)
         ends = torch.cumsum(counts, 0)
         report = self._first_problem(bad, _BAD_ID, values.to(torch.int64), feature_of_key, ends)
         if check_weights:
@@ -423,7 +428,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                  self._first_problem(bad_weight, _BAD_WEIGHT, bits, feature_of_key, ends))
             weights = torch.where(bad_weight, 0, weights)
         check.report = report
-        return KeyedJaggedTensor(keys=list(keys), values=torch.where(bad, 0, values), weights=weights,
+        return KeyedJaggedTensor(keys=list(keys), values=checked, weights=weights,
                                  lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
                                  length_per_key=features.length_per_key(), offset_per_key=features.offset_per_key())
 

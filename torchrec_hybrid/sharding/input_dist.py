@@ -219,8 +219,7 @@ class HybridSparseFeaturesDist(nn.Module):
                              persistent=False)
         units = None if feature_dims is None else partial_units(feature_dims)
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device, feature_units=units)
-        empty = torch.empty(0, dtype=torch.int64)
-        self._cells_cache: Tuple[int, torch.Tensor, torch.Tensor] = (-1, empty, empty)
+        self._cells_cache: Tuple[int, torch.Tensor] = (-1, torch.empty(0, dtype=torch.int64))
         self.set_hot_state(state)
 
     def set_hot_state(self, state: HotState) -> None:
@@ -342,24 +341,26 @@ class HybridSparseFeaturesDist(nn.Module):
         """The non-empty (owner, feature, sample) bags of ``sent`` (lengths ``[W * F * B]``)
         moved to the front in that order (a stable partition: no data-dependent shape)."""
         W, F = self._world, self._num_features
+        n = sent.numel()
         nonempty = sent > 0
         per_group = nonempty.view(W * F, B).sum(1)
-        before = torch.cumsum(nonempty, 0)  # non-empty bags up to and including each
-        index, cells = self._bag_cells(B, sent.device)
-        target = torch.where(nonempty, before - 1, before[-1:] + index - before) if sent.numel() else index
-        lengths = torch.empty_like(sent).index_copy_(0, target, sent)
+        # a non-empty bag goes to its rank among them; every empty one to a spare last place
+        # (written over and over, cut off: only the first bags are ever read)
+        target = torch.where(nonempty, torch.cumsum(nonempty, 0) - 1, n)
+        cells = self._bag_cells(B, sent.device)
+        lengths = sent.new_empty(n + 1).index_copy_(0, target, sent)[:n]
         return _SentBags(per_group, sent.view(W * F, B).sum(1), lengths,
-                         torch.empty_like(cells).index_copy_(0, target, cells))
+                         cells.new_empty(n + 1).index_copy_(0, target, cells)[:n])
 
-    def _bag_cells(self, B: int, device: torch.device) -> Tuple[torch.Tensor, torch.Tensor]:
-        """``arange(W * F * B)`` and each (owner, feature, sample) bag's cell
-        ``sample * F + feature``, cached per batch size (a training run has one or two)."""
+    def _bag_cells(self, B: int, device: torch.device) -> torch.Tensor:
+        """Each (owner, feature, sample) bag's cell ``sample * F + feature``, cached per batch
+        size (a training run has one or two)."""
         if self._cells_cache[0] != B:
             F = self._num_features
             index = torch.arange(self._world * F * B, device=device)
             group = torch.div(index, B, rounding_mode="floor")  # owner * F + feature
-            self._cells_cache = (B, index, (index - group * B) * F + group % F)
-        return self._cells_cache[1], self._cells_cache[2]
+            self._cells_cache = (B, (index - group * B) * F + group % F)
+        return self._cells_cache[1]
 
     def _start_touched_exchange(self, slot: torch.Tensor, is_hot: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Starts an async all-gather of which hot slots this rank looks up (one byte each)."""
