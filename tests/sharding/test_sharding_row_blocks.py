@@ -74,7 +74,7 @@ def test_column_widths_are_multiples_of_4():
                                     [0, 6, 12, 18, 23], [0, 5, 5, 9, 23]])
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
 def test_bucketization_sends_every_id_to_its_owner_and_hot_ids_to_bucket_w(bounds, dtype):
-    """FBGEMM's bucketization as the input dist calls it (block sizes 0, W + 1 buckets) decodes
+    """The input dist's bucketization (row_blocks.bucketize, FBGEMM's) decodes
     row_blocks.bucket_ids: each cold id to its owner's bucket and its row there, whatever the
     blocks (empty, uneven, one owner), and each hot lookup to bucket W as its replica row."""
     world, rows = len(bounds) - 1, bounds[-1]
@@ -83,9 +83,7 @@ def test_bucketization_sends_every_id_to_its_owner_and_hot_ids_to_bucket_w(bound
     replica_rows = torch.tensor([0, 3, 40, 7, 2 * rows])
     ids = torch.cat([row_blocks.bucket_ids(torch.arange(rows) - b[owner], owner, world),
                      row_blocks.bucket_ids(replica_rows, world, world)]).to(dtype)
-    lengths, rows_out, *_ = torch.ops.fbgemm.block_bucketize_sparse_features(
-        torch.tensor([ids.numel()]), ids, bucketize_pos=False, sequence=False,
-        block_sizes=torch.zeros(1, dtype=dtype), my_size=world + 1, weights=None)
+    lengths, rows_out, _ = row_blocks.bucketize(torch.tensor([ids.numel()]), ids, world)
     assert lengths.tolist() == torch.bincount(owner, minlength=world).tolist() + [replica_rows.numel()]
     assert rows_out[:rows].tolist() == (torch.sort(owner, stable=True).indices - b[owner.sort(stable=True).values]
                                         ).tolist()

@@ -4,12 +4,12 @@ Per step and per rank (local batch B, F features of hybrid tables):
 1. every id becomes a key ``table_offset + id`` (all tables at once) and is looked up in a
    dense key -> hot-slot map (one gather), or, when the tables are too large in total for
    such a map, by binary search in the sorted hot keys -> a hot slot or "cold";
-2. every id is bucketized by FBGEMM's ``block_bucketize_sparse_features``: a cold id to its
+2. every id is bucketized by FBGEMM's ``bucketize_sparse_features``: a cold id to its
    owner with its row there (any row layout, row_blocks.py), a hot id to an extra bucket W
    that stays here, as its replica row. The key map of step 1 holds each id's bucket and
    row already, encoded as ``row * (W + 1) + bucket`` (:func:`row_blocks.bucket_ids`),
-   which the bucketization, with block sizes 0, decodes (it hashes every id: bucket
-   ``id % (W + 1)``, row ``id // (W + 1)``); only the non-empty cold bags go to their
+   which the cyclic bucketization into W + 1 buckets decodes (bucket ``id % (W + 1)``,
+   row ``id // (W + 1)``); only the non-empty cold bags go to their
    owner, in two all-to-alls (cold_all_to_all.py);
 3. bucket W is the replicated hot TBE's input as it stands: it comes last, in (feature,
    sample) order, and the hot TBE reads it through offsets into the bucketized ids (one
@@ -178,7 +178,6 @@ class HybridSparseFeaturesDist(nn.Module):
     _route_map: Optional[torch.Tensor]
     _feature_key_offset: torch.Tensor
     _feature_ids: torch.Tensor
-    _block_sizes: torch.Tensor
     _block_bounds: torch.Tensor
 
     def __init__(
@@ -215,8 +214,6 @@ class HybridSparseFeaturesDist(nn.Module):
         # the bucketized ids' dtype: int32 when every encoded id fits (half the work of int64)
         top = row_blocks.bucket_ids(torch.tensor(self._total_rows), W, W)  # rows, replica rows < total rows
         self._id_dtype = torch.int32 if int(top) < 2 ** 31 else torch.int64
-        self.register_buffer("_block_sizes", torch.zeros(self._num_features, dtype=self._id_dtype, device=device),
-                             persistent=False)
         units = None if feature_dims is None else partial_units(feature_dims)
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device, feature_units=units)
         self._cells_cache: Tuple[int, torch.Tensor] = (-1, torch.empty(0, dtype=torch.int64))
@@ -330,12 +327,8 @@ class HybridSparseFeaturesDist(nn.Module):
     def _bucketize(self, lengths: torch.Tensor, routed: torch.Tensor, weights: Optional[torch.Tensor]):
         """Every id bucketized by owner, hot ids into an extra bucket W that is never sent:
         ``(lengths [(W + 1) * F * B], local rows, weights)`` in (bucket, feature, sample)
-        order, so the cold ids are a prefix. The stock row-wise
-        bucketization (what ``bucketize_kjt_before_all2all`` calls), on the flat ids."""
-        sent, rows, sent_weights, _, _ = torch.ops.fbgemm.block_bucketize_sparse_features(
-            lengths, routed, bucketize_pos=False, sequence=False, block_sizes=self._block_sizes,
-            my_size=self._world + 1, weights=weights)
-        return sent.view(-1), rows, sent_weights
+        order, so the cold ids are a prefix (:func:`row_blocks.bucketize`)."""
+        return row_blocks.bucketize(lengths, routed, self._world, weights)
 
     def _nonempty_bags(self, sent: torch.Tensor, B: int) -> "_SentBags":
         """The non-empty (owner, feature, sample) bags of ``sent`` (lengths ``[W * F * B]``)

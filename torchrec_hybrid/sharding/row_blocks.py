@@ -32,7 +32,7 @@ checkpoints load into every stock plan and back.
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Sequence
+from typing import Any, List, NamedTuple, Optional, Sequence
 
 import torch
 from torchrec.distributed.types import ParameterSharding
@@ -185,9 +185,18 @@ def owners(ids: torch.Tensor, bounds: torch.Tensor) -> torch.Tensor:
 
 
 def bucket_ids(rows: torch.Tensor, buckets, world: int) -> torch.Tensor:
-    """The ids FBGEMM's ``block_bucketize_sparse_features`` (block sizes 0, ``my_size`` W + 1)
-    sends to bucket ``buckets`` (an owner rank, or W: stays here) as row ``rows``:
-    ``row * (W + 1) + bucket``. It hashes every id it cannot place in a block - with blocks of
-    0 rows, every id - to bucket ``id % (W + 1)``, row ``id // (W + 1)``, so one encoding
-    routes any row layout (empty blocks, uneven blocks, single owners) by its owner."""
+    """The ids :func:`bucketize` sends to bucket ``buckets`` (an owner rank, or W: stays
+    here) as row ``rows``: ``row * (W + 1) + bucket``. One encoding routes any row layout
+    (empty blocks, uneven blocks, single owners) by its owner."""
     return rows * (world + 1) + buckets
+
+
+def bucketize(lengths: torch.Tensor, ids: torch.Tensor, world: int, weights: Optional[torch.Tensor] = None):
+    """FBGEMM's cyclic bucketization into W + 1 buckets, which decodes :func:`bucket_ids`:
+    id ``i`` goes to bucket ``i % (W + 1)`` as row ``i // (W + 1)``. Returns the lengths per
+    (bucket, bag) ``[(W + 1) * bags]``, the rows and the weights, bucket after bucket, each
+    bucket's in the bags' order. (The block bucketization with block sizes 0 gives the same,
+    about a fifth slower; the cyclic one takes lengths of the ids' dtype.)"""
+    lengths, rows, weights, _ = torch.ops.fbgemm.bucketize_sparse_features(
+        lengths.to(ids.dtype), ids, False, world + 1, weights)
+    return lengths.view(-1), rows, weights
