@@ -304,7 +304,7 @@ class HybridSparseFeaturesDist(nn.Module):
         owner, hot ids to bucket W as their replica row) and, when only looked-up hot rows
         may be updated, the started exchange of those."""
         n = values.numel()
-        keys = values.to(torch.int64) + torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=n)
+        keys = torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=n).add_(values)
         if self._route_map is not None:
             routed = self._route_map.index_select(0, keys)
             if not self._exchange_touched:
