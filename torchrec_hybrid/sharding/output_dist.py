@@ -245,26 +245,29 @@ class _Pack(torch.autograd.Function):
 
     ``cold`` is the padded lookup output (rows or elements, the output dist's units) and
     ``index`` the unit each send position copies. The hot rows go to every destination, so
-    their gradient sums the W copies (in rank order: deterministic). Backward writes into an
-    *uninitialised* buffer: the positions cover every bag with ids; the rest are padding
-    bags, whose gradient the TBE never reads.
+    their gradient sums the W copies (in rank order: deterministic). Backward gathers rather
+    than scatters (a row gather is about 3x faster than ``index_copy_`` on CPU): ``source``
+    names, per unit of ``cold``, the send position its gradient comes from - its bag's, or 0
+    for padding bags (whose gradient the TBE never reads) and hot rows (written after).
     """
 
     @staticmethod
-    def forward(ctx, cold, index, row_pos, row_dst, copies):
-        ctx.save_for_backward(index, row_pos, row_dst)
+    def forward(ctx, cold, index, source, row_pos, row_dst, copies):
+        ctx.save_for_backward(source, row_pos, row_dst)
         ctx.shape, ctx.copies = cold.shape, copies
         return cold.index_select(0, index)
 
     @staticmethod
     def backward(ctx, grad):
-        index, row_pos, row_dst = ctx.saved_tensors
-        # every bag is sent once; each hot row W times: copy all, then put the sums in place
-        out = grad.new_empty(ctx.shape).index_copy_(0, index, grad)
+        source, row_pos, row_dst = ctx.saved_tensors
+        if grad.size(0) == 0:  # nothing was sent: every unit is a padding bag
+            return grad.new_zeros(ctx.shape), None, None, None, None, None
+        # every bag is sent once; each hot row W times: gather all, then put the sums in place
+        out = grad.index_select(0, source)
         if row_pos.numel():
             rows = grad.index_select(0, row_dst)
             out.index_copy_(0, row_pos, rows.view((ctx.copies, -1) + tuple(rows.shape[1:])).sum(0))
-        return out, None, None, None, None
+        return out, None, None, None, None, None
 
 
 class _Unpack(torch.autograd.Function):
@@ -406,6 +409,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         bag_dst, row_dst = _interleave(bag_units, rows, bag_pos.numel(), row_pos.numel() * W)
         index = torch.empty(bag_pos.numel() + W * row_pos.numel(), dtype=torch.int64, device=bag_pos.device)
         index.index_copy_(0, bag_dst, bag_pos).index_copy_(0, row_dst, row_pos.repeat(W))
+        units = out.cold.numel() // unit
+        source = torch.zeros(units, dtype=torch.int64, device=bag_pos.device).index_copy_(0, bag_pos, bag_dst)
         # sample side: from each owner the bags we sent it (same order), then its hot rows
         part_pos = self._cells(out.sent_cells)
         part_units = self._units(out.sent_counts)
@@ -415,7 +420,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
 
-        send = _Pack.apply(out.cold.reshape(-1, unit), index, row_pos, row_dst, W)
+        send = _Pack.apply(out.cold.reshape(-1, unit), index, source, row_pos, row_dst, W)
         # split sizes from the host copies the cold exchange made (no sync of its own)
         send_splits = [(u + row_pos.numel()) * unit for u in out.host_return_units]
         recv_splits = [(u + r) * unit for u, r in zip(out.host_partial_units, host_replica_units)]
