@@ -49,3 +49,38 @@ def test_one_width_moves_rows_and_cells_stay_cells():
     # cell 3 (row 1, feature 1) is unit 3 + 2 = 5; cell 2 (row 1, feature 0) units 3 and 4
     assert mixed(torch.tensor([3])).tolist() == [5]
     assert mixed(torch.tensor([2])).tolist() == [3, 4]
+
+
+def test_virtual_features_take_a_heavy_features_bags_in_turn():
+    """A feature looked up as several virtual features (slots) fills them in order: bag q in
+    slot q // batch, row q % batch of its lane; positions checked against the element layout
+    and the lengths layout ``[slots_g, batch_g]`` (test-time loops)."""
+    dims, slots = [64, 16, 32, 16], [1, 3, 1, 2]
+    lane_features = [[0, 1], [2, 3]]
+    lanes = LaneLayout(lane_features, dims, torch.device("cpu"), slots)
+    counts = [2, 7, 1, 5]  # bags per feature this step
+    batches = lanes.batches(counts)
+    assert batches == [3, 3]  # feature 1: 7 bags over 3 slots; feature 3: 5 over 2
+    bags = [(q, f) for f in range(4) for q in range(counts[f])]
+    q = torch.tensor([b[0] for b in bags])
+    f = torch.tensor([b[1] for b in bags])
+    expected, expected_lengths, start, len_start = [], [], {}, {}
+    elements = lengths = 0
+    for g, fs in enumerate(lane_features):
+        width = sum(dims[x] * slots[x] for x in fs)
+        off = slot = 0
+        for x in fs:
+            start[x] = (elements, width, off, len_start.setdefault(g, lengths) + slot * batches[g], batches[g])
+            off, slot = off + dims[x] * slots[x], slot + slots[x]
+        elements += batches[g] * width
+        lengths += batches[g] * slot
+    for qq, x in bags:
+        e0, width, off, l0, batch = start[x]
+        first = e0 + (qq % batch) * width + off + (qq // batch) * dims[x]
+        expected.extend(range(first, first + dims[x]))
+        expected_lengths.append(l0 + qq)
+    units = lanes.positions(q, f, batches)
+    flat = torch.arange(elements).view(-1, lanes.unit)
+    assert flat.index_select(0, units).reshape(-1).tolist() == expected
+    assert lanes.positions_in_lengths(q, f, batches).tolist() == expected_lengths
+    assert lanes.lane_slots == [4, 3]

@@ -2,14 +2,14 @@
 
 A pooled output ``[rows, sum(dims)]`` holds one bag per (row, feature) "cell", numbered
 ``row * F + feature`` (the sample side's output, :class:`CellPositions`); the owner's cold
-output is the concatenation of its lanes' outputs (:class:`LaneLayout`). Data moves in
+output is its lanes' outputs one after another (:class:`LaneLayout`). Data moves in
 "units" of :func:`unit_width` elements (rows of ``[-1, U]``): a whole row when every feature
 has width D, else the widths' greatest common divisor (a column-wise cold table's 16-wide
 slices beside 64-wide tables move as 16-element units, not element by element).
 """
 
 import math
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -29,41 +29,57 @@ def partial_units(dims: List[int]) -> List[int]:
 
 
 class LaneLayout:
-    """The owner's cold lookup split in lanes: one TBE call per lane, each with its own batch.
+    """The owner's cold lookup as lanes: one TBE call per lane (one per table group).
 
     The TBE pools one batch size per call, so a table that receives the global batch (the
-    owner of a table-wise cold layout) would pad every other feature of its TBE to that
-    count. Each group's tables are split in two lanes - the tables whose cold rows are mostly
-    on this rank ("heavy") and the rest - and each lane is pooled as ``[batch_g, dims of its
-    features]`` with ``batch_g`` its own largest bag count. The lane outputs, flattened and
-    concatenated, are the owner's cold output; a bag's position there follows from its lane,
-    its feature's place in the lane and its row q.
+    owner of a table-wise cold layout: "heavy") would pad every other feature of its TBE to
+    that count. Instead each feature of a heavy table is looked up as ``slots[f]`` (W)
+    virtual features of the same table, its bags filling them in order (bag q in slot
+    ``q // batch``, row ``q % batch``), so one batch - the largest of the light features'
+    bag counts and the heavy ones' counts over their slots - serves the whole group: one TBE
+    call and no concatenation of lane outputs (with weight decay, which FBGEMM's CPU kernels
+    apply once per feature that looks a row up, the heavy tables get a lane of their own
+    instead, lookup.py). A lane's output is ``[batch_g, widths of its slots]``; the lane
+    outputs, flattened and put one after another, are the owner's cold output, and a bag's
+    position there follows from its lane, its feature's first slot, its row q and the
+    lane's batch.
 
     Args:
         lane_features: per lane, its features (indices in the sharding's feature order).
         dims: output width of each feature (sharding order).
+        slots: virtual features per feature (sharding order; None: 1 each).
     """
 
-    def __init__(self, lane_features: List[List[int]], dims: List[int], device: torch.device) -> None:
+    def __init__(self, lane_features: List[List[int]], dims: List[int], device: torch.device,
+                 slots: Optional[List[int]] = None) -> None:
         F = self.num_features = len(dims)
         self.lane_features = lane_features
+        self.slots = slots = list(slots) if slots is not None else [1] * F
+        self.virtual = any(n > 1 for n in slots)
         self.order = [f for fs in lane_features for f in fs]  # lane order -> sharding feature
         units = partial_units(dims)
         self.unit = unit_width(dims)  # elements per unit
         self.one_unit = all(u == 1 for u in units)  # every bag's vector is one unit (a row)
         lane_of, local_of, unit_local = [0] * F, [0] * F, [0] * F
-        lane_units = []
+        lane_units, self.lane_slots = [], []
         for g, fs in enumerate(lane_features):  # set-up time loop over lanes
-            off = 0
-            for i, f in enumerate(fs):
-                lane_of[f], local_of[f], unit_local[f] = g, i, off
-                off += units[f]
+            off = slot = 0
+            for f in fs:
+                lane_of[f], local_of[f], unit_local[f] = g, slot, off
+                off += units[f] * slots[f]
+                slot += slots[f]
             lane_units.append(off)
+            self.lane_slots.append(slot)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         self.lane_of, self.local_of, self.unit_local, self.units = map(as_t, (lane_of, local_of, unit_local, units))
         self.order_t = as_t(self.order)
         self._orders: Dict[int, torch.Tensor] = {}
         self._units_per_row = as_t(lane_units)
+
+    def batches(self, bags: List[int]) -> List[int]:
+        """Each lane's batch for a step with ``bags[f]`` bags per feature (host ints): the
+        largest count per slot, at least 1."""
+        return [max([1] + [-(-bags[f] // self.slots[f]) for f in fs]) for fs in self.lane_features]
 
     def receive_order(self, world: int, parts: int) -> torch.Tensor:
         """Segment order (FBGEMM ``permute_1D_sparse_data``) that turns what an owner received
@@ -82,9 +98,9 @@ class LaneLayout:
         return self._orders[parts]
 
     def positions_in_lengths(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
-        """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[F_g, batch_g]``
-        lane after lane."""
-        per_lane = torch.tensor([len(fs) * b for fs, b in zip(self.lane_features, batches)], dtype=torch.int64,
+        """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[slots_g, batch_g]``
+        lane after lane (a feature's slots are consecutive, so its bags simply follow on)."""
+        per_lane = torch.tensor([n * b for n, b in zip(self.lane_slots, batches)], dtype=torch.int64,
                                 device=q.device)
         lane = self.lane_of[feature]
         batch = torch.tensor(batches, dtype=torch.int64, device=q.device)[lane]
@@ -94,11 +110,20 @@ class LaneLayout:
         """Positions (units, rows of ``[-1, unit]``) of the q-th bags of ``feature`` in the
         concatenated lane outputs of a step whose lanes had ``batches`` rows."""
         per_lane = torch.tensor(batches, dtype=torch.int64, device=q.device) * self._units_per_row
-        base = (torch.cumsum(per_lane, 0) - per_lane)[self.lane_of[feature]]
-        width = self._units_per_row[self.lane_of[feature]]
+        lane = self.lane_of[feature]
+        base = (torch.cumsum(per_lane, 0) - per_lane)[lane]
+        width = self._units_per_row[lane]
+        slot = None
+        if self.virtual:  # bag q of a feature is row q % batch of its slot q // batch
+            batch = torch.tensor(batches, dtype=torch.int64, device=q.device)[lane]
+            slot = torch.div(q, batch, rounding_mode="floor")
+            q = q - slot * batch
         if self.one_unit:
-            return base + q * width + self.local_of[feature]
-        return segment_positions(base + q * width + self.unit_local[feature], self.units[feature])
+            first = base + q * width + self.local_of[feature]
+            return first if slot is None else first + slot
+        first = base + q * width + self.unit_local[feature]
+        units = self.units[feature]
+        return segment_positions(first if slot is None else first + slot * units, units)
 
 
 class CellPositions:

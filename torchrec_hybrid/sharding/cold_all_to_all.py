@@ -67,8 +67,8 @@ class ColdBags:
 
         Feature f's bags are the received ones, sources in rank order, then its
         ``extra_per_feature[f]`` extra bags (``extra_rows``, sorted by feature); each lane's
-        batch is its largest bag count (FBGEMM's CPU variable-batch kernel is far slower than
-        padding). ``keys``: the lanes' feature names; ``host_extra``: the extra counts as a
+        batch is its largest bag count per slot (cells.LaneLayout; FBGEMM's CPU variable-batch
+        kernel is far slower than padding). ``keys``: the lanes' slot names; ``host_extra``: the extra counts as a
         host list; ``extra_ones``: int32 ones, one per extra bag. Needs no host sync: the
         counts came with the split sizes. Returns the KJTs, the lanes' batches, the rows
         (bags) received per feature, and the received bags in arrival order - (source,
@@ -101,12 +101,11 @@ class ColdBags:
 
     def _host_sizes(self, lanes: LaneLayout, F: int, host_extra: List[int]):
         """Host lists, per feature: bags received, ids (extras included) and bags (extras included); and each
-        lane's batch, its largest bag count (at least 1). From the split-size copies: no sync."""
+        lane's batch (cells.LaneLayout.batches). From the split-size copies: no sync."""
         host_rows = self.host_feature_bags
         host_ids = [n + e for n, e in zip(self.host_feature_ids, host_extra)]
         host_bags = [n + e for n, e in zip(host_rows, host_extra)]
-        batches = [max([1] + [host_bags[f] for f in fs]) for fs in lanes.lane_features]
-        return host_rows, host_ids, host_bags, batches
+        return host_rows, host_ids, host_bags, lanes.batches(host_bags)
 
     def _arrival_order(self, W: int, F: int, n_received: int):
         """The received bags in arrival order - (source, feature, sample), the order they travel home in - as
@@ -121,14 +120,14 @@ class ColdBags:
 
 def _padded_lengths(lanes: LaneLayout, bags_per_feature: torch.Tensor, data: torch.Tensor, n_bags: int,
                     batches: List[int]) -> torch.Tensor:
-    """The lanes' lengths, ``[F_g, batch_g]`` lane after lane: the bag lengths (the first ``n_bags`` of
+    """The lanes' lengths, ``[slots_g, batch_g]`` lane after lane: the bag lengths (the first ``n_bags`` of
     ``data``, lane order) scattered to their (feature, row q) slots, zeros padding each lane to its batch."""
     bags = bags_per_feature.index_select(0, lanes.order_t)  # lane order
     feature = torch.repeat_interleave(lanes.order_t, bags, output_size=n_bags)
     q = segment_arange(bags, n_bags)
     bag_lengths = data[:n_bags]
     padded = lanes.positions_in_lengths(q, feature, batches)
-    lengths = bag_lengths.new_zeros(sum(len(fs) * b for fs, b in zip(lanes.lane_features, batches)))
+    lengths = bag_lengths.new_zeros(sum(n * b for n, b in zip(lanes.lane_slots, batches)))
     lengths.index_copy_(0, padded, bag_lengths)
     return lengths
 
@@ -137,17 +136,19 @@ def _lane_kjts(lanes: LaneLayout, keys: List[List[str]], batches: List[int], hos
                lengths: torch.Tensor, data: torch.Tensor, n_bags: int, n_ids: int,
                weighted: bool) -> List[KeyedJaggedTensor]:
     """One fixed-batch KJT per lane: views of the ids (and weights) after the ``n_bags`` lengths in ``data``
-    and of the padded ``lengths``, with the host-known ids per key (no sync)."""
+    and of the padded ``lengths``, with the host-known ids per key where every key is a feature (a virtual
+    feature's share of its feature's ids is not known on the host, and the lookup never asks; no sync)."""
     ids_data = data[n_bags:n_bags + n_ids]
     weights = data[n_bags + n_ids:].view(torch.float32) if weighted else None
     kjts, len0, id0 = [], 0, 0
-    for fs, names, batch in zip(lanes.lane_features, keys, batches):  # per lane (at most 2 per group)
+    for fs, names, batch, slots in zip(lanes.lane_features, keys, batches, lanes.lane_slots):  # per lane (group)
         lpk = [host_ids[f] for f in fs]
         n = sum(lpk)
         kjts.append(KeyedJaggedTensor(
-            keys=names, values=ids_data[id0:id0 + n], lengths=lengths[len0:len0 + len(fs) * batch],
-            weights=None if weights is None else weights[id0:id0 + n], stride=batch, length_per_key=lpk))
-        len0, id0 = len0 + len(fs) * batch, id0 + n
+            keys=names, values=ids_data[id0:id0 + n], lengths=lengths[len0:len0 + slots * batch],
+            weights=None if weights is None else weights[id0:id0 + n], stride=batch,
+            length_per_key=lpk if slots == len(fs) else None))
+        len0, id0 = len0 + slots * batch, id0 + n
     return kjts
 
 

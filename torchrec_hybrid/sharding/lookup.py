@@ -66,22 +66,45 @@ class _ExtraBags:
         self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
 
 
-def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int]):
-    """Each group split in its light and its heavy tables (``heavy``: indices in the sharding's
-    table order; lanes, empty ones dropped), and per lane its features' indices in the
-    sharding's order (set-up time loops)."""
-    out, features, first, t0 = [], [], [0], 0
+def _decays(config: GroupedEmbeddingConfig) -> bool:
+    """Whether the group's fused optimizer decays weights: FBGEMM's CPU kernels then decay a
+    row once per feature that looks it up, so a table's rows must not be split over features."""
+    return bool((config.fused_params or {}).get("weight_decay", 0.0))
+
+
+def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int], world: int):
+    """The lanes of the groups (cells.LaneLayout): per group, its tables with rows here as
+    one lane, each feature of a heavy table (``heavy``: indices in the sharding's table
+    order) as ``world`` virtual features of the same table; with weight decay, two lanes
+    instead, the light tables and the heavy ones (no virtual features, :func:`_decays`).
+    Empty lanes are dropped. Returns the lanes' configs, per lane its features' indices in
+    the sharding's order, and per feature its slots (set-up time loops)."""
+    out: list = []
+    features: List[List[int]] = []
+    slots: List[int] = []
+    t0 = f0 = 0
     for c in configs:
-        for t in c.embedding_tables:
-            first.append(first[-1] + t.num_features())
-        for lane in (False, True):
-            mine = [i for i in range(t0, t0 + len(c.embedding_tables))  # a 0-row column slice: no TBE
-                    if (i in heavy) == lane and c.embedding_tables[i - t0].local_rows > 0]
-            if mine:
-                out.append(dataclasses.replace(c, embedding_tables=[c.embedding_tables[i - t0] for i in mine]))
-                features.append([f for i in mine for f in range(first[i], first[i + 1])])
-        t0 += len(c.embedding_tables)
-    return out, features
+        split = _decays(c)
+        n_slots = [1 if split or t0 + i not in heavy else world for i in range(len(c.embedding_tables))]
+        lanes = [(False,), (True,)] if split else [(False, True)]  # which tables (heavy or not) each lane holds
+        for kinds in lanes:
+            tables: list = []
+            fs: List[int] = []
+            f = f0
+            for i, t in enumerate(c.embedding_tables):
+                nf = t.num_features()
+                if (t0 + i in heavy) in kinds and t.local_rows > 0:  # a 0-row column slice: no TBE
+                    n = n_slots[i]
+                    names = [f"{name}@{v}" for name in t.feature_names for v in range(n)] if n > 1 else t.feature_names
+                    tables.append(dataclasses.replace(t, feature_names=names))
+                    fs.extend(range(f, f + nf))
+                f += nf
+            if tables:
+                out.append(dataclasses.replace(c, embedding_tables=tables))
+                features.append(fs)
+        slots.extend(n for i, t in enumerate(c.embedding_tables) for n in [n_slots[i]] * t.num_features())
+        t0, f0 = t0 + len(c.embedding_tables), f0 + c.num_features()
+    return out, features, slots
 
 
 class HybridLookup(nn.Module):
@@ -94,7 +117,7 @@ class HybridLookup(nn.Module):
         grouped_configs: the cold groups (stock row-wise shard of every hybrid table).
         pg / device / env: as for stock lookups.
         heavy_tables: tables (indices in the groups' table order) whose cold rows are mostly on
-            this rank: pooled in a lane of their own (cells.LaneLayout).
+            this rank: each of their features looked up as W virtual features (cells.LaneLayout).
     """
 
     def __init__(
@@ -108,12 +131,13 @@ class HybridLookup(nn.Module):
         super().__init__()
         self._feature_splits = [c.num_features() for c in grouped_configs]
         self._num_features = sum(self._feature_splits)
-        lane_configs, lane_features = _lanes(grouped_configs, set(heavy_tables or ()))
+        lane_configs, lane_features, slots = _lanes(grouped_configs, set(heavy_tables or ()), pg.size())
         self.cold = GroupedPooledEmbeddingsLookup(
             lane_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
         self._lane_keys = [c.feature_names() for c in lane_configs]
-        self._lanes = LaneLayout(lane_features, [d for c in grouped_configs for d in c.embedding_dims()], device)
+        self._lanes = LaneLayout(lane_features, [d for c in grouped_configs for d in c.embedding_dims()], device,
+                                 slots)
         self._extra: Optional[tuple] = None
 
     def forward(self, inp: HybridLookupInput) -> HybridLookupOutput:
