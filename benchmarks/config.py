@@ -12,6 +12,10 @@ SHARDING_TYPES: Tuple[str, ...] = (
     "frequency_hybrid", "table_wise", "column_wise", "row_wise", "data_parallel", "planner",
 )
 STOCK_TYPES: Tuple[str, ...] = SHARDING_TYPES[1:]
+# The hybrid planner's plans (models.py), by their pricing of compute: the default calibration for
+# the device (what a user of the machine gets) and none (bytes and collectives: a network-bound cluster).
+PLANNER_COMPUTE_COSTS: Dict[str, object] = {"hybrid_planner": "default", "hybrid_planner_bytes": None}
+PLANNER_TYPES: Tuple[str, ...] = tuple(PLANNER_COMPUTE_COSTS)
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,8 @@ class Workload:
 
 
 HEADLINE = Workload(world=4, model="ebc", multi_hot=False, alpha=1.1, rows_cap=100_000, dim=64,
-                    batch_per_rank=1024, hot_rows=2000, warmup=5, steps=42)  # 7 cycles of the 6 orders
+                    batch_per_rank=1024, hot_rows=2000, warmup=5, steps=40,  # 5 cycles of the 8 orders
+                    types=SHARDING_TYPES + PLANNER_TYPES)
 
 ALPHAS = (1.05, 1.1, 1.2, 0.0)
 # sizes of the sweeps (quick and full): 26 tables capped at 10k rows, B=256 per rank
@@ -68,7 +73,8 @@ def mode_workloads(mode: str, cuda: bool = False) -> List[Workload]:
         tiny = dict(rows_cap=2_000, dim=16, batch_per_rank=64, hot_rows=200, stats_batches=2, warmup=1, steps=3)
         out = [Workload(world=2, model="ebc", multi_hot=False, alpha=1.1, **tiny),
                Workload(world=2, model="ebc", multi_hot=False, alpha=0.0, **tiny),
-               Workload(world=2, model="dlrm", multi_hot=True, alpha=1.1, **tiny)]
+               Workload(world=2, model="dlrm", multi_hot=True, alpha=1.1, types=SHARDING_TYPES + PLANNER_TYPES,
+                        **tiny)]
     elif mode == "quick":
         # a subset at a smaller table cap and batch (data_parallel all-reduces whole tables:
         # at the headline's 100k cap one of its steps alone takes seconds here)

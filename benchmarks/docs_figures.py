@@ -182,21 +182,28 @@ def _ratio(v: float) -> str:
     return f"{v:.2f}x" if v < 2 else (f"{v:.1f}x" if v < 10 else f"{v:.0f}x")
 
 
+def _planned(types: Dict[str, int]) -> str:
+    """A plan's table counts per type, as the docs name them ("all table_wise", "12 data_parallel + 14 ...")."""
+    return " + ".join(f"all {k}" if len(types) == 1 else f"{n} {k}" for k, n in sorted(types.items()))
+
+
 def _headline_table(with_time: bool) -> str:
     c = single(load("headline")["configurations"], "headline configurations")
     res = c["results"]
     tw = res["table_wise"]["bytes_per_rank_per_step"]
-    planned = res["planner"]["planned_types"]
-    names = {"row_wise": "row_wise (by hand)", "planner": "stock planner (" + " + ".join(
-        f"all {k}" if len(planned) == 1 else f"{n} {k}" for k, n in planned.items()) + ")"}
-    head = "| type | MB sent / rank / step | vs table_wise |" + (" median step |" if with_time else "")
+    names = {"row_wise": "row_wise (by hand)", "frequency_hybrid": "frequency_hybrid (by hand, all tables)",
+             "planner": f"stock planner ({_planned(res['planner']['planned_types'])})"}
+    for kind, pricing in (("hybrid_planner", "CPU-priced"), ("hybrid_planner_bytes", "network-priced")):
+        if kind in res:
+            names[kind] = f"**hybrid planner**, {pricing} ({_planned(res[kind]['planned_types'])})"
+    head = "| plan | MB sent / rank / step | vs table_wise |" + (" median step |" if with_time else "")
     rows = [head, "|---|---:|---:|" + ("---:|" if with_time else "")]
     for t in c["workload"]["types"]:
         if t == "planner" and not with_time:
             continue
         r = res[t]
         mb = _mb(r["bytes_per_rank_per_step"] / 1e6)
-        if t == "frequency_hybrid":
+        if t == "frequency_hybrid" or t.startswith("hybrid_planner"):
             mb += f" (model {_mb(r['expected_bytes_per_rank_per_step'] / 1e6)})"
         ratio = _ratio(r["bytes_per_rank_per_step"] / tw)
         if t == "frequency_hybrid" and with_time:
@@ -511,6 +518,10 @@ def _headline_facts(hd: Dict[str, Any], hc: Dict[str, Any], full: Dict[str, Any]
     for key, config in (("hl_fastest", hc), ("full_fastest", fc)):  # each run's own fastest stock plan
         fastest = config["ratios"]["fastest_stock_type"]
         f[key] = "the stock planner's plan" if fastest == "planner" else fastest
+    planners = hc["ratios"]["planners"]  # the hybrid planner's plans, in the same run
+    for key, kind in (("hl_net", "hybrid_planner_bytes"), ("hl_cpu", "hybrid_planner")):
+        f[f"{key}_bytes"] = x2(planners[kind]["busiest_bytes_over_planner"])
+        f[f"{key}_step"] = x2(planners[kind]["time_over_fastest_stock"])
     return f
 
 
@@ -602,6 +613,9 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "its median step was {hl_vs_fastest} the fastest stock plan's ({hl_fastest}) and {hl_vs_tw} "
                   "hand-placed table_wise's in the run above, and {full_vs_fastest} ({full_fastest}) and "
                   "{full_vs_tw} in the same configuration of the full run (`full.md`)"),
+    ("README.md", "priced for a network-bound cluster it makes every table frequency_hybrid: {hl_net_bytes} the "
+                  "stock planner's busiest-rank bytes at {hl_net_step} the fastest stock plan's median step; priced "
+                  "by this box's CPU fit (the default here) it keeps stock types: {hl_cpu_bytes} and {hl_cpu_step}"),
     ("README.md", "At the smaller sweep sizes ({sweep_setup}; `full.json`) that fixed per-step cost makes it "
                   "{sweep_time} as slow as the fastest stock plan (median {sweep_time_median})"),
     ("README.md", "Multi-hot (DLRMv2 sizes) with only {sweep_hot_rows} hot rows sends {sweep_multihot} "

@@ -93,12 +93,14 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
     """Measures workload `w` on this rank; returns raw per-step numbers per sharding type."""
     device = torch.device("cuda", rank) if w.device == "cuda" else torch.device("cpu")
     data = make_data(w, rank, world)
-    built, build_rss, types, dense = {}, {}, {}, 0
+    built, build_rss, types, dense, estimates = {}, {}, {}, 0, {}
     for kind in w.types:
         gc.collect()
         before = rss()
-        b = build(kind, w, data.tables, data.hot_ids, device)
+        b = build(kind, w, data.tables, data.hot_ids, device, stats=data.stats)
         built[kind], build_rss[kind], types[kind], dense = b, rss() - before, b.table_types, b.dense_numel
+        if b.planner_bytes is not None:
+            estimates[kind] = b.planner_bytes
     kinds = list(w.types)
     for s in range(w.warmup):
         for kind in kinds:
@@ -130,6 +132,7 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
     return {
         "rank": rank, "times_s": times, "sent_bytes": sent, "build_rss_bytes": build_rss,
         "step_peak_rss_bytes": step_peak, "table_types": types, "dense_numel": dense,
+        "planner_estimates": estimates,
         "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
         "cold_fraction": data.cold_fraction(), "hotness": data.hotness,
         "hot_rows_per_table": {k: int(v.numel()) for k, v in data.hot_ids.items()},

@@ -7,11 +7,15 @@ Manual plans put table i on rank i % W (table_wise) or on ranks i % W and (i + 1
 for a table with fewer rows than ranks, where even blocks would leave a rank empty);
 row_wise is planned by hand because TorchRec's planner only offers it on CUDA. Every non-DP
 manual plan uses the fused kernel (else weights never update). Dense parameters (DLRM MLPs,
-data_parallel tables) get plain SGD.
+data_parallel tables) get plain SGD. The plans a user gets: ``planner`` (TorchRec's
+``EmbeddingShardingPlanner``, stock types) and ``hybrid_planner`` / ``hybrid_planner_bytes``
+(``HybridEmbeddingShardingPlanner`` from the workload's statistics, its hot sets its own: compute
+priced by the default calibration for the device, or bytes and collectives only,
+``compute_costs=None``, as for a network-bound cluster).
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -27,9 +31,10 @@ from torchrec.distributed.types import ShardingPlan
 from torchrec.models.dlrm import DLRM
 from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
+from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner, frequency_hybrid
+from torchrec_hybrid.stats import FrequencyStats
 
-from benchmarks.config import Workload
+from benchmarks.config import PLANNER_COMPUTE_COSTS, Workload
 from benchmarks.data import DENSE_FEATURES, Batch
 
 LR = 0.01
@@ -43,6 +48,7 @@ class Built:
     step: Callable[[Batch], None]
     table_types: Dict[str, list]  # [sharding type, number of shards] per table, as planned
     dense_numel: int              # parameters outside the EBC (all-reduced by DDP every step)
+    planner_bytes: Optional[float] = None  # the hybrid planner's own estimate, mean bytes per rank per step
 
 
 def _module(w: Workload, tables: List[torchrec.EmbeddingBagConfig], device: torch.device) -> torch.nn.Module:
@@ -65,11 +71,16 @@ def _manual(kind: str, i: int, world: int, rows: int):
     }[kind]()
 
 
-def build(kind: str, w: Workload, tables, hot_ids, device: torch.device) -> Built:
-    """DMP of workload `w`'s model with every table sharded as `kind` ('planner': stock planner)."""
+def build(kind: str, w: Workload, tables, hot_ids, device: torch.device,
+          stats: Optional[FrequencyStats] = None) -> Built:
+    """DMP of workload `w`'s model with every table sharded as `kind` ('planner': stock planner;
+    'hybrid_planner' / 'hybrid_planner_bytes': the hybrid planner's plan from ``stats``)."""
     world = dist.get_world_size()
+    estimate = None
     if kind == "frequency_hybrid":
         sharder = HybridEmbeddingBagCollectionSharder(hot_ids=hot_ids, fused_params=dict(FUSED))
+    elif kind in PLANNER_COMPUTE_COSTS:
+        sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(FUSED))
     else:
         sharder = EmbeddingBagCollectionSharder(fused_params=dict(FUSED))
     module = _module(w, tables, device)
@@ -80,6 +91,15 @@ def build(kind: str, w: Workload, tables, hot_ids, device: torch.device) -> Buil
         planner = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device=device.type),
                                            batch_size=w.batch_per_rank)
         plan = planner.collective_plan(module, [sharder], dist.GroupMember.WORLD)
+    elif kind in PLANNER_COMPUTE_COSTS:
+        if stats is None:
+            raise ValueError(f"benchmark model {kind!r} plans from frequency statistics: pass stats")
+        hybrid = HybridEmbeddingShardingPlanner(
+            topology=Topology(world_size=world, compute_device=device.type), batch_size=w.batch_per_rank,
+            frequency_stats=stats, compute_costs=PLANNER_COMPUTE_COSTS[kind])
+        plan = hybrid.collective_plan(module, [sharder], dist.GroupMember.WORLD)
+        rank_bytes = hybrid.estimated_rank_bytes()
+        estimate = sum(rank_bytes) / len(rank_bytes) if rank_bytes else None
     else:
         mplan = construct_module_sharding_plan(
             ebc, {t.name: _manual(kind, i, world, t.num_embeddings) for i, t in enumerate(tables)}, sharder=sharder,
@@ -108,4 +128,4 @@ def build(kind: str, w: Workload, tables, hot_ids, device: torch.device) -> Buil
         if device.type == "cuda":
             torch.cuda.synchronize()
 
-    return Built(model, step, types, dense_numel)
+    return Built(model, step, types, dense_numel, estimate)

@@ -12,7 +12,7 @@ import statistics
 from collections import Counter
 from typing import Dict, List
 
-from benchmarks.config import STOCK_TYPES, Workload
+from benchmarks.config import PLANNER_TYPES, STOCK_TYPES, Workload
 from benchmarks.estimate import expected_for
 
 MB = 1e6
@@ -55,11 +55,13 @@ def summarize(w: Workload, ranks: List[Dict]) -> Dict:
 
 
 def ratios(res: Dict) -> Dict:
-    """Hybrid vs table_wise bytes, and hybrid median time vs the fastest stock type measured."""
+    """Hybrid vs table_wise bytes, and hybrid median time vs the fastest stock type measured;
+    for each hybrid planner's plan measured, the same against the stock planner's plan too
+    (``planners``)."""
     if "frequency_hybrid" not in res:
         return {}
     h = res["frequency_hybrid"]
-    out = {}
+    out: Dict = {}
     if "table_wise" in res:
         out["bytes_hybrid_over_table_wise"] = (
             h["bytes_per_rank_per_step"] / res["table_wise"]["bytes_per_rank_per_step"]
@@ -71,6 +73,23 @@ def ratios(res: Dict) -> Dict:
         fastest = min(stock, key=stock.get)
         out["fastest_stock_type"] = fastest
         out["time_hybrid_over_fastest_stock"] = h["step_time_s"]["median"] / stock[fastest]
+        planners = {k: _planner_ratios(res[k], res, stock[fastest]) for k in PLANNER_TYPES if k in res}
+        if planners:
+            out["planners"] = planners
+    return out
+
+
+def _planner_ratios(p: Dict, res: Dict, fastest_stock_s: float) -> Dict:
+    """A hybrid planner's plan against table_wise and the stock planner (bytes: mean and busiest
+    rank) and against the fastest stock plan (median step)."""
+    out = {"time_over_fastest_stock": p["step_time_s"]["median"] / fastest_stock_s}
+    for ref in ("table_wise", "planner"):
+        if ref in res:
+            r = res[ref]
+            out[f"bytes_over_{ref}"] = p["bytes_per_rank_per_step"] / r["bytes_per_rank_per_step"]
+            out[f"busiest_bytes_over_{ref}"] = (p["bytes_per_rank_per_step_max_rank"]
+                                                / r["bytes_per_rank_per_step_max_rank"])
+            out[f"time_over_{ref}"] = p["step_time_s"]["median"] / r["step_time_s"]["median"]
     return out
 
 
@@ -107,5 +126,9 @@ def markdown(results: List[Dict], title: str) -> str:
                           f"(model {rt['expected_bytes_hybrid_over_table_wise']:.3f}); hybrid / fastest stock "
                           f"({rt['fastest_stock_type']}) median step time: "
                           f"**{rt['time_hybrid_over_fastest_stock']:.3f}**."]
+        for kind, q in rt.get("planners", {}).items():
+            lines += ["", f"{kind}: busiest-rank bytes / stock planner's **{q['busiest_bytes_over_planner']:.3f}**, "
+                          f"median step / fastest stock ({rt['fastest_stock_type']}) "
+                          f"**{q['time_over_fastest_stock']:.3f}**."]
         lines.append("")
     return "\n".join(lines)

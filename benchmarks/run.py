@@ -276,6 +276,7 @@ def _headline(r: Dict) -> Dict:
         "timed_steps": h["step_time_s"]["n"],
         "meets_bytes_target": rt["bytes_hybrid_over_table_wise"] <= TARGETS["bytes_hybrid_over_table_wise"],
         "meets_time_target": rt["time_hybrid_over_fastest_stock"] <= TARGETS["time_hybrid_over_fastest_stock"],
+        "planners": rt.get("planners", {}),
     }
 
 

@@ -50,7 +50,7 @@ def test_no_stale_figures():
                             "within 1% for every plan", "15-45 ms", "four times", "about twice",
                             "table-wise cold for most multi-hot", "all workloads alike"],
         "benchmarks/README.md": ["~3 min here)", "--steps 20", "244 ms", "840k", "0.99 MB/step", "1.45x", "400 steps",
-                                 "~11 MB", "up to ~10%", "11% slower", "W=128-256", "~0.36-0.37x", "~2 min here"],
+                                 "~11 MB", "up to ~10%", "11% slower", "W=128-256", "~0.36-0.37x"],
     }
     for doc, figures in stale.items():
         for s in figures:

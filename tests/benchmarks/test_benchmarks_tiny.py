@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks.config import SHARDING_TYPES, hot_row_sweep, mode_workloads
+from benchmarks.config import PLANNER_TYPES, SHARDING_TYPES, hot_row_sweep, mode_workloads
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -32,13 +32,30 @@ def test_every_promised_configuration_is_there(tiny):
     assert {c["workload"]["alpha"] for c in doc["configurations"]} == {1.1, 0.0}
     assert [c["workload"]["name"] for c in doc["hot_row_sweep"]] == [w.name for w in hot_row_sweep("tiny")]
     for c in doc["configurations"]:
-        assert set(c["results"]) == set(SHARDING_TYPES), c["workload"]["name"]
+        assert set(c["results"]) == set(c["workload"]["types"]) >= set(SHARDING_TYPES), c["workload"]["name"]
         for kind, r in c["results"].items():
             assert r["bytes_per_rank_per_step"] > 0 and r["expected_bytes_per_rank_per_step"] > 0, kind
             t = r["step_time_s"]
             assert 0 < t["min"] <= t["median"] <= t["max"] and t["n"] == c["workload"]["steps"], kind
             assert r["peak_mem_bytes_per_rank"] > 0, kind
         assert {"bytes_hybrid_over_table_wise", "time_hybrid_over_fastest_stock"} <= set(c["ratios"])
+
+
+def test_hybrid_planner_plans_are_measured(tiny):
+    """The plans HybridEmbeddingShardingPlanner returns run beside the stock ones (a DLRM here), each priced by the
+    planner's own estimate, which the measured bytes bear out, and compared with the stock planner's plan."""
+    _, doc = tiny
+    with_planners = [c for c in doc["configurations"] if set(PLANNER_TYPES) <= set(c["results"])]
+    assert with_planners and all(c["workload"]["model"] == "dlrm" for c in with_planners)
+    for c in with_planners:
+        assert set(c["ratios"]["planners"]) == set(PLANNER_TYPES)
+        for kind in PLANNER_TYPES:
+            r = c["results"][kind]
+            assert abs(r["expected_bytes_per_rank_per_step"] / r["bytes_per_rank_per_step"] - 1) < 0.1, kind
+            q = c["ratios"]["planners"][kind]
+            assert q["busiest_bytes_over_planner"] == (r["bytes_per_rank_per_step_max_rank"] / c["results"]["planner"][
+                "bytes_per_rank_per_step_max_rank"])
+        assert c["results"]["hybrid_planner_bytes"]["planned_types"].get("frequency_hybrid", 0) > 0
 
 
 def test_hybrid_bytes_are_consistent(tiny):
