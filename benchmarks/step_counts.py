@@ -68,9 +68,23 @@ def counting() -> Iterator[StepCounter]:
         torch.Tensor.tolist = original  # type: ignore[method-assign]
 
 
+def fresh(batch):
+    """``batch`` as it arrives from a data loader: a KeyedJaggedTensor rebuilt from its keys,
+    values, lengths and weights, with none of the host-side sizes (``length_per_key``, ...)
+    that another model's step on the same object cached (reading them is a host sync)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    if not isinstance(batch, KeyedJaggedTensor):
+        return batch
+    return KeyedJaggedTensor(keys=batch.keys(), values=batch.values(), lengths=batch.lengths(),
+                             weights=batch.weights_or_none(), stride=batch.stride())
+
+
 def count_training_step(model, batch) -> Dict[str, int]:
     """Counts of one training step of a sharded model (output ``.wait().values().sum()`` as
-    the loss), forward and backward apart: ``{fwd,bwd}_{collectives,host_syncs,ops}``."""
+    the loss) on a :func:`fresh` copy of ``batch`` (so no model's count depends on which ran
+    before it), forward and backward apart: ``{fwd,bwd}_{collectives,host_syncs,ops}``."""
+    batch = fresh(batch)
     with counting() as fwd:
         loss = model(batch).wait().values().sum()
     with counting() as bwd:

@@ -72,6 +72,7 @@ class LaneLayout:
             self.lane_slots.append(slot)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         self.lane_of, self.local_of, self.unit_local, self.units = map(as_t, (lane_of, local_of, unit_local, units))
+        self.host_units = units  # per feature, on the host: totals of positions without a sync
         self.order_t = as_t(self.order)
         self._orders: Dict[int, torch.Tensor] = {}
         self._units_per_row = as_t(lane_units)
@@ -106,9 +107,16 @@ class LaneLayout:
         batch = torch.tensor(batches, dtype=torch.int64, device=q.device)[lane]
         return (torch.cumsum(per_lane, 0) - per_lane)[lane] + self.local_of[feature] * batch + q
 
-    def positions(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
+    def units_of(self, bags_per_feature: List[int]) -> int:
+        """How many units ``bags_per_feature[f]`` bags of each feature f span (host ints)."""
+        return sum(n * u for n, u in zip(bags_per_feature, self.host_units))
+
+    def positions(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int],
+                  total: Optional[int] = None) -> torch.Tensor:
         """Positions (units, rows of ``[-1, unit]``) of the q-th bags of ``feature`` in the
-        concatenated lane outputs of a step whose lanes had ``batches`` rows."""
+        concatenated lane outputs of a step whose lanes had ``batches`` rows. ``total``: how
+        many units the bags span, when known on the host (else, with several widths, reading
+        it is a host sync)."""
         per_lane = torch.tensor(batches, dtype=torch.int64, device=q.device) * self._units_per_row
         lane = self.lane_of[feature]
         base = (torch.cumsum(per_lane, 0) - per_lane)[lane]
@@ -123,7 +131,7 @@ class LaneLayout:
             return first if slot is None else first + slot
         first = base + q * width + self.unit_local[feature]
         units = self.units[feature]
-        return segment_positions(first if slot is None else first + slot * units, units)
+        return segment_positions(first if slot is None else first + slot * units, units, total)
 
 
 class CellPositions:
@@ -134,11 +142,12 @@ class CellPositions:
         self.num_features = len(dims)
         self.layout = LaneLayout([list(range(len(dims)))], dims, device)
 
-    def __call__(self, cells: torch.Tensor) -> torch.Tensor:
+    def __call__(self, cells: torch.Tensor, total: Optional[int] = None) -> torch.Tensor:
+        """``total``: how many units the cells' bags span, when known on the host (no sync)."""
         if self.layout.one_unit:
             return cells
         F = self.num_features
-        return self.layout.positions(torch.div(cells, F, rounding_mode="floor"), cells % F, [0])
+        return self.layout.positions(torch.div(cells, F, rounding_mode="floor"), cells % F, [0], total)
 
 
 def heavy_tables(world: int, local_rows: List[int], rows: List[int]) -> List[bool]:

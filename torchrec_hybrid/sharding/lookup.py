@@ -158,8 +158,11 @@ class HybridLookup(nn.Module):
                 cold = torch.zeros(0, device=inp.lengths.device, requires_grad=torch.is_grad_enabled())
             else:
                 cold = outs[0].reshape(-1) if len(outs) == 1 else torch.cat([o.reshape(-1) for o in outs])
-        bag_pos = self._lanes.positions(q, feature, batches)
-        row_pos = self._lanes.positions(rows_per_feature[extra.features] + extra.rank, extra.features, batches)
+        # totals from the host copies (units of the bags received, of the extra bags): no sync
+        returned = inp.cold.host_return_units
+        bag_pos = self._lanes.positions(q, feature, batches, None if returned is None else sum(returned))
+        row_pos = self._lanes.positions(rows_per_feature[extra.features] + extra.rank, extra.features, batches,
+                                        self._lanes.units_of(extra.host_per_feature))
 
         @record_function("## hybrid:hot_lookup ##")
         def hot(replica: torch.Tensor) -> torch.Tensor:

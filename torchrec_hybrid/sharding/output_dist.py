@@ -412,7 +412,8 @@ class HybridPooledEmbeddingDist(nn.Module):
         units = out.cold.numel() // unit
         source = torch.zeros(units, dtype=torch.int64, device=bag_pos.device).index_copy_(0, bag_pos, bag_dst)
         # sample side: from each owner the bags we sent it (same order), then its hot rows
-        part_pos = self._cells(out.sent_cells)
+        # the partials' units are known on the host since the cold exchange (W entries): no sync
+        part_pos = self._cells(out.sent_cells, sum(out.host_partial_units) if out.host_partial_units else None)
         part_units = self._units(out.sent_counts)
         replica_dst, replica_units, order, host_replica_units = self._receive_plan(
             out.layout, out.hot_slots, out.hot_counts)
