@@ -82,8 +82,9 @@ def mode_workloads(mode: str, cuda: bool = False) -> List[Workload]:
         out += _grid([4], ["ebc"], [False], [1.1, 0.0], **SWEEP)
         out += [Workload(world=4, model="dlrm", multi_hot=False, alpha=1.1, **SWEEP),
                 Workload(world=4, model="ebc", multi_hot=True, alpha=1.1, **SWEEP)]
-    elif mode == "full":
-        out = [HEADLINE] + _grid([2, 4], ["ebc", "dlrm"], [False, True], ALPHAS, **SWEEP)
+    elif mode == "full":  # the sweep also measures the hybrid planner's plans at every configuration
+        out = [HEADLINE] + _grid([2, 4], ["ebc", "dlrm"], [False, True], ALPHAS, types=SHARDING_TYPES + PLANNER_TYPES,
+                                 **SWEEP)
     else:
         raise ValueError(f"unknown mode {mode!r}")
     if cuda:

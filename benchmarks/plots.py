@@ -23,6 +23,8 @@ STYLE = {
     "column_wise": ("tab:green", "-.", "^"),
     "row_wise": ("tab:purple", (0, (5, 1, 1, 1)), "v"),
     "data_parallel": ("tab:brown", (0, (3, 1, 1, 1, 1, 1)), "P"),  # dotted alone means cost model
+    "hybrid_planner": ("tab:orange", "--", "X"),  # the hybrid planner's plans (benchmarks/models.py)
+    "hybrid_planner_bytes": ("tab:pink", "--", "*"),
 }
 MODEL_KINDS = ("frequency_hybrid", "table_wise")  # whose cost-model estimate is drawn (dotted, x)
 

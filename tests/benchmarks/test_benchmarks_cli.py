@@ -7,7 +7,7 @@ import matplotlib.pyplot as plt
 import pytest
 
 from benchmarks import plots
-from benchmarks.config import SHARDING_TYPES, apply_overrides, hot_row_sweep, mode_workloads
+from benchmarks.config import PLANNER_TYPES, SHARDING_TYPES, apply_overrides, hot_row_sweep, mode_workloads
 from benchmarks.run import DEFAULT_OUT, RESULTS, build_parser, overrides_of, plan_run
 
 
@@ -43,7 +43,7 @@ def test_overrides_reach_every_configuration():
     for w in main_w:
         assert (w.batch_per_rank, w.rows_cap, w.dim, w.alpha, w.multi_hot, w.steps, w.warmup, w.hot_rows) == \
             (32, 500, 32, 1.2, True, 2, 0, 50)
-        assert w.types == SHARDING_TYPES
+        assert w.types == (SHARDING_TYPES if w.model == "ebc" else SHARDING_TYPES + PLANNER_TYPES)
     # the sweep takes the first world size and keeps varying the hot-set size
     assert [w.hot_rows for w in sweep_w] == [w.hot_rows for w in hot_row_sweep("tiny")]
     assert {(w.world, w.dim, w.alpha, w.multi_hot) for w in sweep_w} == {(2, 32, 1.2, True)}
