@@ -542,6 +542,11 @@ def _sweep_facts(full: Dict[str, Any], quick: Dict[str, Any], headline_rows_cap:
     times = [x["ratios"]["time_hybrid_over_fastest_stock"] for x in small]
     f["sweep_time"] = span(times, x2)
     f["sweep_time_median"] = f"{statistics.median(times):.1f}"
+    for key, kind in (("sweep_net", "hybrid_planner_bytes"), ("sweep_cpu", "hybrid_planner")):
+        q = [x["ratios"]["planners"][kind] for x in small]
+        f[f"{key}_time"] = span((r["time_over_fastest_stock"] for r in q), x2)
+        f[f"{key}_time_median"] = x2(statistics.median(r["time_over_fastest_stock"] for r in q))
+        f[f"{key}_bytes"] = span((r["busiest_bytes_over_planner"] for r in q), x2)
     mh = [x for x in small if x["workload"]["multi_hot"]]
     f["sweep_hot_rows"] = str(unique((x["workload"]["hot_rows"] for x in small), "sweep hot rows"))
     f["sweep_multihot"] = span((x["ratios"]["bytes_hybrid_over_table_wise"] for x in mh), x2)
@@ -618,6 +623,9 @@ SNIPPETS: List[Tuple[str, str]] = [
                   "by this box's CPU fit (the default here) it keeps stock types: {hl_cpu_bytes} and {hl_cpu_step}"),
     ("README.md", "At the smaller sweep sizes ({sweep_setup}; `full.json`) that fixed per-step cost makes it "
                   "{sweep_time} as slow as the fastest stock plan (median {sweep_time_median})"),
+    ("README.md", "The hybrid planner's own plans there: network-priced {sweep_net_bytes} the stock planner's "
+                  "busiest-rank bytes at {sweep_net_time} the fastest stock plan's step (median {sweep_net_time_median}), "
+                  "CPU-priced {sweep_cpu_bytes} at {sweep_cpu_time} (median {sweep_cpu_time_median})."),
     ("README.md", "Multi-hot (DLRMv2 sizes) with only {sweep_hot_rows} hot rows sends {sweep_multihot} "
                   "table_wise's bytes ({sweep_multihot_over}), one-hot uniform ids {sweep_uniform}"),
     ("README.md", "the hybrid stays at {proj_onehot} table_wise"),

@@ -13,7 +13,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 MB = 1e6
-MAX_SERIES = 8
+MAX_SERIES = 10  # 8 plans (6 stock or hand-written, the hybrid planner's 2) + 2 cost-model lines
 # (colour, line style, marker) per sharding type; the stock planner's plan is often table_wise
 # itself, so its line is dashed with hollow markers over table_wise's solid one
 STYLE = {
