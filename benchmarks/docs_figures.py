@@ -624,8 +624,9 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "At the smaller sweep sizes ({sweep_setup}; `full.json`) that fixed per-step cost makes it "
                   "{sweep_time} as slow as the fastest stock plan (median {sweep_time_median})"),
     ("README.md", "The hybrid planner's own plans there: network-priced {sweep_net_bytes} the stock planner's "
-                  "busiest-rank bytes at {sweep_net_time} the fastest stock plan's step (median {sweep_net_time_median}), "
-                  "CPU-priced {sweep_cpu_bytes} at {sweep_cpu_time} (median {sweep_cpu_time_median})."),
+                  "busiest-rank bytes at {sweep_net_time} the fastest stock plan's step "
+                  "(median {sweep_net_time_median}), CPU-priced {sweep_cpu_bytes} at {sweep_cpu_time} "
+                  "(median {sweep_cpu_time_median})."),
     ("README.md", "Multi-hot (DLRMv2 sizes) with only {sweep_hot_rows} hot rows sends {sweep_multihot} "
                   "table_wise's bytes ({sweep_multihot_over}), one-hot uniform ids {sweep_uniform}"),
     ("README.md", "the hybrid stays at {proj_onehot} table_wise"),
