@@ -74,8 +74,8 @@ def fresh(batch):
     that another model's step on the same object cached (reading them is a host sync)."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-    if not isinstance(batch, KeyedJaggedTensor):
-        return batch
+    if not isinstance(batch, KeyedJaggedTensor) or batch.variable_stride_per_key():
+        return batch  # a variable-batch KJT keeps its per-key strides as they are
     return KeyedJaggedTensor(keys=batch.keys(), values=batch.values(), lengths=batch.lengths(),
                              weights=batch.weights_or_none(), stride=batch.stride())
 
