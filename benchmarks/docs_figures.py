@@ -184,7 +184,7 @@ def _ratio(v: float) -> str:
 
 def _planned(types: Dict[str, int]) -> str:
     """A plan's table counts per type, as the docs name them ("all table_wise", "12 data_parallel + 14 ...")."""
-    return " + ".join(f"all {k}" if len(types) == 1 else f"{n} {k}" for k, n in sorted(types.items()))
+    return f"all {next(iter(types))}" if len(types) == 1 else types_text(types)
 
 
 def _headline_table(with_time: bool) -> str:

@@ -77,10 +77,9 @@ def build(kind: str, w: Workload, tables, hot_ids, device: torch.device,
     'hybrid_planner' / 'hybrid_planner_bytes': the hybrid planner's plan from ``stats``)."""
     world = dist.get_world_size()
     estimate = None
-    if kind == "frequency_hybrid":
-        sharder = HybridEmbeddingBagCollectionSharder(hot_ids=hot_ids, fused_params=dict(FUSED))
-    elif kind in PLANNER_COMPUTE_COSTS:
-        sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(FUSED))
+    if kind == "frequency_hybrid" or kind in PLANNER_COMPUTE_COSTS:  # the planner's plans carry their hot ids
+        sharder = HybridEmbeddingBagCollectionSharder(hot_ids=hot_ids if kind == "frequency_hybrid" else None,
+                                                      fused_params=dict(FUSED))
     else:
         sharder = EmbeddingBagCollectionSharder(fused_params=dict(FUSED))
     module = _module(w, tables, device)
