@@ -51,7 +51,7 @@ def test_bad_id_fails_on_every_rank(feature, value):
 
 
 def test_bad_id_fails_on_every_rank_without_hybrid_tables():
-    """With no frequency_hybrid table in the module the verdicts take their own all-gather."""
+    """With no frequency_hybrid table in the module the verdicts take their own all-to-all."""
     kinds = {c: "tw" for c in KINDS}
     messages = run_ranks(bad_ids, 3, timeout=120, feature="f1", value=-(2**40), kinds=kinds)
     assert messages[0] == messages[1] == messages[2]
@@ -122,7 +122,7 @@ def collectives_per_step(rank, world, kinds, validate_ids):
 @pytest.mark.parametrize("hybrid", [True, False], ids=["hybrid", "stock-only"])
 def test_id_check_verdict_rides_the_cold_metadata(hybrid):
     """With a hybrid table the id check adds no collective (its verdict travels in the cold
-    metadata all-to-all); without one it adds one all-gather. The check is carried in the
+    metadata all-to-all); without one it adds one all-to-all. The check is carried in the
     module's typed context and settled before the lookups."""
     kinds = KINDS if hybrid else {c: "tw" for c in KINDS}
     on = run_ranks(collectives_per_step, 2, timeout=120, kinds=kinds, validate_ids=True)
@@ -132,4 +132,4 @@ def test_id_check_verdict_rides_the_cold_metadata(hybrid):
         extra = list(calls_on)
         for c in calls_off:
             extra.remove(c)
-        assert extra == ([] if hybrid else ["all_gather_into_tensor"]), (calls_on, calls_off)
+        assert extra == ([] if hybrid else ["all_to_all_single"]), (calls_on, calls_off)

@@ -14,7 +14,7 @@ device without a host sync. A rank never raises on its own: it records its first
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
 harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
 collectives complete; the reports ride the hybrid cold metadata all-to-all (or, without
-hybrid tables, one small all-gather) and every rank raises the same
+hybrid tables, one small all-to-all) and every rank raises the same
 :class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
 the problem.
 """
@@ -131,7 +131,8 @@ class IdCheck:
     report: this rank's int64 ``[code, index, value]`` (its first problem; zeros: none).
     carried: every rank's report rides the hybrid cold metadata and arrives in the lookup
         input (:attr:`HybridLookupInput.id_reports`).
-    gathered / work: otherwise the async all-gather of every rank's report (None on one rank).
+    gathered / work: otherwise the async exchange of every rank's report (an all-to-all;
+        None on one rank).
     """
 
     report: torch.Tensor
@@ -242,7 +243,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         hot_ids: hot row ids per table name (validated collectively here).
         validate_ids: check each rank's batch every step - its structure and every id
             against its table size - and raise on all ranks instead of crashing or hanging
-            one (the verdicts ride the hybrid cold metadata, or one tiny all-gather without
+            one (the verdicts ride the hybrid cold metadata, or one tiny all-to-all without
             hybrid tables). False turns off every input check (the weights' too).
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample
             weights (one pass over the weights; False skips it).
@@ -365,7 +366,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         """Checks the batch locally and starts sending the verdict to every rank.
 
         With a frequency-hybrid sharding the verdict rides its cold metadata (no collective
-        of its own; :meth:`input_dist` hands it over); else an async all-gather overlaps the
+        of its own; :meth:`input_dist` hands it over); else an async all-to-all overlaps the
         input all-to-alls. Either way it is read before the lookups. This rank never raises
         here (the others would wait in the step's collectives): a malformed batch is replaced
         by an empty one, bad ids by ids in range and bad weights by 0 meanwhile, so the dists stay in step.
@@ -379,10 +380,12 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             features = self._check_values(features, check)
         pg = self._check_pg
         if not check.carried and pg is not None and dist.get_world_size(pg) > 1:
-            dev = collective_device(pg)
-            check.gathered = torch.empty(dist.get_world_size(pg) * 3, dtype=torch.int64, device=dev)
-            check.work = dist.all_gather_into_tensor(check.gathered, check.report.to(dev), group=pg,
-                                                     async_op=True)
+            # one all-to-all round (each rank's report to every rank) rather than an all-gather:
+            # gloo's all-gather takes W - 1 rounds, each a wake-up of every rank
+            dev, w = collective_device(pg), dist.get_world_size(pg)
+            check.gathered = torch.empty(w * 3, dtype=torch.int64, device=dev)
+            check.work = dist.all_to_all_single(check.gathered, check.report.to(dev).repeat(w), group=pg,
+                                                async_op=True)
         return features, check
 
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck) -> KeyedJaggedTensor:

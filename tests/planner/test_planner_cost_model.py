@@ -75,7 +75,7 @@ def test_memory_and_optimizer_state():
 
 def test_module_overhead_counts_one_splits_exchange_per_stock_type():
     W, peers = 4, 3
-    # id check: an all-gather of 3 int64; each stock input dist (not DP): 3 int64 splits per peer
+    # id check: an all-to-all of 3 int64 per peer; each stock input dist (not DP): 3 int64 splits per peer
     assert cm.module_overhead_bytes(W, {"table_wise", "column_wise", "data_parallel"}) == peers * (24 + 2 * 24)
     assert cm.module_overhead_bytes(W, {"table_wise"}, validate_ids=False) == peers * 24
     # with a hybrid sharding the check rides in its metadata all-to-all: 4 int32 per peer

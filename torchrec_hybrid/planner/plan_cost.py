@@ -196,7 +196,7 @@ def collectives_per_step(options: List[ShardingOption]) -> int:
     for types in sharding_groups(options).values():
         n += sum(COLLECTIVES_PER_STEP.get(t, 5) for t in types)
         if FREQUENCY_HYBRID not in types:
-            n += 1  # the id check's all-gather (the hybrid metadata carries it otherwise)
+            n += 1  # the id check's all-to-all (the hybrid metadata carries it otherwise)
     return n
 
 
