@@ -427,10 +427,13 @@ def _step_count_facts(w4: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
 def _calibration_facts() -> Dict[str, str]:
     """The cost-model fit (python -m benchmarks.calibrate): its RMS error, the measured steps and how many runs."""
     cal = load("calibration")
+    n = len(cal["args"]["refit"] or [1])
+    worlds = " and ".join(str(w) for w in sorted({q.get("world", cal["args"]["world"])
+                                                  for q in cal["fit"]["per_plan"]}))
     return {"cal_rms": f"{cal['fit']['rms_ms']:.1f} ms",
             "cal_steps": span((q["measured_mean_ms"] for q in cal["fit"]["per_plan"]), lambda v: f"{v:.0f} ms"),
-            "cal_runs": {1: "one run", 2: "two runs", 3: "three runs"}.get(len(cal["args"]["refit"] or [1]),
-                                                                          f"{len(cal['args']['refit'])} runs")}
+            "cal_runs": {1: "one run", 2: "two runs", 3: "three runs", 4: "four runs"}.get(n, f"{n} runs")
+            + f" at {worlds} ranks"}
 
 
 def _projection_facts() -> Dict[str, str]:
