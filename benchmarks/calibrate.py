@@ -19,9 +19,6 @@ committed fit (a test checks they match ``benchmarks/results/calibration.json``)
 
     python -m benchmarks.calibrate --out /tmp/calibration        # ~10 minutes, 2 cores
     python -m benchmarks.calibrate --refit run1.json run2.json --out benchmarks/results/calibration
-
-The committed fit: two runs at ``--world 4 --steps 40`` and two at ``--world 2 --steps 40``,
-refitted together (one set of prices for both world sizes).
 """
 
 from __future__ import annotations
@@ -182,28 +179,25 @@ def fit(results: List[Dict[str, Any]]) -> Dict[str, Any]:
             idx = [j for j, k in enumerate(keys) if k == (i, name)]
             meas = np.array(p["cpu_ms"])
             model = pred[idx] + np.array(p["bytes"]) / bw
-            per_plan.append({"workload": res["workload"], "world": res["world"], "plan": name,
-                             "measured_mean_ms": float(meas.mean()),
+            per_plan.append({"workload": res["workload"], "plan": name, "measured_mean_ms": float(meas.mean()),
                              "model_mean_ms": float(model.mean()), "measured_busiest_ms": float(meas.max()),
                              "model_busiest_ms": float(model.max())})
     resid = y - pred
     return {"costs": costs, "rms_ms": float(np.sqrt((resid ** 2).mean())), "per_plan": per_plan}
 
 
-def report(fitted: Dict[str, Any]) -> List[str]:
+def report(fitted: Dict[str, Any], world: int) -> List[str]:
     c = fitted["costs"]
-    worlds = " and ".join(str(w) for w in sorted({p["world"] for p in fitted["per_plan"]}))
-    lines = [f"# Compute prices fitted from measured steps ({worlds} gloo ranks, CPU)", "",
+    lines = [f"# Compute prices fitted from measured steps ({world} gloo ranks, CPU)", "",
              "| term | price |", "|---|---:|"]
     for k, v in c.items():
         unit = "ms per group" if k.endswith("_ms") else ("ns per byte" if k == "ns_per_byte" else "ns per unit")
         lines.append(f"| {k} | {v:.4g} {unit} |")
     lines += ["", f"RMS error per rank: {fitted['rms_ms']:.2f} ms", "",
-              "| workload | W | plan | CPU ms per step, mean rank: measured / model | busiest rank: measured / model |",
-              "|---|---:|---|---:|---:|"]
+              "| workload | plan | CPU ms per step, mean rank: measured / model | busiest rank: measured / model |",
+              "|---|---|---:|---:|"]
     for p in fitted["per_plan"]:
-        lines.append(f"| {p['workload']} | {p['world']} | {p['plan']} "
-                     f"| {p['measured_mean_ms']:.1f} / {p['model_mean_ms']:.1f} "
+        lines.append(f"| {p['workload']} | {p['plan']} | {p['measured_mean_ms']:.1f} / {p['model_mean_ms']:.1f} "
                      f"| {p['measured_busiest_ms']:.1f} / {p['model_busiest_ms']:.1f} |")
     return lines
 
@@ -234,7 +228,7 @@ def main(argv=None) -> None:
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
         json.dump({"args": vars(args), "measurements": results, "fit": fitted}, f, indent=1)
-    lines = report(fitted)
+    lines = report(fitted, args.world)
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -14,27 +14,10 @@ from tests.planner.planner_testutils import exact_stats, mixture_probs, plan_for
 def test_big_skewed_tables_go_hybrid():
     cfg = tables({"tiny": 20, "big": 100_000})
     st = exact_stats(cfg, {"big": zipf_probs(100_000, 1.1)})
-    planner, plan = plan_for(cfg, st, compute_costs=None)  # bytes and collectives (the CUDA default)
+    planner, plan = plan_for(cfg, st)
     assert plan["big"].sharding_type == FREQUENCY_HYBRID
     assert isinstance(plan["big"], HybridParameterSharding)
     assert plan["big"].hot_rows == plan["big"].hot_ids.numel() > 0
-
-
-def test_cpu_pricing_keeps_a_small_module_stock_when_the_hybrid_groups_fixed_cost_outweighs_it():
-    """The CPU fit prices a hybrid sharding group's fixed per-step work (its dispatched ops);
-    one skewed table beside a tiny one saves less compute than that, so on CPU prices the
-    planner keeps stock types, while the byte model alone makes the table hybrid."""
-    from torchrec_hybrid.planner.compute_costs import CPU_GLOO
-
-    assert CPU_GLOO.group_hybrid_ms > CPU_GLOO.group_stock_ms
-    cfg = tables({"tiny": 20, "big": 100_000})
-    st = exact_stats(cfg, {"big": zipf_probs(100_000, 1.1)})
-    cpu_planner, cpu_plan = plan_for(cfg, st)  # compute_device="cpu": the CPU fit by default
-    assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in cpu_plan.values())
-    hybrid = [c for c in cpu_planner.candidates if c.name.startswith("every eligible")]
-    assert hybrid and hybrid[0].cost["cost_ms"] > min(c.cost["cost_ms"] for c in cpu_planner.candidates)
-    _, byte_plan = plan_for(cfg, st, compute_costs=None)
-    assert byte_plan["big"].sharding_type == FREQUENCY_HYBRID
 
 
 def test_uniform_ids_never_cost_more_than_the_stock_plan():
@@ -54,7 +37,7 @@ def test_hot_set_grows_with_skew():
     hot, cov = [], []
     for skew in (0.3, 0.6, 0.9):
         cfg = tables({"t": 100_000})
-        planner, plan = plan_for(cfg, exact_stats(cfg, {"t": mixture_probs(100_000, skew)}), compute_costs=None)
+        planner, plan = plan_for(cfg, exact_stats(cfg, {"t": mixture_probs(100_000, skew)}))
         ch = planner.hybrid_choices()["t"]
         hot.append(ch.hot_rows)
         cov.append(ch.coverage)
@@ -77,11 +60,11 @@ def test_chosen_h_is_the_brute_force_optimum_of_the_cost_model():
 def test_memory_budget_caps_the_hot_sets():
     cfg = tables({"a": 100_000, "b": 100_000})
     st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1), "b": zipf_probs(100_000, 1.3)})
-    free, _ = plan_for(cfg, st, compute_costs=None)
+    free, _ = plan_for(cfg, st)
     h_free = {n: c.hot_rows for n, c in free.hybrid_choices().items()}
     row = 64 * 4
     budget = (sum(h_free.values()) // 2) * row
-    capped, _ = plan_for(cfg, st, hot_budget_bytes=budget, compute_costs=None)
+    capped, _ = plan_for(cfg, st, hot_budget_bytes=budget)
     h_cap = {n: c.hot_rows for n, c in capped.hybrid_choices().items()}
     assert sum(h_cap.values()) * row <= budget
     assert all(h_cap[n] <= h_free[n] for n in h_free) and sum(h_cap.values()) > 0
@@ -102,7 +85,7 @@ def test_forced_hybrid_without_stats_uses_sharder_hot_ids_and_default_topology()
 
 def test_plan_pickles_to_the_same_sharding():
     cfg = tables({"t": 100_000, "s": 50})
-    _, plan = plan_for(cfg, exact_stats(cfg, {"t": zipf_probs(100_000, 1.1)}), compute_costs=None)
+    _, plan = plan_for(cfg, exact_stats(cfg, {"t": zipf_probs(100_000, 1.1)}))
     again = pickle.loads(pickle.dumps(plan))
     assert again["t"] == plan["t"] and again["s"] == plan["s"]
     assert torch.equal(again["t"].hot_ids, plan["t"].hot_ids)
@@ -150,8 +133,7 @@ def test_a_table_too_hot_for_one_rank_is_cut_in_column_slices():
 def test_frequency_sorted_ids_stay_balanced():
     cfg = tables({f"s{i}": 100_000 for i in range(3)})
     st = exact_stats(cfg, {c.name: zipf_probs(100_000, 1.1) for c in cfg}, sorted_ids=True)
-    planner, plan = plan_for(cfg, st, compute_costs=None)
-    assert any(ps.sharding_type == FREQUENCY_HYBRID for ps in plan.values())
+    planner, plan = plan_for(cfg, st)
     est = torch.tensor(planner.estimated_rank_bytes())
     assert float(est.max() / est.mean()) <= 1.15
     for ps in plan.values():

@@ -4,7 +4,7 @@ The planner prices a plan as bytes / bandwidth + compute work (``cost_model.Comp
 + collectives. The prices depend on the machine, so they are measured, not guessed:
 ``python -m benchmarks.calibrate`` trains several plans on the user's own ranks and fits
 them (``docs/architecture.md``, "cost model"). The CPU defaults below are that fit on the
-development machine (2 and 4 gloo ranks on 2 cores, ``benchmarks/results/calibration.json``; a
+development machine (4 gloo ranks on 2 cores, ``benchmarks/results/calibration.json``; a
 test keeps them equal). No GPU fit exists yet: on CUDA the default prices are zero (bytes and
 collectives only, as before compute was priced) until a user passes their own fit.
 """
@@ -18,13 +18,13 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=1.254,
-    vector_stock=9.13,
-    vector_hybrid=5.805,
-    ids_stock=0.0,
-    ids_hybrid=4.52,
-    group_stock_ms=0.6355,
-    group_hybrid_ms=8.106,
+    lookup=0.05255,
+    vector_stock=8.097,
+    vector_hybrid=9.146,
+    ids_stock=12.3,
+    ids_hybrid=43.22,
+    group_stock_ms=0.2508,
+    group_hybrid_ms=0.0,
     ns_per_byte=0.0,
     source="benchmarks/results/calibration.json",
 )
