@@ -45,6 +45,7 @@ from torchrec_hybrid.sharding.input_dist import (
 )
 from torchrec_hybrid.sharding.output_dist import describe_codec_problems
 from torchrec_hybrid.sharding import variable_batch
+from torchrec_hybrid.sharding.segments import host_to_device
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
 
 logger = logging.getLogger(__name__)
@@ -409,7 +410,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         check_weights = self._validate_weights and weights is not None and weights.is_floating_point()
         if values.numel() == 0:
             return features
-        counts = torch.tensor(features.length_per_key(), device=values.device)
+        counts = host_to_device(features.length_per_key(), values.device)
         n = values.numel()
         # one clamp into [0, limit] and one compare (bad ids read 0 or their table's last row
         # until the verdict is read; the batch is then refused before any lookup)

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from torchrec_hybrid.sharding.segments import segment_positions
+from torchrec_hybrid.sharding.segments import host_to_device, segment_positions
 
 
 def unit_width(dims: List[int]) -> int:
@@ -101,10 +101,10 @@ class LaneLayout:
     def positions_in_lengths(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
         """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[slots_g, batch_g]``
         lane after lane (a feature's slots are consecutive, so its bags simply follow on)."""
-        per_lane = torch.tensor([n * b for n, b in zip(self.lane_slots, batches)], dtype=torch.int64,
-                                device=q.device)
-        lane = self.lane_of[feature]
-        batch = torch.tensor(batches, dtype=torch.int64, device=q.device)[lane]
+        G = len(batches)
+        sizes = host_to_device([n * b for n, b in zip(self.lane_slots, batches)] + list(batches), q.device)
+        per_lane, lane = sizes[:G], self.lane_of[feature]
+        batch = sizes[G:][lane]
         return (torch.cumsum(per_lane, 0) - per_lane)[lane] + self.local_of[feature] * batch + q
 
     def units_of(self, bags_per_feature: List[int]) -> int:
@@ -117,13 +117,14 @@ class LaneLayout:
         concatenated lane outputs of a step whose lanes had ``batches`` rows. ``total``: how
         many units the bags span, when known on the host (else, with several widths, reading
         it is a host sync)."""
-        per_lane = torch.tensor(batches, dtype=torch.int64, device=q.device) * self._units_per_row
+        lane_batch = host_to_device(batches, q.device)
+        per_lane = lane_batch * self._units_per_row
         lane = self.lane_of[feature]
         base = (torch.cumsum(per_lane, 0) - per_lane)[lane]
         width = self._units_per_row[lane]
         slot = None
         if self.virtual:  # bag q of a feature is row q % batch of its slot q // batch
-            batch = torch.tensor(batches, dtype=torch.int64, device=q.device)[lane]
+            batch = lane_batch[lane]
             slot = torch.div(q, batch, rounding_mode="floor")
             q = q - slot * batch
         if self.one_unit:

@@ -262,8 +262,8 @@ class HybridSparseFeaturesDist(nn.Module):
         values = features.values()
         flat_lengths = features.lengths()
         weights = features.weights_or_none()
-        host_per_feature = features.length_per_key()
-        routed, touched = self._route(values, torch.tensor(host_per_feature, device=values.device))
+        # ids per feature from the lengths, on the device (no host list to copy over: a sync)
+        routed, touched = self._route(values, flat_lengths.view(F, B).sum(1))
         sent, local_rows, sent_weights = self._bucketize(flat_lengths, routed, weights)
         bags = self._nonempty_bags(sent[:W * F * B], B)
         # bucket W holds the hot lookups (replica rows), last: offsets into the bucketized ids

@@ -1,6 +1,6 @@
 """Small vectorised helpers on segmented (jagged) index ranges."""
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -28,3 +28,14 @@ def round_robin_order(lists: int, n: int, device: torch.device) -> torch.Tensor:
     """Segment order taking run i of each of ``lists`` lists (``n`` runs each) in turn:
     ``0, n, 2n, ..., 1, n+1, ...`` (for FBGEMM's ``permute_1D_sparse_data``)."""
     return torch.arange(lists * n, dtype=torch.int32, device=device).view(lists, n).t().reshape(-1)
+
+
+def host_to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
+    """Host ints as an int64 tensor on ``device`` without waiting for the device: a plain
+    ``torch.tensor(values, device=cuda)`` copies from pageable memory and blocks until the
+    stream has drained (a host sync per call); a pinned buffer and an asynchronous copy do not
+    (PyTorch's caching host allocator keeps the buffer until the copy is done)."""
+    t = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cpu":
+        return t
+    return t.pin_memory().to(device, non_blocking=True)
