@@ -5,7 +5,7 @@
 
 Nothing is measured here: every figure is read or derived from a file a benchmark script writes
 (``benchmarks/results/*.json``: ``python -m benchmarks``, ``benchmarks.product``, ``benchmarks.drift``,
-``benchmarks.simulate``, ``benchmarks.calibrate``). Tables sit between ``<!-- table: NAME ... -->`` and
+``benchmarks.simulate``, ``benchmarks.calibrate``, ``benchmarks.device_check``). Tables sit between ``<!-- table: NAME ... -->`` and
 ``<!-- end table -->`` and ``--write`` renders them again. Figures in prose are ``SNIPPETS``: a
 template filled from ``facts()`` that must stand verbatim in its doc (whitespace folded); prose is
 not rewritten, so when a results file changes the check names the sentence to reword. Finally no
@@ -280,6 +280,15 @@ def table_results_cold_layouts() -> str:
     return "\n".join(markdown(load("cold_layouts"))[2:])  # the table, without its title
 
 
+# ---------------------------------------------------------------- our dist code on a GPU (benchmarks.device_check)
+
+
+def table_results_device_check() -> str:
+    from benchmarks.device_check import markdown
+
+    return "\n".join(markdown(load("device_check_h200")).splitlines()[4:])  # the table, without its preamble
+
+
 TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "readme_product": ("README.md", table_readme_product),
     "readme_headline": ("README.md", table_readme_headline),
@@ -290,6 +299,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_projection": ("docs/results.md", table_results_projection),
     "results_qcomms": ("docs/results.md", table_results_qcomms),
     "results_cold_layouts": ("docs/results.md", table_results_cold_layouts),
+    "results_device_check": ("docs/results.md", table_results_device_check),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
 }
 
