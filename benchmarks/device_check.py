@@ -27,7 +27,10 @@ On a machine without CUDA it runs the CPU side only (``--device cpu``), as the t
 import argparse
 import json
 import logging
+import os
 import statistics
+import sys
+import time
 import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -35,6 +38,8 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torch.autograd import DeviceType
+from torch.utils._python_dispatch import TorchDispatchMode
 
 logger = logging.getLogger(__name__)
 
@@ -273,15 +278,44 @@ def run_step(d: Dists, kjt, report_words: torch.Tensor, mark: Callable[[str], No
 # per rank
 # ---------------------------------------------------------------------------------------------
 
+class OpOrigin(TorchDispatchMode):
+    """Counts dispatched ops by origin: ``ours`` when torchrec_hybrid's code (or TorchRec's,
+    which it calls) issued them, ``harness`` for this script's stand-ins and glue."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = {"ours": 0, "harness": 0}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        frame = sys._getframe(1)
+        origin = "harness"
+        while frame is not None:
+            name = frame.f_code.co_filename
+            if "torchrec_hybrid" in name or "torchrec" + os.sep in name:
+                origin = "ours"
+                break
+            if name == __file__:
+                break
+            frame = frame.f_back
+        self.counts[origin] += 1
+        return func(*args, **(kwargs or {}))
+
+
 def count_launches(step: Callable[[], Any]) -> Dict[str, int]:
-    """Kernel launches and memory copies one call of ``step`` makes (torch.profiler)."""
+    """Kernel launches and memory copies one call of ``step`` makes, and the kernels' total
+    time (torch.profiler)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof, OpOrigin() as origin:
         step()
         torch.cuda.synchronize()
-    counts = {"kernels": 0, "memcpy": 0, "memset": 0}
-    for e in prof.key_averages():
+    counts: Dict[str, Any] = {"kernels": 0, "memcpy": 0, "memset": 0, "ops": origin.counts}
+    averages = prof.key_averages()
+    # the kernels' own time: the device-side events only (a CPU op's self device time is its
+    # kernels' time again, so summing both would count every kernel twice)
+    counts["gpu_kernel_ms"] = sum(e.self_device_time_total for e in averages
+                                  if e.device_type != DeviceType.CPU) / 1e3
+    for e in averages:
         name = e.key.lower()
         if "launchkernel" in name:
             counts["kernels"] += e.count
@@ -364,7 +398,7 @@ def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str,
         ref = build_dists(w, pg_cpu, torch.device("cpu"), hot, sizes, names)
         mine = build_dists(w, pg_dev, dev, hot, sizes, names) if dev.type != "cpu" else ref
         words = torch.zeros(4, dtype=torch.int32)
-        max_err, phases, syncs = 0.0, [], []
+        max_err, phases, syncs, walls = 0.0, [], [], []
         sites: Dict[str, int] = {}
         launches: Dict[str, int] = {}
         for i, kjt in enumerate(local):
@@ -382,15 +416,18 @@ def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str,
                 events[name] = torch.cuda.Event(enable_timing=True)
                 events[name].record()
 
+            t0 = time.perf_counter()
             with SyncCounter() as counter:
                 events["start"].record()
                 pooled, grad = run_step(mine, dkjt, dwords, mark)
             torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) * 1e3
             err = max((pooled.cpu() - pooled_ref).abs().max().item(), (grad.cpu() - grad_ref).abs().max().item())
             max_err = max(max_err, err / max(1.0, pooled_ref.abs().max().item()))
             if i >= warmup:
                 names = list(events)
                 phases.append({b: events[a].elapsed_time(events[b]) for a, b in zip(names, names[1:])})
+                walls.append(wall)
                 syncs.append(counter.total)
                 for k, v in counter.sites.items():
                     sites[k] = sites.get(k, 0) + v
@@ -400,6 +437,7 @@ def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str,
             row.update(
                 phase_ms={k: statistics.median(p[k] for p in phases) for k in phases[0]},
                 step_ms=statistics.median(sum(p.values()) for p in phases),
+                wall_ms=statistics.median(walls),
                 syncs_per_step=(min(syncs), max(syncs)),
                 sync_sites={k: v / len(syncs) for k, v in sorted(sites.items())},
                 launches_per_step=launches,
@@ -413,6 +451,14 @@ def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str,
 # report
 # ---------------------------------------------------------------------------------------------
 
+def _origins(ops: Optional[Dict[str, int]]) -> str:
+    return "-" if not ops else f"{ops['ours']} / {ops['harness']}"
+
+
+def _ms(v: Optional[float]) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
 def markdown(result: Dict[str, Any]) -> str:
     lines = [f"# Our dist code on {result['gpu'] or 'CPU only'}", "",
              f"torch {result['torch']}; FBGEMM ops given torch CUDA stand-ins: "
@@ -420,8 +466,9 @@ def markdown(result: Dict[str, Any]) -> str:
              f"{all(result['standins_checked'].values())}. Median of the timed steps; the lookup "
              "phase is the stand-in TBEs plus our index work.", "",
              "| workload | W | backend | ids/rank | input dist | lookup | output dist | backward | step (ms) | "
-             "host syncs/step | where | kernel launches/step | max rel. diff vs CPU |",
-             "|---|---:|---|---:|---:|---:|---:|---:|---:|---|---|---:|---:|"]
+             "host wall (ms) | GPU kernels (ms) | host syncs/step | where | kernel launches/step | "
+             "ops dispatched: ours / harness | max rel. diff vs CPU |",
+             "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|---:|---:|---:|"]
     for r in result["rows"]:
         if "step_ms" not in r:
             continue
@@ -431,8 +478,12 @@ def markdown(result: Dict[str, Any]) -> str:
         ph = r["phase_ms"]
         lines.append(f"| {r['workload']} | {r['world']} | {r['backend']} | {r['ids_per_rank']} | "
                      f"{ph['input_dist']:.2f} | {ph['lookup']:.2f} | {ph['output_dist']:.2f} | "
-                     f"{ph['backward']:.2f} | {r['step_ms']:.2f} | {sync} | {where} | "
-                     f"{r['launches_per_step'].get('kernels', 0)} | {r['max_rel_diff']:.1e} |")
+                     f"{ph['backward']:.2f} | {r['step_ms']:.2f} | {_ms(r.get('wall_ms'))} | "
+                     f"{_ms(r['launches_per_step'].get('gpu_kernel_ms'))} | {sync} | {where} | "
+                     f"{r['launches_per_step'].get('kernels', 0)} | {_origins(r['launches_per_step'].get('ops'))} | "
+                     f"{r['max_rel_diff']:.1e} |")
+    if result.get("note"):
+        lines.append(f"\nNote: {result['note']}.")
     for e in result.get("errors", []):
         lines.append(f"\n{e}")
     return "\n".join(lines) + "\n"

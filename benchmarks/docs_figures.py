@@ -5,12 +5,13 @@
 
 Nothing is measured here: every figure is read or derived from a file a benchmark script writes
 (``benchmarks/results/*.json``: ``python -m benchmarks``, ``benchmarks.product``, ``benchmarks.drift``,
-``benchmarks.simulate``, ``benchmarks.calibrate``, ``benchmarks.device_check``). Tables sit between ``<!-- table: NAME ... -->`` and
-``<!-- end table -->`` and ``--write`` renders them again. Figures in prose are ``SNIPPETS``: a
-template filled from ``facts()`` that must stand verbatim in its doc (whitespace folded); prose is
-not rewritten, so when a results file changes the check names the sentence to reword. Finally no
-ratio, MB, kB, ms, % or minute figure may stand in a doc outside a table or a snippet
-(``unbound_figures``). ``tests/benchmarks/test_benchmarks_docs_figures.py`` runs the check.
+``benchmarks.simulate``, ``benchmarks.calibrate``, ``benchmarks.device_check``). Tables sit between
+``<!-- table: NAME ... -->`` and ``<!-- end table -->`` and ``--write`` renders them again. Figures in
+prose are ``SNIPPETS``: a template filled from ``facts()`` that must stand verbatim in its doc
+(whitespace folded); prose is not rewritten, so when a results file changes the check names the
+sentence to reword. Finally no ratio, MB, kB, ms, % or minute figure may stand in a doc outside a
+table or a snippet (``unbound_figures``). ``tests/benchmarks/test_benchmarks_docs_figures.py`` runs
+the check.
 """
 
 from __future__ import annotations
