@@ -84,3 +84,13 @@ def test_virtual_features_take_a_heavy_features_bags_in_turn():
     assert flat.index_select(0, units).reshape(-1).tolist() == expected
     assert lanes.positions_in_lengths(q, f, batches).tolist() == expected_lengths
     assert lanes.lane_slots == [4, 3]
+
+
+def test_a_rank_with_no_lanes_has_no_positions():
+    """A rank that holds no cold rows of its tables (every lane dropped) looks nothing up: its
+    positions are empty, whatever the widths (the lookup asks with no bags)."""
+    for dims in ([8, 8], [8, 16]):
+        lanes = LaneLayout([], dims, torch.device("cpu"))
+        q, f = torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
+        assert lanes.positions(q, f, [], total=0).numel() == 0
+        assert lanes.positions_in_lengths(q, f, []).numel() == 0

@@ -13,7 +13,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from torchrec_hybrid.sharding.segments import host_to_device, segment_positions
+from torchrec_hybrid.sharding.segments import exclusive_cumsum, host_to_device, segment_positions
 
 
 def unit_width(dims: List[int]) -> int:
@@ -76,6 +76,12 @@ class LaneLayout:
         self.order_t = as_t(self.order)
         self._orders: Dict[int, torch.Tensor] = {}
         self._units_per_row = as_t(lane_units)
+        # per feature, its lane's units per row; one int when every feature's lane has the same
+        # (then no per-bag gather of it)
+        # (no lanes: a rank that holds no cold rows looks nothing up; its positions are empty)
+        self._feature_width = as_t([lane_units[g] if lane_units else 0 for g in lane_of])
+        widths = {lane_units[g] for g in lane_of} if lane_units else set()
+        self._one_width = widths.pop() if len(widths) == 1 else None
 
     def batches(self, bags: List[int]) -> List[int]:
         """Each lane's batch for a step with ``bags[f]`` bags per feature (host ints): the
@@ -101,11 +107,15 @@ class LaneLayout:
     def positions_in_lengths(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
         """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[slots_g, batch_g]``
         lane after lane (a feature's slots are consecutive, so its bags simply follow on)."""
+        if not self.lane_features:
+            return q.new_empty(0, dtype=torch.int64)
         G = len(batches)
         sizes = host_to_device([n * b for n, b in zip(self.lane_slots, batches)] + list(batches), q.device)
-        per_lane, lane = sizes[:G], self.lane_of[feature]
-        batch = sizes[G:][lane]
-        return (torch.cumsum(per_lane, 0) - per_lane)[lane] + self.local_of[feature] * batch + q
+        # per feature (F entries): its lane's start plus its own slots' offset, then one gather
+        # per bag (index_select: advanced indexing costs several times more on CPU)
+        start = exclusive_cumsum(sizes[:G]).index_select(0, self.lane_of)
+        offset = start + self.local_of * sizes[G:].index_select(0, self.lane_of)
+        return offset.index_select(0, feature) + q
 
     def units_of(self, bags_per_feature: List[int]) -> int:
         """How many units ``bags_per_feature[f]`` bags of each feature f span (host ints)."""
@@ -117,21 +127,22 @@ class LaneLayout:
         concatenated lane outputs of a step whose lanes had ``batches`` rows. ``total``: how
         many units the bags span, when known on the host (else, with several widths, reading
         it is a host sync)."""
+        if not self.lane_features:
+            return q.new_empty(0, dtype=torch.int64)
         lane_batch = host_to_device(batches, q.device)
-        per_lane = lane_batch * self._units_per_row
-        lane = self.lane_of[feature]
-        base = (torch.cumsum(per_lane, 0) - per_lane)[lane]
-        width = self._units_per_row[lane]
+        # per feature (F entries): where its lane's output starts plus its own offset in a row
+        lane_start = exclusive_cumsum(lane_batch * self._units_per_row).index_select(0, self.lane_of)
+        start = lane_start + (self.local_of if self.one_unit else self.unit_local)
         slot = None
         if self.virtual:  # bag q of a feature is row q % batch of its slot q // batch
-            batch = lane_batch[lane]
+            batch = lane_batch.index_select(0, self.lane_of).index_select(0, feature)
             slot = torch.div(q, batch, rounding_mode="floor")
             q = q - slot * batch
+        width = self._one_width if self._one_width is not None else self._feature_width.index_select(0, feature)
+        first = start.index_select(0, feature) + q.to(torch.int64) * width
         if self.one_unit:
-            first = base + q * width + self.local_of[feature]
             return first if slot is None else first + slot
-        first = base + q * width + self.unit_local[feature]
-        units = self.units[feature]
+        units = self.units.index_select(0, feature)
         return segment_positions(first if slot is None else first + slot * units, units, total)
 
 

@@ -66,6 +66,18 @@ class _ExtraBags:
         self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
 
 
+def cold_positions(lanes: LaneLayout, inp: HybridLookupInput, extra: _ExtraBags, q: torch.Tensor,
+                   feature: torch.Tensor, rows_per_feature: torch.Tensor, batches: List[int]):
+    """Where the received bags (``q``-th of ``feature``, arrival order) and the owned hot rows'
+    extra bags (after each feature's received ones) lie in the owner's cold output, in units
+    (cells.LaneLayout.positions); the totals come from the host copies the cold exchange made,
+    so no sync."""
+    returned = inp.cold.host_return_units
+    bag_pos = lanes.positions(q, feature, batches, None if returned is None else sum(returned))
+    row_q = rows_per_feature.index_select(0, extra.features) + extra.rank
+    return bag_pos, lanes.positions(row_q, extra.features, batches, lanes.units_of(extra.host_per_feature))
+
+
 def _decays(config: GroupedEmbeddingConfig) -> bool:
     """Whether the group's fused optimizer decays weights: FBGEMM's CPU kernels then decay a
     row once per feature that looks it up, so a table's rows must not be split over features."""
@@ -158,11 +170,7 @@ class HybridLookup(nn.Module):
                 cold = torch.zeros(0, device=inp.lengths.device, requires_grad=torch.is_grad_enabled())
             else:
                 cold = outs[0].reshape(-1) if len(outs) == 1 else torch.cat([o.reshape(-1) for o in outs])
-        # totals from the host copies (units of the bags received, of the extra bags): no sync
-        returned = inp.cold.host_return_units
-        bag_pos = self._lanes.positions(q, feature, batches, None if returned is None else sum(returned))
-        row_pos = self._lanes.positions(rows_per_feature[extra.features] + extra.rank, extra.features, batches,
-                                        self._lanes.units_of(extra.host_per_feature))
+        bag_pos, row_pos = cold_positions(self._lanes, inp, extra, q, feature, rows_per_feature, batches)
 
         @record_function("## hybrid:hot_lookup ##")
         def hot(replica: torch.Tensor) -> torch.Tensor:

@@ -36,6 +36,6 @@ def host_to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
     stream has drained (a host sync per call); a pinned buffer and an asynchronous copy do not
     (PyTorch's caching host allocator keeps the buffer until the copy is done)."""
     t = torch.tensor(values, dtype=torch.int64)
-    if device.type == "cpu":
-        return t
+    if device.type != "cuda":  # the CPU itself, or a device without pinned host memory here (meta)
+        return t.to(device)
     return t.pin_memory().to(device, non_blocking=True)

@@ -18,7 +18,7 @@ from typing import List, Optional, Tuple
 import torch
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
+from torchrec_hybrid.sharding.segments import exclusive_cumsum, host_to_device, segment_positions
 
 # what can be wrong with a VBE batch: (kind, index, value) with index a key position or a count
 NO_INVERSE = "no_inverse_indices"
@@ -41,7 +41,7 @@ def expand_variable_batch(kjt: KeyedJaggedTensor) -> Tuple[KeyedJaggedTensor, Op
     if list(inv_keys) != keys or inv.dim() != 2 or inv.size(0) != len(keys):
         return kjt, (INVERSE_KEYS, -1, inv.size(0) if inv.dim() else 0)
     device = kjt.values().device
-    strides = torch.tensor(kjt.stride_per_key(), dtype=torch.int64, device=device)
+    strides = host_to_device(kjt.stride_per_key(), device)
     lengths = kjt.lengths()
     if lengths.numel() != int(sum(kjt.stride_per_key())):
         return kjt, (BAGS_SIZE, int(sum(kjt.stride_per_key())), lengths.numel())
