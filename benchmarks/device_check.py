@@ -78,7 +78,7 @@ def _permute_1d(permute, lengths, values, weights=None, permuted_lengths_sum=Non
     lengths64 = lengths.to(torch.int64)
     starts = exclusive_cumsum(lengths64).index_select(0, permute.to(torch.int64))
     new_lengths = lengths.index_select(0, permute.to(torch.int64))
-    total = permuted_lengths_sum if permuted_lengths_sum is not None else values.numel()
+    total = permuted_lengths_sum if permuted_lengths_sum is not None else int(new_lengths.sum())  # a sync
     pos = segment_positions(starts, new_lengths.to(torch.int64), total)
     return (new_lengths, values.index_select(0, pos),
             None if weights is None else weights.index_select(0, pos))
@@ -231,7 +231,7 @@ def run_step(d: Dists, kjt, report_words: torch.Tensor, mark: Callable[[str], No
     """One forward and backward through the dists; returns the pooled output ``[B, F * D]``
     and the gradient of the stand-in cold weights. ``mark(phase)`` is called as each phase
     (input dist, lookup, output dist, backward) ends."""
-    from torchrec_hybrid.sharding.lookup import HybridLookupOutput
+    from torchrec_hybrid.sharding.lookup import HybridLookupOutput, cold_positions
 
     aw = d.input_dist(kjt)
     aw.start(report_words)
@@ -248,10 +248,7 @@ def run_step(d: Dists, kjt, report_words: torch.Tensor, mark: Callable[[str], No
     lane_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lane_kjt.lengths().to(torch.int64))
     pooled_cold = _pool(d.cold_weight, lane_kjt.values(), lane_offsets, F * batches[0])
     cold = pooled_cold.view(F, batches[0], -1).transpose(0, 1).reshape(-1)
-    returned = inp.cold.host_return_units
-    bag_pos = lanes.positions(q, feature, batches, None if returned is None else sum(returned))
-    row_pos = lanes.positions(rows_per_feature[extra.features] + extra.rank, extra.features, batches,
-                              lanes.units_of(extra.host_per_feature))
+    bag_pos, row_pos = cold_positions(lanes, inp, extra, q, feature, rows_per_feature, batches)
     B = inp.lengths.size(1)
     dim = d.cold_weight.size(1)
 
@@ -278,23 +275,38 @@ def run_step(d: Dists, kjt, report_words: torch.Tensor, mark: Callable[[str], No
 # per rank
 # ---------------------------------------------------------------------------------------------
 
+def _package_dirs() -> tuple:
+    import torchrec
+
+    import torchrec_hybrid
+
+    return tuple(os.path.dirname(m.__file__) + os.sep for m in (torchrec_hybrid, torchrec))
+
+
+_PACKAGES: tuple = ()
+
+
 class OpOrigin(TorchDispatchMode):
     """Counts dispatched ops by origin: ``ours`` when torchrec_hybrid's code (or TorchRec's,
-    which it calls) issued them, ``harness`` for this script's stand-ins and glue."""
+    which it calls) is on the stack, ``harness`` otherwise: this script's stand-ins and glue, and
+    the ops the autograd engine runs in the backward (no Python frame of ours is on the stack
+    then). An op a stand-in implements counts once, as the caller's (the mode is off inside)."""
 
     def __init__(self) -> None:
+        global _PACKAGES
         super().__init__()
         self.counts = {"ours": 0, "harness": 0}
+        _PACKAGES = _PACKAGES or _package_dirs()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         frame = sys._getframe(1)
         origin = "harness"
         while frame is not None:
             name = frame.f_code.co_filename
-            if "torchrec_hybrid" in name or "torchrec" + os.sep in name:
-                origin = "ours"
-                break
             if name == __file__:
+                break
+            if name.startswith(_PACKAGES):
+                origin = "ours"
                 break
             frame = frame.f_back
         self.counts[origin] += 1
@@ -311,10 +323,11 @@ def count_launches(step: Callable[[], Any]) -> Dict[str, int]:
         torch.cuda.synchronize()
     counts: Dict[str, Any] = {"kernels": 0, "memcpy": 0, "memset": 0, "ops": origin.counts}
     averages = prof.key_averages()
-    # the kernels' own time: the device-side events only (a CPU op's self device time is its
-    # kernels' time again, so summing both would count every kernel twice)
-    counts["gpu_kernel_ms"] = sum(e.self_device_time_total for e in averages
-                                  if e.device_type != DeviceType.CPU) / 1e3
+    # the kernels' own time: the device-side kernel events only (a CPU op's self device time is
+    # its kernels' time again, so summing both would count every kernel twice; copies and fills
+    # are not kernels)
+    counts["gpu_kernel_ms"] = sum(e.self_device_time_total for e in averages if e.device_type != DeviceType.CPU
+                                  and not e.key.startswith(("Memcpy", "Memset"))) / 1e3
     for e in averages:
         name = e.key.lower()
         if "launchkernel" in name:
