@@ -289,8 +289,9 @@ _PACKAGES: tuple = ()
 class OpOrigin(TorchDispatchMode):
     """Counts dispatched ops by origin: ``ours`` when torchrec_hybrid's code (or TorchRec's,
     which it calls) is on the stack, ``harness`` otherwise: this script's stand-ins and glue, and
-    the ops the autograd engine runs in the backward (no Python frame of ours is on the stack
-    then). An op a stand-in implements counts once, as the caller's (the mode is off inside)."""
+    the backward ops of PyTorch's built-in derivatives, which the autograd engine runs with no
+    Python frame of ours on the stack (our own autograd Functions' backward counts as ours). An
+    op a stand-in implements counts once, as its caller's (the mode is off inside)."""
 
     def __init__(self) -> None:
         global _PACKAGES
@@ -324,9 +325,11 @@ def count_launches(step: Callable[[], Any]) -> Dict[str, int]:
     counts: Dict[str, Any] = {"kernels": 0, "memcpy": 0, "memset": 0, "ops": origin.counts}
     averages = prof.key_averages()
     # the kernels' own time: the device-side kernel events only (a CPU op's self device time is
-    # its kernels' time again, so summing both would count every kernel twice; copies and fills
-    # are not kernels)
+    # its kernels' time again, and a record_function range's GPU annotation spans its kernels, so
+    # summing those would count kernels twice; copies and fills are not kernels). NCCL's kernels
+    # are in, their waiting included.
     counts["gpu_kernel_ms"] = sum(e.self_device_time_total for e in averages if e.device_type != DeviceType.CPU
+                                  and not getattr(e, "is_user_annotation", False)
                                   and not e.key.startswith(("Memcpy", "Memset"))) / 1e3
     for e in averages:
         name = e.key.lower()

@@ -94,3 +94,15 @@ def test_a_rank_with_no_lanes_has_no_positions():
         q, f = torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
         assert lanes.positions(q, f, [], total=0).numel() == 0
         assert lanes.positions_in_lengths(q, f, []).numel() == 0
+
+
+def test_bags_for_a_layout_with_no_lanes_are_refused():
+    lanes = LaneLayout([], [8, 8], torch.device("cpu"))
+    q, f = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
+    for call in (lambda: lanes.positions(q, f, [], total=3), lambda: lanes.positions_in_lengths(q, f, [])):
+        try:
+            call()
+        except ValueError as e:
+            assert "3 bags" in str(e) and "no lanes" in str(e)
+        else:
+            raise AssertionError("bags placed in a layout with no lanes")

@@ -108,7 +108,7 @@ class LaneLayout:
         """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[slots_g, batch_g]``
         lane after lane (a feature's slots are consecutive, so its bags simply follow on)."""
         if not self.lane_features:
-            return q.new_empty(0, dtype=torch.int64)
+            return self._no_lanes(q)
         G = len(batches)
         sizes = host_to_device([n * b for n, b in zip(self.lane_slots, batches)] + list(batches), q.device)
         # per feature (F entries): its lane's start plus its own slots' offset, then one gather
@@ -116,6 +116,13 @@ class LaneLayout:
         start = exclusive_cumsum(sizes[:G]).index_select(0, self.lane_of)
         offset = start + self.local_of * sizes[G:].index_select(0, self.lane_of)
         return offset.index_select(0, feature) + q
+
+    @staticmethod
+    def _no_lanes(q: torch.Tensor) -> torch.Tensor:
+        """No lanes: a rank that holds no cold rows, which receives no bags (a shape check, no sync)."""
+        if q.numel():
+            raise ValueError(f"{q.numel()} bags to place in a layout with no lanes (this rank holds no cold rows)")
+        return q.new_empty(0, dtype=torch.int64)
 
     def units_of(self, bags_per_feature: List[int]) -> int:
         """How many units ``bags_per_feature[f]`` bags of each feature f span (host ints)."""
@@ -128,7 +135,7 @@ class LaneLayout:
         many units the bags span, when known on the host (else, with several widths, reading
         it is a host sync)."""
         if not self.lane_features:
-            return q.new_empty(0, dtype=torch.int64)
+            return self._no_lanes(q)
         lane_batch = host_to_device(batches, q.device)
         # per feature (F entries): where its lane's output starts plus its own offset in a row
         lane_start = exclusive_cumsum(lane_batch * self._units_per_row).index_select(0, self.lane_of)
