@@ -151,9 +151,7 @@ class Dists:
     lanes: Any
     keys: List[List[str]]
     extra: Any
-    state: Any
     cold_weight: torch.Tensor
-    device: torch.device
     _grad: Optional[torch.Tensor] = None
 
     def grad_weights(self, pooled: torch.Tensor) -> torch.Tensor:
@@ -208,7 +206,7 @@ def build_dists(w: Workload, pg: dist.ProcessGroup, device: torch.device, hot: L
     g = torch.Generator().manual_seed(1234 + rank)
     rows = max(b[rank + 1] - b[rank] for b in bounds)
     cold_weight = torch.randn(max(rows, 1), w.dim, generator=g).to(device).requires_grad_()
-    return Dists(inp, out, lanes, [names], extra, state, cold_weight, device)
+    return Dists(inp, out, lanes, [names], extra, cold_weight)
 
 
 def _pool(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, bags: int) -> torch.Tensor:
@@ -370,6 +368,7 @@ class SyncCounter:
 
 
 def _batches(w: Workload, world: int, steps: int, rank: int):
+    from benchmarks import product
     from torchrec_hybrid.stats import SyntheticCriteo, criteo_table_sizes
 
     sizes = criteo_table_sizes(max_rows=w.max_rows)
@@ -377,25 +376,8 @@ def _batches(w: Workload, world: int, steps: int, rank: int):
     kjts = list(data)
     hot = [data.top_ids(0, min(w.hot_rows, n))[f].sort().values for f, n in zip(data.feature_names, sizes)]
     # each rank takes its slice of the global batch (as the sharded module's input)
-    local = [_rank_slice(k, rank, w.batch) for k in kjts]
+    local = [product._rank_slice(k, data.hotness, rank, w.batch) for k in kjts]
     return sizes, list(data.feature_names), hot, local
-
-
-def _rank_slice(kjt, rank: int, local: int):
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    F, B = len(kjt.keys()), kjt.stride()
-    lengths = kjt.lengths().view(F, B)
-    offsets = kjt.offsets().view(-1)
-    keep_l = lengths[:, rank * local:(rank + 1) * local]
-    starts = offsets[:-1].view(F, B)[:, rank * local]
-    ends = offsets[:-1].view(F, B)[:, (rank + 1) * local - 1] + lengths[:, (rank + 1) * local - 1]
-    values = torch.cat([kjt.values()[s:e] for s, e in zip(starts.tolist(), ends.tolist())])  # set-up time
-    return KeyedJaggedTensor(keys=kjt.keys(), values=values, lengths=keep_l.reshape(-1), stride=local)
-
-
-def _to(kjt, device: torch.device):
-    return kjt.to(device, non_blocking=False)
 
 
 def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str, pg_backend: str) -> None:
@@ -421,7 +403,7 @@ def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str,
             pooled_ref, grad_ref = run_step(ref, kjt, words)
             if dev.type == "cpu":
                 continue
-            dkjt, dwords = _to(kjt, dev), words.to(dev)
+            dkjt, dwords = kjt.to(dev), words.to(dev)
             torch.cuda.synchronize()
             if i == warmup - 1:  # one warm step under the profiler: what it launches
                 launches = count_launches(lambda: run_step(mine, dkjt, dwords))

@@ -76,12 +76,11 @@ class LaneLayout:
         self.order_t = as_t(self.order)
         self._orders: Dict[int, torch.Tensor] = {}
         self._units_per_row = as_t(lane_units)
-        # per feature, its lane's units per row; one int when every feature's lane has the same
-        # (then no per-bag gather of it)
-        # (no lanes: a rank that holds no cold rows looks nothing up; its positions are empty)
-        self._feature_width = as_t([lane_units[g] if lane_units else 0 for g in lane_of])
-        widths = {lane_units[g] for g in lane_of} if lane_units else set()
-        self._one_width = widths.pop() if len(widths) == 1 else None
+        # per feature, its lane's units per row (none without lanes: such a rank places no bag);
+        # one int when every feature's lane has the same (then no per-bag gather of it)
+        widths = [lane_units[g] for g in lane_of] if lane_units else []
+        self._feature_width = as_t(widths)
+        self._one_width = widths[0] if len(set(widths)) == 1 else None
 
     def batches(self, bags: List[int]) -> List[int]:
         """Each lane's batch for a step with ``bags[f]`` bags per feature (host ints): the
