@@ -29,7 +29,7 @@ import logging
 import os
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import numpy as np
 import torch
@@ -92,6 +92,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     import torchrec
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
+    from benchmarks.step_counts import count_training_step
     from torchrec_hybrid.planner.estimators import bandwidths
     from torchrec_hybrid.planner.plan_cost import plan_rank_bytes, plan_rank_work
 
@@ -102,16 +103,25 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
               for n, (p, _, s) in plans.items()}
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     cpu: Dict[str, List[float]] = {n: [] for n in models}
+    wall: Dict[str, List[float]] = {n: [] for n in models}
     names = list(models)
     for i, kjt in enumerate(batches):
         k = i % len(names)
         for name in names[k:] + names[:k]:  # rotated order: no plan always runs first
             dist.barrier()
-            c0 = time.process_time()
+            c0, t0 = time.process_time(), time.perf_counter()
             models[name](kjt).wait().values().sum().backward()
             if i >= warmup:
                 cpu[name].append((time.process_time() - c0) * 1e3)
-    out = {"cpu_ms": {n: statistics.median(v) for n, v in cpu.items()}}
+                wall[name].append((time.perf_counter() - t0) * 1e3)
+    dist.barrier()
+    collectives = {}
+    for name in names:  # one more, untimed, step per plan under the dispatch counter
+        dist.barrier()
+        c = count_training_step(models[name], batches[-1])
+        collectives[name] = c["fwd_collectives"] + c["bwd_collectives"]
+    out = {"cpu_ms": {n: statistics.median(v) for n, v in cpu.items()}, "wall_ms": wall,
+           "collectives": collectives}
     if rank == 0:
         out["work"] = {n: plan_rank_work(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
         out["bytes"] = {n: plan_rank_bytes(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
@@ -125,7 +135,11 @@ def measure(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -
     r0 = per_rank[0]
     return {"workload": workload, "world": world, "a2a_bytes_per_ms": r0["a2a_bytes_per_ms"],
             "plans": {n: {"cpu_ms": [r["cpu_ms"][n] for r in per_rank], "work": r0["work"][n],
-                          "bytes": r0["bytes"][n]} for n in r0["work"]}}
+                          "bytes": r0["bytes"][n],
+                          # the slowest rank's wall time of each step, median over steps
+                          "step_ms": statistics.median(max(step) for step in zip(*(r["wall_ms"][n] for r in per_rank))),
+                          "collectives": max(r["collectives"][n] for r in per_rank)}
+                      for n in r0["work"]}}
 
 
 def nnls(a: np.ndarray, b: np.ndarray) -> np.ndarray:
@@ -183,7 +197,36 @@ def fit(results: List[Dict[str, Any]]) -> Dict[str, Any]:
                              "model_mean_ms": float(model.mean()), "measured_busiest_ms": float(meas.max()),
                              "model_busiest_ms": float(model.max())})
     resid = y - pred
-    return {"costs": costs, "rms_ms": float(np.sqrt((resid ** 2).mean())), "per_plan": per_plan}
+    out = {"costs": costs, "rms_ms": float(np.sqrt((resid ** 2).mean())), "per_plan": per_plan}
+    steps = fit_step(results, per_plan)
+    if steps is not None:
+        out["step_fit"] = steps
+        costs["collective_ms"] = steps["collective_ms"]
+    return out
+
+
+def fit_step(results: List[Dict[str, Any]], per_plan: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
+    """The price of a collective, from the measured step (wall time of the slowest rank):
+    ``step_ms = a * busiest-rank model ms + b * collectives + c`` fitted (non-negative) over
+    every plan and workload; a collective costs ``b / a`` in the model's (per-rank) ms. The
+    CPU fit cannot see it: a rank waiting in a collective for a peer that shares its core
+    burns no CPU. None when the measurements have no step times (older runs)."""
+    rows, ys = [], []
+    plans = [p for res in results for p in res["plans"].values()]
+    if not plans or any("step_ms" not in p for p in plans):
+        return None
+    for p, pp in zip(plans, per_plan):
+        rows.append([pp["model_busiest_ms"], p["collectives"], 1.0])
+        ys.append(p["step_ms"])
+    a, y = np.array(rows), np.array(ys)
+    scale = np.maximum(np.abs(a).max(0), 1e-30)
+    x = nnls(a / scale, y) / scale
+    pred = a @ x
+    for pp, p, f in zip(per_plan, plans, pred):
+        pp.update(measured_step_ms=float(p["step_ms"]), model_step_ms=float(f), collectives=int(p["collectives"]))
+    return {"per_model_ms": float(x[0]), "per_collective_ms": float(x[1]), "intercept_ms": float(x[2]),
+            "collective_ms": float(x[1] / x[0]) if x[0] > 0 else 0.0,
+            "rms_ms": float(np.sqrt(((y - pred) ** 2).mean()))}
 
 
 def report(fitted: Dict[str, Any], world: int) -> List[str]:
@@ -191,14 +234,23 @@ def report(fitted: Dict[str, Any], world: int) -> List[str]:
     lines = [f"# Compute prices fitted from measured steps ({world} gloo ranks, CPU)", "",
              "| term | price |", "|---|---:|"]
     for k, v in c.items():
-        unit = "ms per group" if k.endswith("_ms") else ("ns per byte" if k == "ns_per_byte" else "ns per unit")
+        unit = ("ms per collective" if k == "collective_ms" else "ms per group" if k.endswith("_ms")
+                else "ns per byte" if k == "ns_per_byte" else "ns per unit")
         lines.append(f"| {k} | {v:.4g} {unit} |")
-    lines += ["", f"RMS error per rank: {fitted['rms_ms']:.2f} ms", "",
-              "| workload | plan | CPU ms per step, mean rank: measured / model | busiest rank: measured / model |",
-              "|---|---|---:|---:|"]
+    lines += ["", f"RMS error per rank: {fitted['rms_ms']:.2f} ms"]
+    s = fitted.get("step_fit")
+    if s:
+        lines += ["", f"Step (slowest rank's wall time, median) = {s['per_model_ms']:.3g} x busiest-rank model ms "
+                  f"+ {s['per_collective_ms']:.3g} ms per collective + {s['intercept_ms']:.3g} ms (RMS error "
+                  f"{s['rms_ms']:.2f} ms): a collective costs {s['collective_ms']:.3g} ms in model ms (collective_ms)."]
+    step_cols = " | step ms: measured / fitted | collectives" if s else ""
+    lines += ["", f"| workload | plan | CPU ms per step, mean rank: measured / model | busiest rank: measured / model"
+              f"{step_cols} |", "|---|---|---:|---:|" + ("---:|---:|" if s else "")]
     for p in fitted["per_plan"]:
+        extra = (f" | {p['measured_step_ms']:.1f} / {p['model_step_ms']:.1f} | {p['collectives']}"
+                 if "measured_step_ms" in p else "")
         lines.append(f"| {p['workload']} | {p['plan']} | {p['measured_mean_ms']:.1f} / {p['model_mean_ms']:.1f} "
-                     f"| {p['measured_busiest_ms']:.1f} / {p['model_busiest_ms']:.1f} |")
+                     f"| {p['measured_busiest_ms']:.1f} / {p['model_busiest_ms']:.1f}{extra} |")
     return lines
 
 

@@ -493,7 +493,9 @@ class ComputeCosts:
     """Prices of the work terms (``WORK_TERMS``): ns per unit, and ms per sharding group.
 
     ``ns_per_byte`` is the CPU cost of a byte sent beyond the topology's bandwidth (0 when
-    the bandwidth alone prices it). All zero: bytes and collectives only.
+    the bandwidth alone prices it). All zero: bytes and collectives only. ``collective_ms``:
+    the fixed cost of one collective on the machine measured, fitted from its step times
+    (None: the planner's default, ``plan_cost.DEFAULT_COLLECTIVE_MS``).
     """
 
     lookup: float = 0.0
@@ -504,6 +506,7 @@ class ComputeCosts:
     group_stock_ms: float = 0.0
     group_hybrid_ms: float = 0.0
     ns_per_byte: float = 0.0
+    collective_ms: Optional[float] = None
     source: str = "none"
 
     def vector(self) -> torch.Tensor:

@@ -85,7 +85,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         max_hot_rows: cap on hot rows per table. min_saving: relative saving over the
             cheapest stock option a hybrid option (and over the stock plan a plan with
             hybrid tables) must show to be chosen.
-        collective_ms: fixed cost of one collective in the plan comparison (plan_cost.py).
+        collective_ms: fixed cost of one collective in the plan comparison (plan_cost.py);
+            None: the compute prices' own (fitted from measured steps), else 0.2 ms.
         compute_costs: prices of each rank's compute work (``cost_model.ComputeCosts``, fitted
             by ``benchmarks/calibrate.py``); "default": the fit for the topology's compute
             device (``compute_costs.py``); None: bytes and collectives only.
@@ -94,8 +95,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     ``plan`` returns the cheapest of: the plan of TorchRec's own ``EmbeddingShardingPlanner``
     (stock types only, as a user would run it), the partitioner's plan over stock and hybrid
-    options, and the plan with every eligible table hybrid. So under the model it is never
-    worse than stock, and a mix of types is taken only if it beats the pure plans.
+    options, and the plan with every eligible table hybrid - among those whose busiest rank
+    sends no more bytes than the stock plan's. So under the model it is never worse than
+    stock, in cost or in bytes, and a mix of types is taken only if it beats the pure plans.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,
@@ -103,7 +105,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                  debug: bool = True, callbacks=None, timeout_seconds=None, plan_loader=None, *,
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
                  max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
-                 collective_ms: float = DEFAULT_COLLECTIVE_MS, compare_plans: bool = True,
+                 collective_ms: Optional[float] = None, compare_plans: bool = True,
                  compute_costs: Any = "default") -> None:
         if stats is not None and _is_frequency_stats(stats):
             frequency_stats, stats = stats, None
@@ -114,6 +116,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             compute_costs = default_compute_costs(topology.compute_device if topology is not None else "cuda")
         elif compute_costs is not None and not isinstance(compute_costs, ComputeCosts):
             raise TypeError(f"compute_costs must be a ComputeCosts, None or 'default', not {type(compute_costs)}")
+        if collective_ms is None:
+            fitted = compute_costs.collective_ms if compute_costs is not None else None
+            collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
         self._args = dict(topology=topology, batch_size=batch_size, frequency_stats=frequency_stats,
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
                           collective_ms=collective_ms, compute_costs=compute_costs)
@@ -155,7 +160,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if self._compare:
             self.candidates += self._pure_candidates(module, sharders, mixed)
         stock = [c for c in self.candidates if c.name.startswith("stock")]
-        best = min(self.candidates, key=lambda c: c.cost["cost_ms"])
+        # never more bytes on the busiest rank than the stock plan: a plan that trades bytes for
+        # compute the model prices (e.g. table_wise tables placed for compute, not traffic)
+        # would send more than stock on every network, where the promise is to send less
+        allowed = [c for c in self.candidates
+                   if not stock or c is stock[0] or c.cost["busiest_bytes"] <= stock[0].cost["busiest_bytes"]]
+        best = min(allowed, key=lambda c: c.cost["cost_ms"])
         if stock and best is not stock[0] and best.cost["cost_ms"] > (1 - self._min_saving) * stock[0].cost["cost_ms"]:
             best = stock[0]  # hybrid must pay for itself by min_saving
         self._chosen = best
