@@ -202,21 +202,24 @@ def fit(results: List[Dict[str, Any]]) -> Dict[str, Any]:
     if steps is not None:
         out["step_fit"] = steps
         costs["collective_ms"] = steps["collective_ms"]
+        costs["busiest_share"] = steps["busiest_share"]
     return out
 
 
 def fit_step(results: List[Dict[str, Any]], per_plan: List[Dict[str, Any]]) -> Optional[Dict[str, Any]]:
-    """The price of a collective, from the measured step (wall time of the slowest rank):
-    ``step_ms = a * busiest-rank model ms + b * collectives + c`` fitted (non-negative) over
-    every plan and workload; a collective costs ``b / a`` in the model's (per-rank) ms. The
-    CPU fit cannot see it: a rank waiting in a collective for a peer that shares its core
-    burns no CPU. None when the measurements have no step times (older runs)."""
+    """How a step follows the ranks' modelled costs, from the measured step (wall time of the
+    slowest rank): ``step_ms = a * busiest-rank model ms + m * mean-rank model ms + b *
+    collectives + c`` fitted (non-negative) over every plan and workload. The busiest rank
+    sets ``busiest_share = a / (a + m)`` of a step (1 with a rank per device; less where ranks
+    share cores, and the step follows their total work), and a collective costs ``b / (a + m)``
+    of the model's (per-rank) ms: what the CPU fit cannot see, since a rank waiting for a peer
+    that shares its core burns no CPU. None when the measurements have no step times (older runs)."""
     rows, ys = [], []
     plans = [p for res in results for p in res["plans"].values()]
     if not plans or any("step_ms" not in p for p in plans):
         return None
     for p, pp in zip(plans, per_plan):
-        rows.append([pp["model_busiest_ms"], p["collectives"], 1.0])
+        rows.append([pp["model_busiest_ms"], pp["model_mean_ms"], p["collectives"], 1.0])
         ys.append(p["step_ms"])
     a, y = np.array(rows), np.array(ys)
     scale = np.maximum(np.abs(a).max(0), 1e-30)
@@ -224,8 +227,10 @@ def fit_step(results: List[Dict[str, Any]], per_plan: List[Dict[str, Any]]) -> O
     pred = a @ x
     for pp, p, f in zip(per_plan, plans, pred):
         pp.update(measured_step_ms=float(p["step_ms"]), model_step_ms=float(f), collectives=int(p["collectives"]))
-    return {"per_model_ms": float(x[0]), "per_collective_ms": float(x[1]), "intercept_ms": float(x[2]),
-            "collective_ms": float(x[1] / x[0]) if x[0] > 0 else 0.0,
+    per_model = float(x[0] + x[1])
+    return {"per_busiest_ms": float(x[0]), "per_mean_ms": float(x[1]), "per_collective_ms": float(x[2]),
+            "intercept_ms": float(x[3]), "busiest_share": float(x[0]) / per_model if per_model > 0 else 1.0,
+            "collective_ms": float(x[2]) / per_model if per_model > 0 else 0.0,
             "rms_ms": float(np.sqrt(((y - pred) ** 2).mean()))}
 
 
@@ -234,15 +239,18 @@ def report(fitted: Dict[str, Any], world: int) -> List[str]:
     lines = [f"# Compute prices fitted from measured steps ({world} gloo ranks, CPU)", "",
              "| term | price |", "|---|---:|"]
     for k, v in c.items():
-        unit = ("ms per collective" if k == "collective_ms" else "ms per group" if k.endswith("_ms")
+        unit = ("ms per collective" if k == "collective_ms" else "of a step" if k == "busiest_share"
+                else "ms per group" if k.endswith("_ms")
                 else "ns per byte" if k == "ns_per_byte" else "ns per unit")
         lines.append(f"| {k} | {v:.4g} {unit} |")
     lines += ["", f"RMS error per rank: {fitted['rms_ms']:.2f} ms"]
     s = fitted.get("step_fit")
     if s:
-        lines += ["", f"Step (slowest rank's wall time, median) = {s['per_model_ms']:.3g} x busiest-rank model ms "
-                  f"+ {s['per_collective_ms']:.3g} ms per collective + {s['intercept_ms']:.3g} ms (RMS error "
-                  f"{s['rms_ms']:.2f} ms): a collective costs {s['collective_ms']:.3g} ms in model ms (collective_ms)."]
+        lines += ["", f"Step (slowest rank's wall time, median) = {s['per_busiest_ms']:.3g} x busiest-rank model ms "
+                  f"+ {s['per_mean_ms']:.3g} x mean-rank model ms + {s['per_collective_ms']:.3g} ms per collective "
+                  f"+ {s['intercept_ms']:.3g} ms (RMS error {s['rms_ms']:.2f} ms): the busiest rank sets "
+                  f"{s['busiest_share']:.2f} of a step (busiest_share) and a collective costs "
+                  f"{s['collective_ms']:.3g} model ms (collective_ms)."]
     step_cols = " | step ms: measured / fitted | collectives" if s else ""
     lines += ["", f"| workload | plan | CPU ms per step, mean rank: measured / model | busiest rank: measured / model"
               f"{step_cols} |", "|---|---|---:|---:|" + ("---:|---:|" if s else "")]

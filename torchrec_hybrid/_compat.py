@@ -127,6 +127,11 @@ def planner_best_plan(planner) -> list:
     return list(planner._best_plan or [])
 
 
+def planner_perf_model(planner):
+    """The performance model a TorchRec planner rates proposals with (private attribute)."""
+    return planner._perf_model
+
+
 def planner_topology(planner):
     """The Topology an EmbeddingShardingPlanner plans for (``_topology``; checked against
     torchrec 1.8.0)."""

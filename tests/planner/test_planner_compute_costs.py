@@ -7,9 +7,10 @@ import pathlib
 import pytest
 import torch
 
-from torchrec_hybrid import FREQUENCY_HYBRID
+from torchrec_hybrid import FREQUENCY_HYBRID, _compat
 from torchrec_hybrid.planner import compute_costs
 from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.planner.plan_cost import StepPerfModel
 from tests.planner.planner_testutils import exact_stats, plan_for, tables, zipf_probs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -166,3 +167,19 @@ def test_a_plan_sending_more_than_stock_on_its_busiest_rank_is_not_taken():
     assert mixed.cost["cost_ms"] == min(c.cost["cost_ms"] for c in planner.candidates)
     assert max(planner.estimated_rank_bytes()) <= stock.cost["busiest_bytes"]
     assert planner.estimated_rank_bytes() != mixed.rank_bytes
+
+
+def test_the_busiest_share_blends_the_busiest_and_the_mean_rank():
+    ranks = torch.tensor([4.0, 1.0, 1.0, 2.0], dtype=torch.float64)
+    assert float(cm.ComputeCosts().step_ms(ranks)) == 4.0  # one rank per device: the busiest rank is the step
+    assert float(cm.ComputeCosts(busiest_share=0.25).step_ms(ranks)) == pytest.approx(0.25 * 4.0 + 0.75 * 2.0)
+    cfg, st = _skewed()
+    costs = cm.ComputeCosts(lookup=1.0, vector_stock=1.0, vector_hybrid=1.0, busiest_share=0.0)
+    planner, _ = plan_for(cfg, st, compute_costs=costs)
+    assert isinstance(_compat.planner_perf_model(planner), StepPerfModel)  # proposals rated by the same step
+    # busiest_share 0: the mean rank's cost, never more than the busiest rank's, less where ranks differ
+    below = [c.cost["bytes_ms"] + c.cost["compute_ms"] - (c.cost["cost_ms"] - c.cost["collectives"] * 0.2)
+             for c in planner.candidates]
+    assert min(below) >= -1e-9 and max(below) > 0
+    plain, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(costs, busiest_share=None))
+    assert not isinstance(_compat.planner_perf_model(plain), StepPerfModel)  # TorchRec's own

@@ -31,7 +31,7 @@ CPU_GLOO = ComputeCosts(
 
 
 # terms a calibration may lack (fits made before they existed): their ComputeCosts defaults
-OPTIONAL_TERMS = {"collective_ms"}
+OPTIONAL_TERMS = {"collective_ms", "busiest_share"}
 
 
 def load_calibration(path: str) -> ComputeCosts:

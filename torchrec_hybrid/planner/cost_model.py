@@ -495,7 +495,10 @@ class ComputeCosts:
     ``ns_per_byte`` is the CPU cost of a byte sent beyond the topology's bandwidth (0 when
     the bandwidth alone prices it). All zero: bytes and collectives only. ``collective_ms``:
     the fixed cost of one collective on the machine measured, fitted from its step times
-    (None: the planner's default, ``plan_cost.DEFAULT_COLLECTIVE_MS``).
+    (None: the planner's default, ``plan_cost.DEFAULT_COLLECTIVE_MS``). ``busiest_share``:
+    how much of a step the busiest rank sets, the rest following the mean rank (1: one rank
+    per device, the busiest rank is the step; less where ranks share cores and the step
+    follows their total work), fitted from the same step times (None: 1).
     """
 
     lookup: float = 0.0
@@ -507,7 +510,14 @@ class ComputeCosts:
     group_hybrid_ms: float = 0.0
     ns_per_byte: float = 0.0
     collective_ms: Optional[float] = None
+    busiest_share: Optional[float] = None
     source: str = "none"
+
+    def step_ms(self, rank_ms: torch.Tensor) -> torch.Tensor:
+        """A step's cost from each rank's (``[..., W]``): the busiest rank's and the mean
+        rank's, weighted by :attr:`busiest_share`."""
+        share = 1.0 if self.busiest_share is None else self.busiest_share
+        return share * rank_ms.max(-1).values + (1.0 - share) * rank_ms.mean(-1)
 
     def vector(self) -> torch.Tensor:
         """ms per unit of each work term, in ``WORK_TERMS`` order."""

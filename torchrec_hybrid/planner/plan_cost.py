@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
-from torchrec.distributed.planner.types import Perf, ShardEstimator, ShardingOption, Topology
+from torchrec.distributed.planner.types import Perf, PerfModel, ShardEstimator, ShardingOption, Topology
 
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
@@ -204,7 +204,8 @@ def plan_cost(options: List[ShardingOption], traffic: TrafficTable, topology: To
               collective_ms: float = DEFAULT_COLLECTIVE_MS, compute: Optional[cm.ComputeCosts] = None
               ) -> Dict[str, float]:
     """Step cost of a partitioned plan: the busiest rank's bytes / bandwidth + its compute
-    (``compute`` prices, cost_model.py; None: none), + a fixed cost per collective."""
+    (``compute`` prices, cost_model.py; None: none; where the prices say ranks share cores,
+    blended with the mean rank's, ``ComputeCosts.step_ms``), + a fixed cost per collective."""
     from torchrec_hybrid.planner.estimators import bandwidths
 
     w = topology.world_size
@@ -214,7 +215,8 @@ def plan_cost(options: List[ShardingOption], traffic: TrafficTable, topology: To
     work_ms = compute.ms(work, per_rank) if compute else torch.zeros(w)
     rank_ms = per_rank / bw + work_ms
     busiest = int(torch.argmax(rank_ms))
-    return {"cost_ms": float(rank_ms[busiest]) + n * collective_ms, "busiest_bytes": float(per_rank.max()),
+    step = float(compute.step_ms(rank_ms)) if compute else float(rank_ms[busiest])
+    return {"cost_ms": step + n * collective_ms, "busiest_bytes": float(per_rank.max()),
             "mean_bytes": float(per_rank.mean()), "collectives": float(n),
             "compute_ms": float(work_ms[busiest]), "bytes_ms": float(per_rank[busiest]) / bw}
 
@@ -272,3 +274,21 @@ def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int
         # what rank `index` sends as owner + what each other rank sends to it
         return float(cm.hybrid_rank_bytes(t, cov, shares * own, hot * own).sum())
     return float(sent.sum()) / max(1, len(so.shards))
+
+
+class StepPerfModel(PerfModel):
+    """Rates a proposal as TorchRec's ``NoopPerfModel`` does (each rank's summed shard perf),
+    but takes the step the prices say: the busiest rank's, blended with the mean rank's where
+    ranks share cores (``ComputeCosts.step_ms``). With one rank per device (no blend) it is
+    ``NoopPerfModel``."""
+
+    def __init__(self, topology: Topology, compute: cm.ComputeCosts) -> None:
+        self._topology = topology
+        self._compute = compute
+
+    def rate(self, plan: List[ShardingOption]) -> float:
+        perfs = torch.zeros(self._topology.world_size, dtype=torch.float64)
+        for so in plan:
+            for shard in so.shards:
+                perfs[shard.rank] += shard.perf.total  # type: ignore[union-attr, index]
+        return float(self._compute.step_ms(perfs))

@@ -27,8 +27,8 @@ from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnume
 from torchrec_hybrid.planner.compute_costs import default_compute_costs
 from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
 from torchrec_hybrid.planner.estimators import sharder_comms
-from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, TrafficTable, column_sliced, hybrid_bounds,
-                                               plan_cost, plan_rank_bytes, traffic_of)
+from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfModel, TrafficTable, column_sliced,
+                                               hybrid_bounds, plan_cost, plan_rank_bytes, traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
 from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -123,6 +123,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
                           collective_ms=collective_ms, compute_costs=compute_costs)
         constraints = constraints_with_measured_pooling(constraints, frequency_stats)
+        if (performance_model is None and topology is not None and compute_costs is not None
+                and compute_costs.busiest_share is not None):
+            # ranks sharing cores (a fitted blend): proposals rated by the same step the plans are
+            performance_model = StepPerfModel(topology, compute_costs)
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
                          performance_model=performance_model,
