@@ -213,7 +213,11 @@ def fit_step(results: List[Dict[str, Any]], per_plan: List[Dict[str, Any]]) -> O
     sets ``busiest_share = a / (a + m)`` of a step (1 with a rank per device; less where ranks
     share cores, and the step follows their total work), and a collective costs ``b / (a + m)``
     of the model's (per-rank) ms: what the CPU fit cannot see, since a rank waiting for a peer
-    that shares its core burns no CPU. None when the measurements have no step times (older runs)."""
+    that shares its core burns no CPU. None when the measurements have no step times (older runs).
+    The collectives are the ones each plan really issued (the dispatch hook): the stock plans
+    here run under TorchRec's sharder, without the id check's all-to-all that the planner
+    counts for stock tables under ours (plan_cost.collectives_per_step), so both count what
+    runs."""
     rows, ys = [], []
     plans = [p for res in results for p in res["plans"].values()]
     if not plans or any("step_ms" not in p for p in plans):

@@ -144,6 +144,12 @@ def planner_batch_size(planner) -> int:
     return planner._batch_size
 
 
+def set_planner_perf_model(planner, perf_model) -> None:
+    """Replace the performance model an EmbeddingShardingPlanner rates proposals with
+    (``_perf_model``; checked against torchrec 1.8.0)."""
+    planner._perf_model = perf_model
+
+
 def set_planner_enumerator(planner, enumerator) -> None:
     """Replace an EmbeddingShardingPlanner's enumerator (``_enumerator``; checked against
     torchrec 1.8.0): its constructor builds a stock one from its own constraints when given none."""

@@ -135,13 +135,19 @@ def test_a_fitted_collective_price_prices_the_plan_comparison():
             assert c.cost["cost_ms"] == pytest.approx(busiest + c.cost["collectives"] * price), (price, c.name)
 
 
-def test_a_calibration_without_a_collective_price_loads_with_none(tmp_path):
-    terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in ("source", "collective_ms")}
+def test_a_calibration_without_step_terms_loads_with_none(tmp_path):
+    step_terms = ("collective_ms", "busiest_share")
+    terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in ("source",) + step_terms}
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"fit": {"costs": terms}}))
-    assert compute_costs.load_calibration(str(old)).collective_ms is None
-    old.write_text(json.dumps({"fit": {"costs": dict(terms, collective_ms=2.5)}}))
-    assert compute_costs.load_calibration(str(old)).collective_ms == 2.5
+    loaded = compute_costs.load_calibration(str(old))
+    assert loaded.collective_ms is None and loaded.busiest_share is None
+    old.write_text(json.dumps({"fit": {"costs": dict(terms, collective_ms=2.5, busiest_share=0.4)}}))
+    loaded = compute_costs.load_calibration(str(old))
+    assert loaded.collective_ms == 2.5 and loaded.busiest_share == 0.4
+    old.write_text(json.dumps({"fit": {"costs": dict(terms, busiest_share=1.5)}}))
+    with pytest.raises(ValueError, match="old.json: busiest_share .* got 1.5"):
+        compute_costs.load_calibration(str(old))
 
 
 def test_a_plan_sending_more_than_stock_on_its_busiest_rank_is_not_taken():
@@ -183,3 +189,20 @@ def test_the_busiest_share_blends_the_busiest_and_the_mean_rank():
     assert min(below) >= -1e-9 and max(below) > 0
     plain, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(costs, busiest_share=None))
     assert not isinstance(_compat.planner_perf_model(plain), StepPerfModel)  # TorchRec's own
+
+
+def test_the_step_perf_model_rates_the_blend_of_the_ranks_shard_perf():
+    from torchrec.distributed.planner.types import Perf, Shard
+
+    from tests.planner.planner_testutils import gloo_topology
+
+    class Option:  # only what a perf model reads: shards with a rank and a perf
+        def __init__(self, perfs):
+            self.shards = [Shard(size=[1, 1], offset=[0, 0], rank=r,
+                                 perf=Perf(fwd_compute=p, fwd_comms=0.0, bwd_compute=0.0, bwd_comms=0.0))
+                           for r, p in perfs]
+
+    plan = [Option([(0, 3.0), (1, 1.0)]), Option([(0, 1.0)]), Option([(3, 2.0)])]  # ranks: 4, 1, 0, 2
+    topo = gloo_topology(4)
+    assert StepPerfModel(topo, cm.ComputeCosts(busiest_share=1.0)).rate(plan) == pytest.approx(4.0)
+    assert StepPerfModel(topo, cm.ComputeCosts(busiest_share=0.5)).rate(plan) == pytest.approx(0.5 * 4 + 0.5 * 7 / 4)

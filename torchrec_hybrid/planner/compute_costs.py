@@ -50,6 +50,8 @@ def load_calibration(path: str) -> ComputeCosts:
     bad = {k: v for k, v in costs.items() if not isinstance(v, (int, float)) or not v >= 0}
     if bad:
         raise ValueError(f"{path}: prices must be numbers >= 0, got {bad}")
+    if costs.get("busiest_share", 0.0) > 1.0:
+        raise ValueError(f"{path}: busiest_share is a share of a step, 0..1, got {costs['busiest_share']}")
     return ComputeCosts(**{k: float(v) for k, v in costs.items()}, source=path)
 
 

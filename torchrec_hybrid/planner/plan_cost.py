@@ -1,9 +1,11 @@
 """One cost model for every sharding option, stock and frequency_hybrid alike.
 
-TorchRec's partitioner balances ranks by ``shard.perf`` and picks the plan whose busiest
-rank is cheapest. If hybrid options were priced by our model and stock ones by TorchRec's
-estimators, the comparison would mix units. Here every option is priced from the same
-byte and compute models (``cost_model``), in the same unit (ms):
+TorchRec's partitioner balances ranks by ``shard.perf`` and its planner picks the proposal
+whose busiest rank is cheapest (with fitted prices that say ranks share cores, a blend of
+the busiest and the mean rank: :class:`StepPerfModel`). If hybrid options were priced by
+our model and stock ones by TorchRec's estimators, the comparison would mix units. Here
+every option is priced from the same byte and compute models (``cost_model``), in the same
+unit (ms):
 
 - :func:`option_rank_cost` is the one dispatch from an option to the cost model: the bytes
   each rank sends and each rank's compute work (TBE lookups, the sharding's own vector and
@@ -15,7 +17,8 @@ byte and compute models (``cost_model``), in the same unit (ms):
   partitioned plan, with each module's overhead bytes and a fixed work term per sharding
   group: what ``/proc/self/io`` measures, and the work ``cm.ComputeCosts`` prices;
 - :func:`plan_cost` turns both into a step cost: the busiest rank's bytes / bandwidth +
-  compute, plus a fixed cost per collective (:data:`COLLECTIVES_PER_STEP`), which is what
+  compute (blended with the mean rank's where the prices carry ``busiest_share``), plus a
+  fixed cost per collective (:data:`COLLECTIVES_PER_STEP`), which is what
   makes a plan that mixes types pay for the extra collectives of each sharding it adds.
 
 Quantized comms: each option's traffic carries the bytes per element its sharder's
@@ -278,8 +281,9 @@ def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int
 
 class StepPerfModel(PerfModel):
     """Rates a proposal as TorchRec's ``NoopPerfModel`` does (each rank's summed shard perf),
-    but takes the step the prices say: the busiest rank's, blended with the mean rank's where
-    ranks share cores (``ComputeCosts.step_ms``). With one rank per device (no blend) it is
+    but blends the busiest rank with the mean rank as the prices say (``ComputeCosts.step_ms``):
+    an approximation of :func:`plan_cost`'s blend (shard perf puts a one-shard option's work
+    on its owner and leaves out module overheads). With ``busiest_share`` 1 it is
     ``NoopPerfModel``."""
 
     def __init__(self, topology: Topology, compute: cm.ComputeCosts) -> None:

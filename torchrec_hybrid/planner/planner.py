@@ -123,10 +123,6 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
                           collective_ms=collective_ms, compute_costs=compute_costs)
         constraints = constraints_with_measured_pooling(constraints, frequency_stats)
-        if (performance_model is None and topology is not None and compute_costs is not None
-                and compute_costs.busiest_share is not None):
-            # ranks sharing cores (a fitted blend): proposals rated by the same step the plans are
-            performance_model = StepPerfModel(topology, compute_costs)
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
                          performance_model=performance_model,
@@ -138,6 +134,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             frequency_stats=frequency_stats, hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows,
             min_saving=min_saving, compute_costs=compute_costs)
         _compat.set_planner_enumerator(self, self._hybrid_enumerator)
+        if performance_model is None and compute_costs is not None and compute_costs.busiest_share is not None:
+            # ranks sharing cores (a fitted blend): proposals rated by the same blend of each
+            # rank's summed shard perf (for the topology TorchRec resolved, given or not)
+            _compat.set_planner_perf_model(self, StepPerfModel(_compat.planner_topology(self), compute_costs))
         self.frequency_stats = frequency_stats
         self._min_saving = min_saving
         self._collective_ms = collective_ms
