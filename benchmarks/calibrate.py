@@ -6,7 +6,9 @@ by a linear model of the work terms ``cost_model.WORK_TERMS``. This script measu
 way a user's job runs: W gloo ranks, the Criteo tables of the product benchmark, several
 workloads, and per workload several plans (TorchRec's planner's, ours planned on bytes alone,
 and table_wise, column_wise, small-tables-data_parallel and frequency_hybrid plans, so every
-term varies), trained step by step with the
+term varies, and the two plans the planner chooses between with the machine's current
+prices: its own choice and every table frequency_hybrid as those prices lay it out), trained
+step by step with the
 order of the plans rotated. Per rank and plan it records the CPU time of a step (process
 time: immune to the other ranks sharing the cores) and the model's work and bytes for that
 rank, then fits non-negative prices by least squares:
@@ -39,7 +41,8 @@ from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
-PLANS = ("stock_planner", "hybrid_planner", "table_wise", "column_wise", "small_data_parallel", "all_hybrid")
+PLANS = ("stock_planner", "hybrid_planner", "table_wise", "column_wise", "small_data_parallel", "all_hybrid",
+         "priced_planner", "priced_all_hybrid")
 SMALL_ROWS = 10_000  # "small_data_parallel": tables below this many rows data_parallel, the rest table_wise
 
 
@@ -83,6 +86,13 @@ def _plans(tables, stats, spec, world: int, pg):
                                         constraints=only(FREQUENCY_HYBRID), compare_plans=False,
                                         compute_costs=cm.ComputeCosts())
     out["all_hybrid"] = (ap.collective_plan(ebc(), [hyb], pg), ap.planned_options(), hyb)
+    # the plans the planner chooses between with the current prices (the machine's default): its
+    # own choice, and every table frequency_hybrid with layouts and hot sets sized by those prices
+    pp = HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats)
+    out["priced_planner"] = (pp.collective_plan(ebc(), [hyb], pg), pp.planned_options(), hyb)
+    pa = HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
+                                        constraints=only(FREQUENCY_HYBRID), compare_plans=False)
+    out["priced_all_hybrid"] = (pa.collective_plan(ebc(), [hyb], pg), pa.planned_options(), hyb)
     return out, traffic, topo
 
 
