@@ -158,6 +158,24 @@ def table_results_product_steps() -> str:
     return _product_grid("step")
 
 
+def table_results_refit() -> str:
+    """The CPU-priced plan at W=4 with the committed prices (product_w4) and with the re-fit's
+    (product_w4_refit: the same run given benchmarks/results/calibration_refit.json)."""
+    runs = {}
+    for name in ("product_w4", "product_w4_refit"):
+        runs[name] = {r["workload"]: r for r in load(name)["results"] if r["world"] == 4}
+    rows = ["| workload | committed prices: plan | bytes / step vs stock | re-fit prices: plan "
+            "| bytes / step vs stock |", "|---|---|---:|---|---:|"]
+    for wl in WORKLOADS:
+        cells = []
+        for name in runs:
+            r = runs[name][wl]
+            q = r["ratios"]["hybrid_planner"]
+            cells += [types_text(r["types"]["hybrid_planner"]), f"{x2(q['busiest'])} / {x2(q['step'])}"]
+        rows.append(f"| {SHORT[wl]} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)
+
+
 def table_results_step_counts(world: int = 4) -> str:
     p = product()
     labels = {"hybrid_planner": "CPU-priced (data_parallel + table_wise)", "hybrid_planner_bytes":
@@ -296,6 +314,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_product_bytes": ("docs/results.md", table_results_product_bytes),
     "results_product_steps": ("docs/results.md", table_results_product_steps),
     "results_step_counts": ("docs/results.md", table_results_step_counts),
+    "results_refit": ("docs/results.md", table_results_refit),
     "results_headline": ("docs/results.md", table_results_headline),
     "results_projection": ("docs/results.md", table_results_projection),
     "results_qcomms": ("docs/results.md", table_results_qcomms),
@@ -330,7 +349,15 @@ def facts() -> Dict[str, str]:
     f.update(_projection_facts())
     f.update(_drift_facts())
     f.update(_headline_and_sweep_facts())
+    f.update(_refit_facts())
     return f
+
+
+def _refit_facts() -> Dict[str, str]:
+    """The CPU-priced plan under the re-fit's prices (product_w4_refit): its one-hot byte ratios."""
+    runs = {r["workload"]: r for r in load("product_w4_refit")["results"]}
+    return {"refit_onehot_bytes": span((runs[wl]["ratios"]["hybrid_planner"]["busiest"]
+                                        for wl in ("onehot", "sorted-onehot")), x2)}
 
 
 def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, str]:
@@ -667,6 +694,8 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "(RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box"),
     ("docs/results.md", "ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
     ("docs/results.md", "{hl_setup_short}"),
+    ("docs/results.md", "With the re-fit the one-hot plans go hybrid and send {refit_onehot_bytes} the stock "
+                        "plan's bytes"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
     # benchmarks/README.md
     ("benchmarks/README.md", "--headline   # the acceptance configuration alone ({headline_minutes} here)"),

@@ -26,7 +26,7 @@ import logging
 import os
 import statistics
 import time
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
 import torch
 
@@ -77,14 +77,14 @@ def _rank_slice(kjt, hotness: List[int], rank: int, local: int):
 
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
-               warmup: int, steps: int) -> None:
+               warmup: int, steps: int, prices: Optional[str] = None) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
     from benchmarks.step_counts import count_training_step
 
     tables, stats, batches = _data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
-    planners, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
+    planners, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     sent, times = _train(models, batches, warmup)
     dist.barrier()
@@ -99,9 +99,10 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     emit(out)
 
 
-def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg):
+def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[str] = None):
     """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
-    hybrid planners, the plans and a DistributedModelParallel per plan, by model name."""
+    hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: a
+    calibration file (benchmarks/calibrate.py) for the CPU-priced planner instead of the machine's default."""
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -117,8 +118,12 @@ def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg):
         return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
     hyb_sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
+    from torchrec_hybrid.planner.compute_costs import load_calibration
+
+    priced = {m: load_calibration(prices) if prices and costs == "default" else costs
+              for m, costs in HYBRID_MODELS.items()}
     planners = {m: HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
-                                                  compute_costs=costs) for m, costs in HYBRID_MODELS.items()}
+                                                  compute_costs=costs) for m, costs in priced.items()}
     plans = {m: p.collective_plan(ebc(), [hyb_sharder], pg) for m, p in planners.items()}
     stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))
     plans["stock_planner"] = EmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"]).collective_plan(
@@ -184,9 +189,10 @@ def _types(plan) -> Dict[str, int]:
     return counts
 
 
-def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int) -> Dict[str, Any]:
+def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
+            prices: Optional[str] = None) -> Dict[str, Any]:
     per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
-                           stats_batches=stats_batches, warmup=warmup, steps=steps)
+                           stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices)
     outs = [items[0] for items in per_rank]
     r0 = outs[0]
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"],
@@ -244,14 +250,21 @@ def main(argv=None) -> List[Dict[str, Any]]:
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--out", default="out/product")
+    ap.add_argument("--prices", metavar="JSON",
+                    help="the CPU-priced planner's prices: a calibration file of benchmarks/calibrate.py "
+                         "(default: the machine's default prices, planner/compute_costs.py)")
     a = ap.parse_args(argv)
+    if a.prices:
+        from torchrec_hybrid.planner.compute_costs import load_calibration
+
+        load_calibration(a.prices)  # a bad file fails here, not in every rank
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     os.makedirs(a.out, exist_ok=True)
     results = []
     for w in a.world:
         for name in a.workloads:
             t = time.time()
-            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps))
+            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, a.prices))
             r = results[-1]
             for m, q in r["ratios"].items():
                 logger.info("%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, m,

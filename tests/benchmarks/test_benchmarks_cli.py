@@ -87,3 +87,13 @@ def test_plots_have_at_most_eight_series_and_labelled_log_axes(tmp_path, monkeyp
                     assert "log" in label, label
         plt.close(fig)
     assert (tmp_path / "a.png").stat().st_size > 1000 and (tmp_path / "h.png").stat().st_size > 1000
+
+
+def test_the_product_benchmark_refuses_a_bad_prices_file_before_starting_ranks(tmp_path):
+    from benchmarks import product
+
+    bad = tmp_path / "prices.json"
+    bad.write_text("{not json")
+    with pytest.raises(ValueError, match="prices.json: not a calibration file"):
+        product.main(["--prices", str(bad), "--out", str(tmp_path / "out")])
+    assert not (tmp_path / "out" / "product.json").exists()
