@@ -694,8 +694,8 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "(RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box"),
     ("docs/results.md", "ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
     ("docs/results.md", "{hl_setup_short}"),
-    ("docs/results.md", "With the re-fit the one-hot plans go hybrid and send {refit_onehot_bytes} the stock "
-                        "plan's bytes"),
+    ("docs/results.md", "and send {refit_onehot_bytes} the stock plan's bytes, but with multi-hot bags the "
+                        "planner keeps TorchRec's own plan"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
     # benchmarks/README.md
     ("benchmarks/README.md", "--headline   # the acceptance configuration alone ({headline_minutes} here)"),
