@@ -158,12 +158,15 @@ def table_results_product_steps() -> str:
     return _product_grid("step")
 
 
+def _w4_runs(name: str) -> Dict[str, Dict[str, Any]]:
+    """A product run's W=4 results by workload."""
+    return {r["workload"]: r for r in load(name)["results"] if r["world"] == 4}
+
+
 def table_results_refit() -> str:
     """The CPU-priced plan at W=4 with the committed prices (product_w4) and with the re-fit's
     (product_w4_refit: the same run given benchmarks/results/calibration_refit.json)."""
-    runs = {}
-    for name in ("product_w4", "product_w4_refit"):
-        runs[name] = {r["workload"]: r for r in load(name)["results"] if r["world"] == 4}
+    runs = {name: _w4_runs(name) for name in ("product_w4", "product_w4_refit")}
     rows = ["| workload | committed prices: plan | bytes / step vs stock | re-fit prices: plan "
             "| bytes / step vs stock |", "|---|---|---:|---|---:|"]
     for wl in WORKLOADS:
@@ -355,7 +358,7 @@ def facts() -> Dict[str, str]:
 
 def _refit_facts() -> Dict[str, str]:
     """The CPU-priced plan under the re-fit's prices (product_w4_refit): its one-hot byte ratios."""
-    runs = {r["workload"]: r for r in load("product_w4_refit")["results"]}
+    runs = _w4_runs("product_w4_refit")
     return {"refit_onehot_bytes": span((runs[wl]["ratios"]["hybrid_planner"]["busiest"]
                                         for wl in ("onehot", "sorted-onehot")), x2)}
 

@@ -77,7 +77,7 @@ def _rank_slice(kjt, hotness: List[int], rank: int, local: int):
 
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
-               warmup: int, steps: int, prices: Optional[str] = None) -> None:
+               warmup: int, steps: int, prices: Optional[Any] = None) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
@@ -99,10 +99,10 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     emit(out)
 
 
-def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[str] = None):
+def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None):
     """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
-    hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: a
-    calibration file (benchmarks/calibrate.py) for the CPU-priced planner instead of the machine's default."""
+    hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: the
+    CPU-priced planner's ``ComputeCosts`` instead of the machine's default (None: the default)."""
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -118,10 +118,7 @@ def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Op
         return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
 
     hyb_sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
-    from torchrec_hybrid.planner.compute_costs import load_calibration
-
-    priced = {m: load_calibration(prices) if prices and costs == "default" else costs
-              for m, costs in HYBRID_MODELS.items()}
+    priced = {m: prices if prices is not None and costs == "default" else costs for m, costs in HYBRID_MODELS.items()}
     planners = {m: HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
                                                   compute_costs=costs) for m, costs in priced.items()}
     plans = {m: p.collective_plan(ebc(), [hyb_sharder], pg) for m, p in planners.items()}
@@ -190,7 +187,7 @@ def _types(plan) -> Dict[str, int]:
 
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
-            prices: Optional[str] = None) -> Dict[str, Any]:
+            prices: Optional[Any] = None) -> Dict[str, Any]:
     per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
                            stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices)
     outs = [items[0] for items in per_rank]
@@ -254,17 +251,16 @@ def main(argv=None) -> List[Dict[str, Any]]:
                     help="the CPU-priced planner's prices: a calibration file of benchmarks/calibrate.py "
                          "(default: the machine's default prices, planner/compute_costs.py)")
     a = ap.parse_args(argv)
-    if a.prices:
-        from torchrec_hybrid.planner.compute_costs import load_calibration
+    from torchrec_hybrid.planner.compute_costs import load_calibration
 
-        load_calibration(a.prices)  # a bad file fails here, not in every rank
+    prices = load_calibration(a.prices) if a.prices else None  # read once; a bad file fails before any rank starts
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     os.makedirs(a.out, exist_ok=True)
     results = []
     for w in a.world:
         for name in a.workloads:
             t = time.time()
-            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, a.prices))
+            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices))
             r = results[-1]
             for m, q in r["ratios"].items():
                 logger.info("%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, m,

@@ -194,7 +194,7 @@ def test_the_busiest_share_blends_the_busiest_and_the_mean_rank():
 def test_the_step_perf_model_rates_the_blend_of_the_ranks_shard_perf():
     from torchrec.distributed.planner.types import Perf, Shard
 
-    from tests.planner.planner_testutils import gloo_topology
+    from torchrec_hybrid.planner import gloo_topology
 
     class Option:  # only what a perf model reads: shards with a rank and a perf
         def __init__(self, perfs):
