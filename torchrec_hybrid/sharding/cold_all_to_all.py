@@ -128,8 +128,7 @@ def _padded_lengths(lanes: LaneLayout, bags_per_feature: torch.Tensor, data: tor
     bag_lengths = data[:n_bags]
     padded = lanes.positions_in_lengths(q, feature, batches)
     lengths = bag_lengths.new_zeros(sum(n * b for n, b in zip(lanes.lane_slots, batches)))
-    lengths.index_copy_(0, padded, bag_lengths)
-    return lengths
+    return lengths.scatter_(0, padded, bag_lengths)  # 1-D: scatter_ beats index_copy_ on CPU
 
 
 def _lane_kjts(lanes: LaneLayout, keys: List[List[str]], batches: List[int], host_ids: List[int],

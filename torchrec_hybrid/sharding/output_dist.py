@@ -408,9 +408,9 @@ class HybridPooledEmbeddingDist(nn.Module):
         rows = torch.full_like(bag_units, row_pos.numel())
         bag_dst, row_dst = _interleave(bag_units, rows, bag_pos.numel(), row_pos.numel() * W)
         index = torch.empty(bag_pos.numel() + W * row_pos.numel(), dtype=torch.int64, device=bag_pos.device)
-        index.index_copy_(0, bag_dst, bag_pos).index_copy_(0, row_dst, row_pos.repeat(W))
+        index.scatter_(0, bag_dst, bag_pos).scatter_(0, row_dst, row_pos.repeat(W))  # 1-D: scatter_ beats index_copy_
         units = out.cold.numel() // unit
-        source = torch.zeros(units, dtype=torch.int64, device=bag_pos.device).index_copy_(0, bag_pos, bag_dst)
+        source = torch.zeros(units, dtype=torch.int64, device=bag_pos.device).scatter_(0, bag_pos, bag_dst)
         # sample side: from each owner the bags we sent it (same order), then its hot rows
         # the partials' units are known on the host since the cold exchange (W entries): no sync
         part_pos = self._cells(out.sent_cells, sum(out.host_partial_units) if out.host_partial_units else None)
