@@ -225,9 +225,8 @@ def fit_step(results: List[Dict[str, Any]], per_plan: List[Dict[str, Any]]) -> O
     of the model's (per-rank) ms: what the CPU fit cannot see, since a rank waiting for a peer
     that shares its core burns no CPU. None when the measurements have no step times (older runs).
     The collectives are the ones each plan really issued (the dispatch hook): the stock plans
-    here run under TorchRec's sharder, without the id check's all-to-all that the planner
-    counts for stock tables under ours (plan_cost.collectives_per_step), so both count what
-    runs."""
+    here run under TorchRec's sharder, whose collectives the planner counts for stock tables
+    under ours too (plan_cost.collectives_per_step: the id check rides their splits exchange)."""
     rows, ys = [], []
     plans = [p for res in results for p in res["plans"].values()]
     if not plans or any("step_ms" not in p for p in plans):

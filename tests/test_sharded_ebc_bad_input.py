@@ -16,7 +16,7 @@ def _step(model, kjt, keys):
     torch.cat([d[k] for k in keys], dim=1).sum().backward()
 
 
-def bad_ids(rank, world, feature, value, kinds=KINDS):
+def bad_ids(rank, world, feature, value, kinds=KINDS, fused_only=True):
     configs = tables()
     hot_t = hot_ids()
     model = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"]))
@@ -35,10 +35,14 @@ def bad_ids(rank, world, feature, value, kinds=KINDS):
     assert f"'{feature}'" in msg and str(value) in msg and f"rank {world - 1}" in msg, msg
     for k, v in model.state_dict().items():
         assert torch.equal(full_weight(v), before[k]), f"{k} changed on a rejected batch"
-    # the next good batch trains normally
+    # the next good batch trains normally (fused optimizers update in backward; data_parallel
+    # tables only get their gradients, which a dense optimizer would apply)
     _step(model, skewed_batch(configs, keys, batch=4, seed=20 + rank, hot=hot_t), keys)
-    after = {k: full_weight(v) for k, v in model.state_dict().items()}
-    assert any(not torch.equal(after[k], before[k]) for k in after)
+    if fused_only:
+        after = {k: full_weight(v) for k, v in model.state_dict().items()}
+        assert any(not torch.equal(after[k], before[k]) for k in after)
+    else:
+        assert all(p.grad is not None and p.grad.abs().sum() > 0 for p in model.parameters() if p.requires_grad)
     return msg
 
 
@@ -50,10 +54,14 @@ def test_bad_id_fails_on_every_rank(feature, value):
     assert messages[0] == messages[1]
 
 
-def test_bad_id_fails_on_every_rank_without_hybrid_tables():
-    """With no frequency_hybrid table in the module the verdicts take their own all-to-all."""
-    kinds = {c: "tw" for c in KINDS}
-    messages = run_ranks(bad_ids, 3, timeout=120, feature="f1", value=-(2**40), kinds=kinds)
+@pytest.mark.parametrize("kind", ["tw", "dp"])
+def test_bad_id_fails_on_every_rank_without_hybrid_tables(kind):
+    """With no frequency_hybrid table in the module the verdicts ride the stock input dist's
+    split sizes (table_wise), or, with no stock input dist (data_parallel only), take an
+    all-to-all of their own."""
+    kinds = {c: kind for c in KINDS}
+    messages = run_ranks(bad_ids, 3, timeout=120, feature="f1", value=-(2**40), kinds=kinds,
+                         fused_only=kind != "dp")
     assert messages[0] == messages[1] == messages[2]
 
 
@@ -119,12 +127,13 @@ def collectives_per_step(rank, world, kinds, validate_ids):
     return sorted(calls), checked, ctx.id_check is None
 
 
-@pytest.mark.parametrize("hybrid", [True, False], ids=["hybrid", "stock-only"])
-def test_id_check_verdict_rides_the_cold_metadata(hybrid):
-    """With a hybrid table the id check adds no collective (its verdict travels in the cold
-    metadata all-to-all); without one it adds one all-to-all. The check is carried in the
-    module's typed context and settled before the lookups."""
-    kinds = KINDS if hybrid else {c: "tw" for c in KINDS}
+@pytest.mark.parametrize("plan", ["hybrid", "table_wise", "row_wise", "data_parallel"])
+def test_id_check_verdict_rides_an_existing_collective(plan):
+    """The id check adds no collective where the module has one to carry its verdict: the hybrid
+    cold metadata all-to-all, or a stock input dist's split-size all-to-all (table_wise,
+    row_wise); a module of data_parallel tables only, which has neither, adds one all-to-all.
+    The check is carried in the module's typed context and settled before the lookups."""
+    kinds = KINDS if plan == "hybrid" else {c: {"table_wise": "tw", "row_wise": "rw"}.get(plan, "dp") for c in KINDS}
     on = run_ranks(collectives_per_step, 2, timeout=120, kinds=kinds, validate_ids=True)
     off = run_ranks(collectives_per_step, 2, timeout=120, kinds=kinds, validate_ids=False)
     for (calls_on, checked, settled), (calls_off, unchecked, _) in zip(on, off):
@@ -132,4 +141,4 @@ def test_id_check_verdict_rides_the_cold_metadata(hybrid):
         extra = list(calls_on)
         for c in calls_off:
             extra.remove(c)
-        assert extra == ([] if hybrid else ["all_to_all_single"]), (calls_on, calls_off)
+        assert extra == (["all_to_all_single"] if plan == "data_parallel" else []), (calls_on, calls_off)

@@ -169,7 +169,7 @@ def structure_cases(rank, world, kinds):
 @pytest.mark.parametrize("kinds,world", [(KINDS, 3), (STOCK, 2)], ids=["hybrid", "stock-only"])
 def test_malformed_batch_on_one_rank_fails_on_every_rank(kinds, world):
     """With hybrid tables the verdicts ride the cold metadata; with stock types only, the
-    id check's all-to-all: either way every rank raises the same error within seconds."""
+    stock input dist's split sizes: either way every rank raises the same error within seconds."""
     results = run_ranks(structure_cases, world, timeout=300, kinds=kinds)
     for case in results[0]:
         msgs = {r[case][1] for r in results}

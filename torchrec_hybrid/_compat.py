@@ -10,6 +10,7 @@ from typing import Callable, Iterator, List, Mapping, NamedTuple, Optional, Tupl
 
 import torch
 import torch.distributed as dist
+import torchrec.distributed.dist_data as _tr_dist_data
 import torchrec.distributed.planner.stats as _tr_stats
 from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
@@ -28,6 +29,68 @@ class Deferred(Awaitable):
 
     def _wait_impl(self):
         return self._fn()
+
+
+# --- TorchRec KJT all-to-all: extra rows in its split-size exchange ----------------------
+
+
+class SplitsRows:
+    """Rows that rode a stock ``KJTAllToAll``'s split-size all-to-all (see
+    :func:`splits_exchange_with_rows`). ``received`` (host ints, set when TorchRec waits for the
+    splits): row r, column j = what rank j sent as its row r; None until then."""
+
+    def __init__(self, rows: List[torch.Tensor], pg: dist.ProcessGroup) -> None:
+        self.rows, self.pg = rows, pg
+        self.attached = False
+        self.received: Optional[List[List[int]]] = None
+
+
+_pending_rows: List[SplitsRows] = []
+
+
+class _SplitsAllToAllWithRows(_tr_dist_data.SplitsAllToAllAwaitable):
+    """TorchRec's ``SplitsAllToAllAwaitable`` that sends the pending :class:`SplitsRows` as extra
+    rows of its splits tensor and strips them before TorchRec reads the splits (as TorchRec's own
+    collective tag rides it; checked against torchrec 1.8.0). Only the first exchange on the
+    rows' process group carries them."""
+
+    def __init__(self, input_tensors, pg, *args, **kwargs) -> None:
+        carried = None
+        if _pending_rows and not _pending_rows[-1].attached and pg is _pending_rows[-1].pg and input_tensors:
+            carried = _pending_rows[-1]
+            carried.attached = True
+            like = input_tensors[0]
+            input_tensors = list(input_tensors) + [r.to(device=like.device, dtype=like.dtype) for r in carried.rows]
+        self._carried = carried
+        super().__init__(input_tensors, pg, *args, **kwargs)
+
+    def _wait_impl(self):
+        ret = super()._wait_impl()
+        if self._carried is None:
+            return ret
+        n = len(self._carried.rows)
+        self._carried.received = ret[len(ret) - n:]
+        return ret[:len(ret) - n]
+
+
+@contextlib.contextmanager
+def splits_exchange_with_rows(rows: List[torch.Tensor], pg: dist.ProcessGroup) -> Iterator[SplitsRows]:
+    """While active, the first stock ``KJTAllToAll`` on ``pg`` to start its split-size exchange
+    sends ``rows`` (each ``[W]``, one entry per destination, int64) as extra rows of it: no
+    collective and no host sync of their own (TorchRec's ``tolist`` of the splits reads them
+    too). Yields a :class:`SplitsRows`; ``attached`` tells whether an exchange took them (none
+    does with one rank, or when the module has no such input dist). Swaps the class TorchRec's
+    ``KJTAllToAllSplitsAwaitable`` builds for the duration (``dist_data.SplitsAllToAllAwaitable``;
+    checked against torchrec 1.8.0)."""
+    carried = SplitsRows(rows, pg)
+    stock = _tr_dist_data.SplitsAllToAllAwaitable
+    _pending_rows.append(carried)
+    _tr_dist_data.SplitsAllToAllAwaitable = _SplitsAllToAllWithRows  # type: ignore[misc]
+    try:
+        yield carried
+    finally:
+        _pending_rows.pop()
+        _tr_dist_data.SplitsAllToAllAwaitable = stock  # type: ignore[misc]
 
 
 # --- TorchRec embedding shardings ---------------------------------------------------------

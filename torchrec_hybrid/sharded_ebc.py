@@ -13,8 +13,9 @@ its table size, and (``validate_weights``) every per-sample weight for NaN / inf
 device without a host sync. A rank never raises on its own: it records its first problem in
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
 harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
-collectives complete; the reports ride the hybrid cold metadata all-to-all (or, without
-hybrid tables, one small all-to-all) and every rank raises the same
+collectives complete; the reports ride the hybrid cold metadata all-to-all (without hybrid
+tables, the split sizes a stock input dist exchanges anyway, or with none - only
+data_parallel tables - one small all-to-all) and every rank raises the same
 :class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
 the problem.
 """
@@ -132,22 +133,34 @@ class IdCheck:
     report: this rank's int64 ``[code, index, value]`` (its first problem; zeros: none).
     carried: every rank's report rides the hybrid cold metadata and arrives in the lookup
         input (:attr:`HybridLookupInput.id_reports`).
-    gathered / work: otherwise the async exchange of every rank's report (an all-to-all;
-        None on one rank).
+    rider: otherwise, every rank's report as extra rows of a stock input dist's split-size
+        all-to-all (``_compat.splits_exchange_with_rows``), read when TorchRec reads the splits.
+    gathered / work: else (no such input dist, e.g. only data_parallel tables) the async
+        exchange of every rank's report (an all-to-all of its own; None on one rank).
     """
 
     report: torch.Tensor
     carried: bool = False
+    rider: Optional[_compat.SplitsRows] = None
     gathered: Optional[torch.Tensor] = None
     work: Optional[dist.Work] = None
 
     def reports(self, dist_input: List[Any]) -> List[List[int]]:
         """Every rank's report ``[code, index, value]`` (waits for them if they are still on
-        the way). Carried ones are host data already (the cold exchange's one sync)."""
+        the way). Carried or ridden ones are host data already (their exchange's one sync)."""
         if self.carried:
             words = next(x for x in dist_input if isinstance(x, HybridLookupInput)).id_reports
             assert words is not None  # carried: the cold metadata brought every rank's report
             return id_reports_from_words(words)
+        if self.rider is not None:
+            received = self.rider.received
+            if received is None:
+                raise RuntimeError("the id check's reports ride the input dist's split sizes, which were not "
+                                   "waited for before the lookups")
+            codes, index, value = received
+            if not any(codes):  # every step but a rejected one: no per-rank work
+                return [[0, 0, 0]] * len(codes)
+            return [list(r) for r in zip(codes, index, value)]
         if self.work is not None:
             self.work.wait()
         return (self.report if self.gathered is None else self.gathered).view(-1, 3).tolist()
@@ -244,8 +257,9 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         hot_ids: hot row ids per table name (validated collectively here).
         validate_ids: check each rank's batch every step - its structure and every id
             against its table size - and raise on all ranks instead of crashing or hanging
-            one (the verdicts ride the hybrid cold metadata, or one tiny all-to-all without
-            hybrid tables). False turns off every input check (the weights' too).
+            one (the verdicts ride the hybrid cold metadata, else a stock input dist's split
+            sizes, else - only data_parallel tables - one tiny all-to-all). False turns off
+            every input check (the weights' too).
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample
             weights (one pass over the weights; False skips it).
     """
@@ -349,7 +363,11 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             features, ctx.id_check = self._start_id_check(features, problem)
         if self._reference_keys is None and isinstance(features, KeyedJaggedTensor):
             self._reference_keys = tuple(features.keys())
-        splits = super().input_dist(ctx, features)
+        check, pg = ctx.id_check, self._check_pg
+        if check is not None and not check.carried and pg is not None and dist.get_world_size(pg) > 1:
+            splits = self._stock_input_dist_with_reports(ctx, features, check, pg)
+        else:
+            splits = super().input_dist(ctx, features)
         if self._carry_id_check:  # the cold all-to-all starts now, carrying the report
             words = self._no_report_words if ctx.id_check is None else id_report_words(ctx.id_check.report)
             for awaitable in splits.awaitables:
@@ -364,13 +382,14 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     @record_function("## hybrid:id_check ##")
     def _start_id_check(self, features: KeyedJaggedTensor, problem: Optional[List[int]] = None
                         ) -> Tuple[KeyedJaggedTensor, IdCheck]:
-        """Checks the batch locally and starts sending the verdict to every rank.
+        """Checks the batch locally; :meth:`input_dist` sends the verdict to every rank.
 
-        With a frequency-hybrid sharding the verdict rides its cold metadata (no collective
-        of its own; :meth:`input_dist` hands it over); else an async all-to-all overlaps the
-        input all-to-alls. Either way it is read before the lookups. This rank never raises
-        here (the others would wait in the step's collectives): a malformed batch is replaced
-        by an empty one, bad ids by ids in range and bad weights by 0 meanwhile, so the dists stay in step.
+        With a frequency-hybrid sharding the verdict rides its cold metadata; else the split
+        sizes of a stock input dist, or an all-to-all of its own
+        (:meth:`_stock_input_dist_with_reports`). Either way it is read before the lookups. This
+        rank never raises here (the others would wait in the step's collectives): a malformed
+        batch is replaced by an empty one, bad ids by ids in range and bad weights by 0
+        meanwhile, so the dists stay in step.
         """
         check = IdCheck(report=self._no_report, carried=self._carry_id_check)
         problem = problem or self._structure_problem(features)
@@ -379,15 +398,26 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             features = self._placeholder(features)
         else:
             features = self._check_values(features, check)
-        pg = self._check_pg
-        if not check.carried and pg is not None and dist.get_world_size(pg) > 1:
-            # one all-to-all round (each rank's report to every rank) rather than an all-gather:
-            # gloo's all-gather takes W - 1 rounds, each a wake-up of every rank
-            dev, w = collective_device(pg), dist.get_world_size(pg)
+        return features, check
+
+    def _stock_input_dist_with_reports(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor,
+                                       check: IdCheck, pg: dist.ProcessGroup):
+        """The stock input dists, every rank's report riding the first stock split-size all-to-all
+        on the module's group as 3 extra rows (no collective, no host sync of its own: TorchRec's
+        ``tolist`` of the splits reads them); a module with none (only data_parallel tables, or
+        a sharding on a sub-group) sends them in one all-to-all of its own, after the dists'."""
+        w = dist.get_world_size(pg)
+        rows = list(check.report.view(3, 1).expand(3, w).unbind(0))
+        with _compat.splits_exchange_with_rows(rows, pg) as rider:
+            splits = super().input_dist(ctx, features)
+        if rider.attached:
+            check.rider = rider
+        else:  # one all-to-all round rather than an all-gather: gloo's takes W - 1 rounds
+            dev = collective_device(pg)
             check.gathered = torch.empty(w * 3, dtype=torch.int64, device=dev)
             check.work = dist.all_to_all_single(check.gathered, check.report.to(dev).repeat(w), group=pg,
                                                 async_op=True)
-        return features, check
+        return splits
 
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck) -> KeyedJaggedTensor:
         """Every id against its table's size, every weight finite: vectorised and without a

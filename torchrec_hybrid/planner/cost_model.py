@@ -31,9 +31,10 @@ Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
   ``2*(W-1)/W*H*D*4``. (With an optimizer that changes rows on a zero gradient - weight
   decay, Adam - only rows some rank looked up travel, plus an all-gather of H-byte masks;
   this prices the upper bound.)
-Per sharded module (not per table): the id-check verdicts (an all-to-all of 3 int64 per
-rank, or 4 int32 per peer in the hybrid metadata all-to-all) and the small splits exchange
-of each stock KJTAllToAll (:func:`module_overhead_bytes`).
+Per sharded module (not per table): the id-check verdicts (4 int32 per peer in the hybrid
+metadata all-to-all, else 3 int64 per peer in a stock KJTAllToAll's splits exchange or, with
+neither, an all-to-all of their own) and the small splits exchange of each stock KJTAllToAll
+(:func:`module_overhead_bytes`).
 """
 
 from __future__ import annotations
@@ -283,9 +284,10 @@ def module_overhead_bytes(world: int, types: Iterable[str], validate_ids: bool =
     """Per sharded module (its sharding ``types``) and step: the id-check verdicts + each stock
     KJTAllToAll's splits exchange (:func:`stock_input_dists`).
 
-    The verdicts take an all-to-all of 3 int64 per peer, or with a frequency-hybrid sharding in the
-    module 4 int32 words per destination in its metadata all-to-all (whose per-table counts
-    :func:`hybrid_bytes` prices).
+    The verdicts take 3 int64 per peer (as extra rows of a stock splits exchange, or an all-to-all
+    of their own in a module of data_parallel tables only), or with a frequency-hybrid sharding
+    in the module 4 int32 words per destination in its metadata all-to-all (whose per-table
+    counts :func:`hybrid_bytes` prices).
     """
     types = set(types)
     per_peer = 4 * INT32 if FREQUENCY_HYBRID in types else 3 * INT64

@@ -198,8 +198,8 @@ def collectives_per_step(options: List[ShardingOption]) -> int:
     n = 0
     for types in sharding_groups(options).values():
         n += sum(COLLECTIVES_PER_STEP.get(t, 5) for t in types)
-        if FREQUENCY_HYBRID not in types:
-            n += 1  # the id check's all-to-all (the hybrid metadata carries it otherwise)
+        if not cm.stock_input_dists(types) and FREQUENCY_HYBRID not in types:
+            n += 1  # the id check's own all-to-all (else it rides the hybrid metadata or a stock splits exchange)
     return n
 
 
