@@ -54,11 +54,15 @@ def test_bad_id_fails_on_every_rank(feature, value):
     assert messages[0] == messages[1]
 
 
-@pytest.mark.parametrize("kind", ["tw", "dp"])
-def test_bad_id_fails_on_every_rank_without_hybrid_tables(kind):
+@pytest.mark.parametrize("kind", ["tw", "tw-overflow-debug", "dp"])
+def test_bad_id_fails_on_every_rank_without_hybrid_tables(kind, monkeypatch):
     """With no frequency_hybrid table in the module the verdicts ride the stock input dist's
-    split sizes (table_wise), or, with no stock input dist (data_parallel only), take an
-    all-to-all of their own."""
+    split sizes (table_wise; also with TorchRec's overflow checks of those sizes on, which read
+    their last row: the verdicts go first), or, with no stock input dist (data_parallel only),
+    take an all-to-all of their own."""
+    if kind == "tw-overflow-debug":  # read when the ranks import torchrec
+        monkeypatch.setenv("TORCHREC_OVERFLOW_DEBUG", "1")
+    kind = kind.split("-")[0]
     kinds = {c: kind for c in KINDS}
     messages = run_ranks(bad_ids, 3, timeout=120, feature="f1", value=-(2**40), kinds=kinds,
                          fused_only=kind != "dp")
@@ -142,3 +146,57 @@ def test_id_check_verdict_rides_an_existing_collective(plan):
         for c in calls_off:
             extra.remove(c)
         assert extra == (["all_to_all_single"] if plan == "data_parallel" else []), (calls_on, calls_off)
+
+
+def bad_id_under_pipeline(rank, world, kind, bad_step):
+    """A DLRM trained by TrainPipelineSparseDist (which fuses the input dists' split-size
+    exchanges from its second batch on); the last rank's batch ``bad_step`` has a bad id."""
+    import itertools
+
+    from torchrec.datasets.utils import Batch
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, data_parallel, table_wise
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+    from torchrec.distributed.types import ShardingPlan
+    from torchrec.models.dlrm import DLRM, DLRMTrain
+
+    configs = [torchrec.EmbeddingBagConfig(name=f"t{i}", embedding_dim=8, num_embeddings=20 + i,
+                                           feature_names=[f"f{i}"]) for i in range(3)]
+    keys = [c.feature_names[0] for c in configs]
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    model = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=4, dense_arch_layer_sizes=[8],
+                           over_arch_layer_sizes=[4, 1], dense_device=torch.device("cpu")))
+    sharder = HybridEmbeddingBagCollectionSharder(fused_params=OPTIMIZERS["sgd"])
+    spec = {c.name: (table_wise(rank=i % world) if kind == "tw" else data_parallel()) for i, c in enumerate(configs)}
+    path = "model.sparse_arch.embedding_bag_collection"
+    plan = ShardingPlan({path: construct_module_sharding_plan(ebc, spec, sharder=sharder, local_size=world,
+                                                              world_size=world, device_type="cpu")})
+    dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=[sharder])
+    opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1)
+    g = torch.Generator().manual_seed(rank)
+
+    def batch(step):
+        values = torch.randint(0, 20, (6 * len(keys),), generator=g)
+        if step == bad_step and rank == world - 1:
+            values[0] = 10**6
+        sparse = torchrec.KeyedJaggedTensor(keys=keys, values=values, lengths=torch.full((3 * len(keys),), 2))
+        return Batch(dense_features=torch.rand(3, 4, generator=g), sparse_features=sparse,
+                     labels=torch.randint(0, 2, (3,), generator=g).float())
+
+    pipeline = TrainPipelineSparseDist(dmp, opt, torch.device("cpu"))
+    it = iter(batch(s) for s in itertools.count())
+    for _ in range(bad_step):  # the good batches train
+        pipeline.progress(it)
+    with pytest.raises(InvalidIdError) as err:
+        pipeline.progress(it)
+    assert "'f0'" in str(err.value) and f"rank {world - 1}" in str(err.value), str(err.value)
+    return str(err.value)
+
+
+@pytest.mark.parametrize("kind", ["tw", "dp"])
+def test_bad_id_fails_on_every_rank_under_train_pipeline(kind):
+    """Under TrainPipelineSparseDist the verdicts of a module without hybrid tables take an
+    all-to-all of their own from the second batch on (the pipeline fuses the split-size
+    exchanges outside the module): every rank still raises the same error, on the same step."""
+    messages = run_ranks(bad_id_under_pipeline, 2, timeout=120, kind=kind, bad_step=3)
+    assert messages[0] == messages[1]

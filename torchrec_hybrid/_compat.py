@@ -50,17 +50,21 @@ _pending_rows: List[SplitsRows] = []
 
 class _SplitsAllToAllWithRows(_tr_dist_data.SplitsAllToAllAwaitable):
     """TorchRec's ``SplitsAllToAllAwaitable`` that sends the pending :class:`SplitsRows` as extra
-    rows of its splits tensor and strips them before TorchRec reads the splits (as TorchRec's own
-    collective tag rides it; checked against torchrec 1.8.0). Only the first exchange on the
-    rows' process group carries them."""
+    rows of its splits tensor, ahead of TorchRec's (whose last row, the stride, its own checks
+    read; its collective tag goes after all of them), and strips them before TorchRec reads
+    the splits (checked against torchrec 1.8.0). Only the first exchange on the rows' process
+    group carries them, and none while torch.compile traces (TorchRec then asserts every
+    received entry is a size, and the reports may be negative)."""
 
     def __init__(self, input_tensors, pg, *args, **kwargs) -> None:
         carried = None
-        if _pending_rows and not _pending_rows[-1].attached and pg is _pending_rows[-1].pg and input_tensors:
-            carried = _pending_rows[-1]
+        pending = _pending_rows[-1] if _pending_rows else None
+        if (pending is not None and not pending.attached and pg is pending.pg and input_tensors
+                and not torch.compiler.is_compiling()):
+            carried = pending
             carried.attached = True
             like = input_tensors[0]
-            input_tensors = list(input_tensors) + [r.to(device=like.device, dtype=like.dtype) for r in carried.rows]
+            input_tensors = [r.to(device=like.device, dtype=like.dtype) for r in carried.rows] + list(input_tensors)
         self._carried = carried
         super().__init__(input_tensors, pg, *args, **kwargs)
 
@@ -69,8 +73,8 @@ class _SplitsAllToAllWithRows(_tr_dist_data.SplitsAllToAllAwaitable):
         if self._carried is None:
             return ret
         n = len(self._carried.rows)
-        self._carried.received = ret[len(ret) - n:]
-        return ret[:len(ret) - n]
+        self._carried.received = ret[:n]
+        return ret[n:]
 
 
 @contextlib.contextmanager
@@ -78,10 +82,13 @@ def splits_exchange_with_rows(rows: List[torch.Tensor], pg: dist.ProcessGroup) -
     """While active, the first stock ``KJTAllToAll`` on ``pg`` to start its split-size exchange
     sends ``rows`` (each ``[W]``, one entry per destination, int64) as extra rows of it: no
     collective and no host sync of their own (TorchRec's ``tolist`` of the splits reads them
-    too). Yields a :class:`SplitsRows`; ``attached`` tells whether an exchange took them (none
-    does with one rank, or when the module has no such input dist). Swaps the class TorchRec's
+    too). Yields a :class:`SplitsRows`; ``attached`` tells whether an exchange took them. None
+    does with one rank, in a module with no such input dist (data_parallel tables only), on a
+    sharding sub-group (2D parallel), or under ``TrainPipelineSparseDist`` from its second
+    batch on (it replaces the input dists' forward and fuses their splits exchanges into one,
+    built outside the module's ``input_dist``). Swaps the class TorchRec's
     ``KJTAllToAllSplitsAwaitable`` builds for the duration (``dist_data.SplitsAllToAllAwaitable``;
-    checked against torchrec 1.8.0)."""
+    checked against torchrec 1.8.0; input dists run on the training thread)."""
     carried = SplitsRows(rows, pg)
     stock = _tr_dist_data.SplitsAllToAllAwaitable
     _pending_rows.append(carried)

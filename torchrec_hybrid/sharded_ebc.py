@@ -14,8 +14,10 @@ device without a host sync. A rank never raises on its own: it records its first
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
 harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
 collectives complete; the reports ride the hybrid cold metadata all-to-all (without hybrid
-tables, the split sizes a stock input dist exchanges anyway, or with none - only
-data_parallel tables - one small all-to-all) and every rank raises the same
+tables, the split sizes a stock input dist exchanges anyway, where the module starts that
+exchange itself; else - data_parallel tables only, a 2D sharding sub-group, or the splits
+``TrainPipelineSparseDist`` fuses from its second batch on - one small all-to-all) and
+every rank raises the same
 :class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
 the problem.
 """
@@ -135,7 +137,7 @@ class IdCheck:
         input (:attr:`HybridLookupInput.id_reports`).
     rider: otherwise, every rank's report as extra rows of a stock input dist's split-size
         all-to-all (``_compat.splits_exchange_with_rows``), read when TorchRec reads the splits.
-    gathered / work: else (no such input dist, e.g. only data_parallel tables) the async
+    gathered / work: else (no exchange took the rows, :meth:`input_dist`) the async
         exchange of every rank's report (an all-to-all of its own; None on one rank).
     """
 
@@ -258,7 +260,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         validate_ids: check each rank's batch every step - its structure and every id
             against its table size - and raise on all ranks instead of crashing or hanging
             one (the verdicts ride the hybrid cold metadata, else a stock input dist's split
-            sizes, else - only data_parallel tables - one tiny all-to-all). False turns off
+            sizes, else one tiny all-to-all: see the module docstring). False turns off
             every input check (the weights' too).
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample
             weights (one pass over the weights; False skips it).
@@ -404,8 +406,10 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                        check: IdCheck, pg: dist.ProcessGroup):
         """The stock input dists, every rank's report riding the first stock split-size all-to-all
         on the module's group as 3 extra rows (no collective, no host sync of its own: TorchRec's
-        ``tolist`` of the splits reads them); a module with none (only data_parallel tables, or
-        a sharding on a sub-group) sends them in one all-to-all of its own, after the dists'."""
+        ``tolist`` of the splits reads them). Where no exchange takes them - no stock input dist
+        (data_parallel tables only), a sharding sub-group (2D), or ``TrainPipelineSparseDist``
+        from its second batch on, which fuses the splits of every input dist outside this
+        call - they go in one all-to-all of their own, after the dists' (every rank alike)."""
         w = dist.get_world_size(pg)
         rows = list(check.report.view(3, 1).expand(3, w).unbind(0))
         with _compat.splits_exchange_with_rows(rows, pg) as rider:
