@@ -54,15 +54,15 @@ def test_bad_id_fails_on_every_rank(feature, value):
     assert messages[0] == messages[1]
 
 
-@pytest.mark.parametrize("kind", ["tw", "tw-overflow-debug", "dp"])
-def test_bad_id_fails_on_every_rank_without_hybrid_tables(kind, monkeypatch):
+@pytest.mark.parametrize("kind,overflow_debug", [("tw", False), ("tw", True), ("dp", False)],
+                         ids=["tw", "tw-overflow-debug", "dp"])
+def test_bad_id_fails_on_every_rank_without_hybrid_tables(kind, overflow_debug, monkeypatch):
     """With no frequency_hybrid table in the module the verdicts ride the stock input dist's
     split sizes (table_wise; also with TorchRec's overflow checks of those sizes on, which read
     their last row: the verdicts go first), or, with no stock input dist (data_parallel only),
     take an all-to-all of their own."""
-    if kind == "tw-overflow-debug":  # read when the ranks import torchrec
+    if overflow_debug:  # read when the ranks import torchrec
         monkeypatch.setenv("TORCHREC_OVERFLOW_DEBUG", "1")
-    kind = kind.split("-")[0]
     kinds = {c: kind for c in KINDS}
     messages = run_ranks(bad_ids, 3, timeout=120, feature="f1", value=-(2**40), kinds=kinds,
                          fused_only=kind != "dp")

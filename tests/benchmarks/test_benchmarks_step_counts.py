@@ -32,7 +32,9 @@ def test_counts_what_a_step_issues():
         assert summary["ops"] >= 10
 
 
-def _hybrid_vs_table_wise(rank, world):
+def _counted_steps(rank, world, models):
+    """Per-step counts of one training step for each ``(name, hybrid sharder?, plan kinds)`` of
+    ``models``: the test EBC, row-wise Adagrad, the same batch for all (after a warm-up step)."""
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
     from benchmarks.step_counts import count_training_step
@@ -44,12 +46,13 @@ def _hybrid_vs_table_wise(rank, world):
     keys = [f for c in configs for f in c.feature_names]
     fused = OPTIMIZERS["rowwise_adagrad"]
     out = {}
-    for kind, sharder in (("hybrid", HybridEmbeddingBagCollectionSharder(hot, fused_params=dict(fused))),
-                          ("tw", EmbeddingBagCollectionSharder(fused_params=dict(fused)))):
-        model = build(configs, world, {c.name: kind for c in configs}, sharder)
+    for name, ours, kinds in models:
+        sharder = (HybridEmbeddingBagCollectionSharder(hot, fused_params=dict(fused)) if ours
+                   else EmbeddingBagCollectionSharder(fused_params=dict(fused)))
+        model = build(configs, world, {c.name: kinds[i % len(kinds)] for i, c in enumerate(configs)}, sharder)
         batch = skewed_batch(configs, keys, batch=6, seed=rank, hot=hot, weighted=False, mode="mixed")
         model(batch).wait().values().sum().backward()  # warm-up: first-step set-up is not a step
-        out[kind] = count_training_step(model, batch)
+        out[name] = count_training_step(model, batch)
     return out
 
 
@@ -57,7 +60,7 @@ def test_hybrid_issues_no_more_collectives_or_host_syncs_than_table_wise():
     """Issue 15's budget: an all-hybrid EBC issues per step (forward and backward) no more
     collectives and no more host syncs than the same EBC sharded table_wise (before the input
     dist went sync-free: 12 in the forward against table_wise's 5)."""
-    for counts in run_ranks(_hybrid_vs_table_wise, 2):
+    for counts in run_ranks(_counted_steps, 2, models=[("hybrid", True, ["hybrid"]), ("tw", False, ["tw"])]):
         h, t = counts["hybrid"], counts["tw"]
         assert h["fwd_collectives"] + h["bwd_collectives"] <= t["fwd_collectives"] + t["bwd_collectives"], counts
         assert h["fwd_collectives"] > 0 and t["fwd_collectives"] > 0, counts
@@ -68,32 +71,12 @@ def test_hybrid_issues_no_more_collectives_or_host_syncs_than_table_wise():
         assert t["fwd_host_syncs"] > 0, counts
 
 
-def _stock_plan_under_both_sharders(rank, world, kinds):
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-
-    from benchmarks.step_counts import count_training_step
-    from tests.models import OPTIMIZERS, build, hot_ids, skewed_batch, tables
-    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
-
-    configs = tables()
-    keys = [f for c in configs for f in c.feature_names]
-    fused = OPTIMIZERS["rowwise_adagrad"]
-    out = {}
-    for name, sharder in (("ours", HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))),
-                          ("torchrec", EmbeddingBagCollectionSharder(fused_params=dict(fused)))):
-        model = build(configs, world, {c.name: kinds[i % len(kinds)] for i, c in enumerate(configs)}, sharder)
-        batch = skewed_batch(configs, keys, batch=6, seed=rank, hot=hot_ids(None), weighted=False, mode="mixed")
-        model(batch).wait().values().sum().backward()  # warm-up: first-step set-up is not a step
-        out[name] = count_training_step(model, batch)
-    return out
-
-
 def test_a_stock_plan_costs_no_collective_or_host_sync_more_under_our_sharder():
     """When the planner falls back to stock types the user still runs our sharder, which checks
     every id: its verdicts ride TorchRec's own split-size all-to-all, so the step issues exactly
     TorchRec's collectives and host syncs (it used to add an all-to-all and a host sync)."""
     for kinds in (["tw"], ["tw", "rw", "dp"]):
-        for counts in run_ranks(_stock_plan_under_both_sharders, 2, kinds=kinds):
+        for counts in run_ranks(_counted_steps, 2, models=[("ours", True, kinds), ("torchrec", False, kinds)]):
             ours, stock = counts["ours"], counts["torchrec"]
             for k in ("fwd_collectives", "bwd_collectives", "fwd_host_syncs", "bwd_host_syncs"):
                 assert ours[k] == stock[k], (kinds, k, counts)
