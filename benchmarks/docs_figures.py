@@ -308,7 +308,7 @@ def table_results_cold_layouts() -> str:
 def table_results_device_check() -> str:
     from benchmarks.device_check import markdown
 
-    return "\n".join(markdown(load("device_check_h200")).splitlines()[4:])  # the table, without its preamble
+    return "\n".join(markdown(load("device_check_h100")).splitlines()[4:])  # the table, without its preamble
 
 
 TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
@@ -353,7 +353,20 @@ def facts() -> Dict[str, str]:
     f.update(_drift_facts())
     f.update(_headline_and_sweep_facts())
     f.update(_refit_facts())
+    f.update(_device_check_facts())
     return f
+
+
+def _device_check_facts() -> Dict[str, str]:
+    """The GPU check's W=1 (NCCL) rows: the kernels' own time against the step, and the launches."""
+    rows = [r for r in load("device_check_h100")["rows"] if r["world"] == 1]
+    kernels = [r["launches_per_step"]["kernels"] for r in rows]
+    per_launch = [1000 * (r["step_ms"] - r["launches_per_step"]["gpu_kernel_ms"]) / r["launches_per_step"]["kernels"]
+                  for r in rows]
+    return {"dc_kernel_ms": span((r["launches_per_step"]["gpu_kernel_ms"] for r in rows), lambda v: f"{v:.1f}"),
+            "dc_step_ms": span((r["step_ms"] for r in rows), lambda v: f"{v:.1f}"),
+            "dc_launches": str(unique(kernels, "GPU check launches")),
+            "dc_per_launch_us": str(round(statistics.median(per_launch)))}
 
 
 def _refit_facts() -> Dict[str, str]:
@@ -700,6 +713,8 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "and send {refit_onehot_bytes} the stock plan's bytes, but with multi-hot bags the "
                         "planner keeps TorchRec's own plan"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
+    ("docs/results.md", "{dc_kernel_ms} ms of a {dc_step_ms} ms step at W=1 on one H100, the rest is the host "
+                        "launching about {dc_launches} kernels (some {dc_per_launch_us} µs each"),
     # benchmarks/README.md
     ("benchmarks/README.md", "--headline   # the acceptance configuration alone ({headline_minutes} here)"),
     ("benchmarks/README.md", "--quick      # {quick_budget} on 2 CPU cores"),
