@@ -137,7 +137,8 @@ def test_a_fitted_collective_price_prices_the_plan_comparison():
 
 def test_a_calibration_without_step_terms_loads_with_none(tmp_path):
     step_terms = ("collective_ms", "busiest_share")
-    terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in ("source",) + step_terms}
+    skip = ("source", "rms_ms") + step_terms
+    terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in skip}
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"fit": {"costs": terms}}))
     loaded = compute_costs.load_calibration(str(old))
@@ -206,3 +207,43 @@ def test_the_step_perf_model_rates_the_blend_of_the_ranks_shard_perf():
     topo = gloo_topology(4)
     assert StepPerfModel(topo, cm.ComputeCosts(busiest_share=1.0)).rate(plan) == pytest.approx(4.0)
     assert StepPerfModel(topo, cm.ComputeCosts(busiest_share=0.5)).rate(plan) == pytest.approx(0.5 * 4 + 0.5 * 7 / 4)
+
+
+def _chosen(planner):
+    return next(c for c in planner.candidates if planner.estimated_rank_bytes() == c.rank_bytes)
+
+
+def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
+    cfg, st = _skewed()
+    dear = cm.ComputeCosts(vector_hybrid=50.0, ids_hybrid=50.0)
+    strict, plan = plan_for(cfg, st, compute_costs=dear, tie_ms=0.0)
+    assert plan["big"].sharding_type != FREQUENCY_HYBRID  # the case: hybrid is dearer than stock here
+    cheapest = min(c.cost["cost_ms"] for c in strict.candidates)
+    fewest = min(strict.candidates, key=lambda c: c.cost["busiest_bytes"])
+    gap = fewest.cost["cost_ms"] - cheapest
+    assert gap > 0 and _chosen(strict).cost["cost_ms"] == cheapest
+    # a tie band wider than the gap: the plan sending the fewest bytes on its busiest rank
+    tied, plan = plan_for(cfg, st, compute_costs=dear, tie_ms=1.01 * gap)
+    assert plan["big"].sharding_type == FREQUENCY_HYBRID
+    assert _chosen(tied).cost["busiest_bytes"] == fewest.cost["busiest_bytes"]
+    # narrower than the gap: the model tells them apart and the cheapest stays
+    apart, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=0.99 * gap)
+    assert _chosen(apart).cost["cost_ms"] == cheapest
+    # the band defaults to the prices' own fit error; bytes-only pricing has none
+    fitted, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_ms=1.01 * gap))
+    assert fitted.tie_ms == pytest.approx(1.01 * gap) and _chosen(fitted).rank_bytes == _chosen(tied).rank_bytes
+    assert plan_for(cfg, st, compute_costs=None)[0].tie_ms == 0.0
+    with pytest.raises(ValueError, match="tie_ms must be a number of ms >= 0, got -1"):
+        plan_for(cfg, st, compute_costs=dear, tie_ms=-1)
+
+
+def test_a_calibration_carries_its_fit_error(tmp_path):
+    terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in ("source", "rms_ms")}
+    cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"fit": {"costs": terms, "rms_ms": 3.5}}))
+    assert compute_costs.load_calibration(str(cal)).rms_ms == 3.5
+    cal.write_text(json.dumps({"fit": {"costs": terms}}))
+    assert compute_costs.load_calibration(str(cal)).rms_ms is None
+    cal.write_text(json.dumps({"fit": {"costs": terms, "rms_ms": "big"}}))
+    with pytest.raises(ValueError, match="cal.json: the fit's rms_ms must be a number >= 0, got 'big'"):
+        compute_costs.load_calibration(str(cal))

@@ -35,7 +35,7 @@ def test_full_config_with_statistics_and_tables(tmp_path):
 topology: {world_size: 2, compute_device: cpu, comms: torchrec, inter_host_bw_gbps: 10, ddr_gb: 8}
 batch_size: 64
 statistics: s.pt
-hot_set: {budget_mb: 1, max_rows: 100, min_saving: 0.1}
+hot_set: {budget_mb: 1, max_rows: 100, min_saving: 0.1, tie_ms: 2.5}
 tables:
   t: {sharding_types: [frequency_hybrid, table_wise], pooling_factors: [1.0]}
 """)
@@ -43,7 +43,7 @@ tables:
     assert kw["frequency_stats"].lookups("t") == 4096
     assert kw["constraints"]["t"].sharding_types == ["frequency_hybrid", "table_wise"]
     assert kw["topology"].devices[0].storage.ddr == 8 * 1024 ** 3
-    assert kw["max_hot_rows"] == 100 and kw["min_saving"] == 0.1
+    assert kw["max_hot_rows"] == 100 and kw["min_saving"] == 0.1 and kw["tie_ms"] == 2.5
 
 
 @pytest.mark.parametrize("text, words", [
@@ -57,6 +57,7 @@ tables:
     ("topology: {world_size: 4}\ntables: {t: {sharding_types: [hybrid]}}\n", "tables.t.sharding_types"),
     ("topology: {world_size: 4}\ntables: {t: {pooling_factors: [-1]}}\n", "tables.t.pooling_factors"),
     ("topology: {world_size: 4}\nhot_set: {min_saving: 1.5}\n", "hot_set.min_saving"),
+    ("topology: {world_size: 4}\nhot_set: {tie_ms: -1}\n", "hot_set.tie_ms: expected a number of ms >= 0, got -1"),
     ("topology: {world_size: 4}\nstatistics: nowhere.pt\n", "does not exist"),
     ("topology: [1, 2\n", "not valid YAML"),
     ("- 1\n", "expected a mapping"),
@@ -83,7 +84,7 @@ def test_shared_sections_name_their_prefix_and_take_nulls():
         parse_hot_set({"budget": 1}, "sharding.hot_set")
     with pytest.raises(PlannerConfigError, match=r"sharding\.hot_set\.max_rows"):
         parse_hot_set({"max_rows": 0}, "sharding.hot_set")
-    assert set(HOT_SET_KEYS) == {"budget_mb", "max_rows", "min_saving", "compute_costs"}
+    assert set(HOT_SET_KEYS) == {"budget_mb", "max_rows", "min_saving", "compute_costs", "tie_ms"}
     c = parse_table_constraints({"t": {"sharding_types": ["table_wise"]}}, "sharding.tables")
     assert c["t"].sharding_types == ["table_wise"]
     with pytest.raises(PlannerConfigError, match=r"sharding\.tables\.t\.sharding_types"):

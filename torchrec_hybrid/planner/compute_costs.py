@@ -26,6 +26,7 @@ CPU_GLOO = ComputeCosts(
     group_stock_ms=0.2508,
     group_hybrid_ms=0.0,
     ns_per_byte=0.0,
+    rms_ms=3.728,
     source="benchmarks/results/calibration.json",
 )
 
@@ -39,10 +40,14 @@ def load_calibration(path: str) -> ComputeCosts:
     to pass as ``HybridEmbeddingShardingPlanner(compute_costs=...)`` on the machine measured."""
     try:
         with open(path) as f:
-            costs: Dict[str, Any] = json.load(f)["fit"]["costs"]
+            fit: Dict[str, Any] = json.load(f)["fit"]
+        costs: Dict[str, Any] = fit["costs"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a calibration file of benchmarks/calibrate.py ({e!r})") from e
-    known = {f.name for f in dataclasses.fields(ComputeCosts)} - {"source"}
+    rms = fit.get("rms_ms")
+    if rms is not None and (isinstance(rms, bool) or not isinstance(rms, (int, float)) or not rms >= 0):
+        raise ValueError(f"{path}: the fit's rms_ms must be a number >= 0, got {rms!r}")
+    known = {f.name for f in dataclasses.fields(ComputeCosts)} - {"source", "rms_ms"}
     unknown, missing = set(costs) - known, known - set(costs) - OPTIONAL_TERMS
     if unknown or missing:
         raise ValueError(f"{path}: calibration terms differ from ComputeCosts: unknown {sorted(unknown)}, "
@@ -52,7 +57,8 @@ def load_calibration(path: str) -> ComputeCosts:
         raise ValueError(f"{path}: prices must be numbers >= 0, got {bad}")
     if costs.get("busiest_share", 0.0) > 1.0:
         raise ValueError(f"{path}: busiest_share is a share of a step, 0..1, got {costs['busiest_share']}")
-    return ComputeCosts(**{k: float(v) for k, v in costs.items()}, source=path)
+    return ComputeCosts(**{k: float(v) for k, v in costs.items()}, rms_ms=None if rms is None else float(rms),
+                        source=path)
 
 
 def default_compute_costs(compute_device: str) -> Optional[ComputeCosts]:

@@ -18,6 +18,7 @@ Schema (see configs/planner.yaml for a documented example)::
       budget_mb: 256               # per-rank memory for all hot replicas
       max_rows: 1048576            # cap on hot rows per table
       min_saving: 0.05             # saving over the best stock type needed to go hybrid
+      tie_ms: 3.7                  # plans within this of the cheapest: fewest bytes wins (default: the fit's RMS)
     tables:                        # optional per-table ParameterConstraints
       t_cat_0: {sharding_types: [frequency_hybrid]}
 
@@ -44,7 +45,7 @@ KNOWN_SHARDING_TYPES = {t.value for t in ShardingType} | {FREQUENCY_HYBRID}
 _TOP_KEYS = {"topology", "batch_size", "statistics", "hot_set", "tables"}
 _TOPOLOGY_KEYS = {"world_size", "compute_device", "local_world_size", "hbm_gb", "ddr_gb", "comms",
                   "bandwidth_gbps", "intra_host_bw_gbps", "inter_host_bw_gbps"}
-HOT_SET_KEYS = frozenset({"budget_mb", "max_rows", "min_saving", "compute_costs"})
+HOT_SET_KEYS = frozenset({"budget_mb", "max_rows", "min_saving", "compute_costs", "tie_ms"})
 _HOT_KEYS = HOT_SET_KEYS
 TABLE_KEYS = frozenset({"sharding_types", "compute_kernels", "pooling_factors", "num_poolings", "batch_sizes",
                "min_partition"})
@@ -167,7 +168,7 @@ def _statistics(path: Any, base_dir: str) -> Any:
 
 def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
     """``{budget_mb, max_rows, min_saving, compute_costs}`` -> planner kwargs
-    (``hot_budget_bytes``, ``max_hot_rows``, ``min_saving``, ``compute_costs``); a missing or
+    (``hot_budget_bytes``, ``max_hot_rows``, ``min_saving``, ``compute_costs``, ``tie_ms``); a missing or
     null value keeps the planner's default. ``compute_costs``: ``default`` (the fit for the
     topology's device), ``network`` (bytes and collectives only, as for a network-bound
     cluster) or the path of a ``benchmarks/calibrate.py`` results JSON."""
@@ -183,6 +184,11 @@ def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
         if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < 1:
             raise PlannerConfigError(f"{where}.min_saving: expected a number in [0, 1), got {ms!r}")
         out["min_saving"] = float(ms)
+    tie = hot.get("tie_ms")
+    if tie is not None:
+        if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not tie >= 0:
+            raise PlannerConfigError(f"{where}.tie_ms: expected a number of ms >= 0, got {tie!r}")
+        out["tie_ms"] = float(tie)
     cc = hot.get("compute_costs")
     if cc is not None:
         if not isinstance(cc, str) or not cc:

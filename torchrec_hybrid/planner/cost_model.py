@@ -500,7 +500,9 @@ class ComputeCosts:
     (None: the planner's default, ``plan_cost.DEFAULT_COLLECTIVE_MS``). ``busiest_share``:
     how much of a step the busiest rank sets, the rest following the mean rank (1: one rank
     per device, the busiest rank is the step; less where ranks share cores and the step
-    follows their total work), fitted from the same step times (None: 1).
+    follows their total work), fitted from the same step times (None: 1). ``rms_ms``: the
+    fit's RMS error per rank, the model's resolution: plans whose costs differ by less are
+    a tie to it, and the planner breaks ties by bytes (None: no tie band).
     """
 
     lookup: float = 0.0
@@ -513,6 +515,7 @@ class ComputeCosts:
     ns_per_byte: float = 0.0
     collective_ms: Optional[float] = None
     busiest_share: Optional[float] = None
+    rms_ms: Optional[float] = None
     source: str = "none"
 
     def step_ms(self, rank_ms: torch.Tensor) -> torch.Tensor:

@@ -92,12 +92,18 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             device (``compute_costs.py``); None: bytes and collectives only.
         compare_plans: also plan with TorchRec's own planner and with every eligible table
             hybrid, price the three with the same model and return the cheapest (default).
+        tie_ms: plans whose costs lie within this many ms of the cheapest are a tie, broken
+            by the fewest busiest-rank bytes. None: the prices' own fit error
+            (``ComputeCosts.rms_ms``), 0 without one.
 
-    ``plan`` returns the cheapest of: the plan of TorchRec's own ``EmbeddingShardingPlanner``
-    (stock types only, as a user would run it), the partitioner's plan over stock and hybrid
-    options, and the plan with every eligible table hybrid - among those whose busiest rank
-    sends no more bytes than the stock plan's. So under the model it is never worse than
-    stock, in cost or in bytes, and a mix of types is taken only if it beats the pure plans.
+    ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
+    only, as a user would run it), the partitioner's plan over stock and hybrid options, and
+    the plan with every eligible table hybrid - those whose busiest rank sends no more bytes
+    than the stock plan's. Of the ones the model cannot tell from the cheapest (within
+    ``tie_ms``) it returns the one sending the fewest bytes on its busiest rank: the byte
+    model is exact, the compute fit is not, and bytes are what grows with the cluster. A plan
+    other than stock must save ``min_saving`` of the stock plan's cost or of its busiest-rank
+    bytes. So it never sends more than stock, and costs no more than the model's error above it.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,
@@ -106,7 +112,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
                  max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
                  collective_ms: Optional[float] = None, compare_plans: bool = True,
-                 compute_costs: Any = "default") -> None:
+                 compute_costs: Any = "default", tie_ms: Optional[float] = None) -> None:
         if stats is not None and _is_frequency_stats(stats):
             frequency_stats, stats = stats, None
         self._user_constraints = constraints
@@ -119,9 +125,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if collective_ms is None:
             fitted = compute_costs.collective_ms if compute_costs is not None else None
             collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
+        if tie_ms is None:
+            tie_ms = (compute_costs.rms_ms if compute_costs is not None else None) or 0.0
+        elif isinstance(tie_ms, bool) or not isinstance(tie_ms, (int, float)) or not tie_ms >= 0:
+            raise ValueError(f"tie_ms must be a number of ms >= 0, got {tie_ms!r}")
         self._args = dict(topology=topology, batch_size=batch_size, frequency_stats=frequency_stats,
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
-                          collective_ms=collective_ms, compute_costs=compute_costs)
+                          collective_ms=collective_ms, compute_costs=compute_costs, tie_ms=tie_ms)
         constraints = constraints_with_measured_pooling(constraints, frequency_stats)
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
@@ -141,6 +151,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self.frequency_stats = frequency_stats
         self._min_saving = min_saving
         self._collective_ms = collective_ms
+        self.tie_ms = float(tie_ms)
         self.compute_costs: Optional[ComputeCosts] = compute_costs
         self._compare = compare_plans
         self.candidates: List[PlanCandidate] = []
@@ -169,15 +180,25 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         # would send more than stock on every network, where the promise is to send less
         allowed = [c for c in self.candidates
                    if not stock or c is stock[0] or c.cost["busiest_bytes"] <= stock[0].cost["busiest_bytes"]]
-        best = min(allowed, key=lambda c: c.cost["cost_ms"])
-        if stock and best is not stock[0] and best.cost["cost_ms"] > (1 - self._min_saving) * stock[0].cost["cost_ms"]:
-            best = stock[0]  # hybrid must pay for itself by min_saving
-        self._chosen = best
+        self._chosen = self._choose(allowed, stock[0] if stock else None)
+        best = self._chosen
         for line in self.comparison_table():
             logger.info(line)
         if self._compare:  # the inner all-hybrid planner does not warn a second time
             _check_sharder_hot_ids(module, sharders, best.plan)
         return best.plan
+
+    def _choose(self, allowed: List[PlanCandidate], stock: Optional[PlanCandidate]) -> PlanCandidate:
+        """The fewest busiest-rank bytes among the plans within ``tie_ms`` of the cheapest;
+        a plan other than stock must save ``min_saving`` of its cost or of its bytes."""
+        cheapest = min(c.cost["cost_ms"] for c in allowed)
+        tied = [c for c in allowed if c.cost["cost_ms"] <= cheapest + self.tie_ms]
+        best = min(tied, key=lambda c: (c.cost["busiest_bytes"], c.cost["cost_ms"]))
+        keep = 1 - self._min_saving
+        if (stock is not None and best is not stock and best.cost["cost_ms"] > keep * stock.cost["cost_ms"]
+                and best.cost["busiest_bytes"] > keep * stock.cost["busiest_bytes"]):
+            best = stock  # hybrid must pay for itself by min_saving
+        return best
 
     def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption]) -> PlanCandidate:
         plan = self._attach_hot_ids(plan, options)
@@ -264,7 +285,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     # -- what the last plan looked like --------------------------------------------------------
     def comparison_table(self) -> List[str]:
         """Lines comparing the candidate plans (logged by ``plan``)."""
-        lines = ["plan candidates (busiest-rank / mean bytes per step, collectives, cost):"]
+        lines = [f"plan candidates (busiest-rank / mean bytes per step, collectives, cost; ties within "
+                 f"{self.tie_ms:.2f} ms go to the fewest bytes):"]
         for c in self.candidates:
             types: Dict[str, int] = {}
             for so in c.options:
