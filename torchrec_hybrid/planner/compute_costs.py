@@ -18,15 +18,17 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=0.05255,
-    vector_stock=8.097,
-    vector_hybrid=9.146,
-    ids_stock=12.3,
-    ids_hybrid=43.22,
-    group_stock_ms=0.2508,
-    group_hybrid_ms=0.0,
-    ns_per_byte=0.0,
-    rms_ms=3.728,
+    lookup=1.229,
+    vector_stock=6.381,
+    vector_hybrid=6.515,
+    ids_stock=11.28,
+    ids_hybrid=39.22,
+    group_stock_ms=2.984,
+    group_hybrid_ms=2.865,
+    ns_per_byte=0.06141,
+    collective_ms=0.0,
+    busiest_share=0.007607,
+    rms_ms=2.990,
     source="benchmarks/results/calibration.json",
 )
 
