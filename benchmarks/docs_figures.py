@@ -163,32 +163,38 @@ def _w4_runs(name: str) -> Dict[str, Dict[str, Any]]:
     return {r["workload"]: r for r in load(name)["results"] if r["world"] == 4}
 
 
-def table_results_refit() -> str:
-    """The CPU-priced plan at W=4 with the committed prices (product_w4) and with the re-fit's
-    (product_w4_refit: the same run given benchmarks/results/calibration_refit.json)."""
-    runs = {name: _w4_runs(name) for name in ("product_w4", "product_w4_refit")}
-    rows = ["| workload | committed prices: plan | bytes / step vs stock | re-fit prices: plan "
-            "| bytes / step vs stock |", "|---|---|---:|---|---:|"]
+def table_results_cpu_plans() -> str:
+    """The CPU-priced plan's sharding types per workload and W (the network-priced one is all hybrid)."""
+    p = product()
+    worlds = sorted({w for _, w in p})
+    rows = ["| workload | " + " | ".join(f"W={w}" for w in worlds) + " |", "|---|" + "---|" * len(worlds)]
     for wl in WORKLOADS:
-        cells = []
-        for name in runs:
-            r = runs[name][wl]
-            q = r["ratios"]["hybrid_planner"]
-            cells += [types_text(r["types"]["hybrid_planner"]), f"{x2(q['busiest'])} / {x2(q['step'])}"]
-        rows.append(f"| {SHORT[wl]} | " + " | ".join(cells) + " |")
+        rows.append(f"| {SHORT[wl]} | " + " | ".join(types_text(p[(wl, w)]["types"]["hybrid_planner"])
+                                                     for w in worlds) + " |")
     return "\n".join(rows)
 
 
+def _plan_kind(types: Dict[str, int]) -> str:
+    n = n_hybrid(types)
+    return "all frequency_hybrid" if n == sum(types.values()) else "stock types" if n == 0 else "mixed"
+
+
 def table_results_step_counts(world: int = 4) -> str:
+    """Collectives, host syncs and ops per step at W=``world``, per plan and kind of plan (its workloads)."""
     p = product()
-    labels = {"hybrid_planner": "CPU-priced (data_parallel + table_wise)", "hybrid_planner_bytes":
-              "network-priced (hybrid)", "stock_planner": "stock planner"}
+    labels = {"hybrid_planner": "CPU-priced", "hybrid_planner_bytes": "network-priced",
+              "stock_planner": "stock planner"}
     rows = ["| W | plan | collectives | host syncs | ops dispatched |", "|---:|---|---:|---:|---:|"]
     for m, label in labels.items():
-        cs = [p[(w, world)][m]["counts"] for w in WORKLOADS]
-        cell = [" / ".join(span((c[f"{d}_{k}"] for c in cs), str) for d in ("fwd", "bwd"))
-                for k in ("collectives", "host_syncs", "ops")]
-        rows.append(f"| {world} | {label} | " + " | ".join(cell) + " |")
+        kinds: Dict[str, List[str]] = {}
+        for wl in WORKLOADS:
+            kinds.setdefault(_plan_kind(p[(wl, world)]["types"][m]), []).append(wl)
+        for kind, wls in kinds.items():
+            cs = [p[(wl, world)][m]["counts"] for wl in wls]
+            cell = [" / ".join(span((c[f"{d}_{k}"] for c in cs), str) for d in ("fwd", "bwd"))
+                    for k in ("collectives", "host_syncs", "ops")]
+            which = "" if len(kinds) == 1 else f": {', '.join(SHORT[wl] for wl in wls)}"
+            rows.append(f"| {world} | {label} ({kind}{which}) | " + " | ".join(cell) + " |")
     return "\n".join(rows)
 
 
@@ -317,7 +323,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_product_bytes": ("docs/results.md", table_results_product_bytes),
     "results_product_steps": ("docs/results.md", table_results_product_steps),
     "results_step_counts": ("docs/results.md", table_results_step_counts),
-    "results_refit": ("docs/results.md", table_results_refit),
+    "results_cpu_plans": ("docs/results.md", table_results_cpu_plans),
     "results_headline": ("docs/results.md", table_results_headline),
     "results_projection": ("docs/results.md", table_results_projection),
     "results_qcomms": ("docs/results.md", table_results_qcomms),
@@ -336,6 +342,7 @@ def _minutes(seconds: float) -> str:
 
 
 ONEHOTS, MULTIHOTS = ("onehot", "sorted-onehot", "uniform"), ("multihot", "sorted-multihot")
+SKEWED_ONEHOTS = ("onehot", "sorted-onehot")
 
 
 def facts() -> Dict[str, str]:
@@ -352,7 +359,6 @@ def facts() -> Dict[str, str]:
     f.update(_projection_facts())
     f.update(_drift_facts())
     f.update(_headline_and_sweep_facts())
-    f.update(_refit_facts())
     f.update(_device_check_facts())
     return f
 
@@ -367,13 +373,6 @@ def _device_check_facts() -> Dict[str, str]:
             "dc_step_ms": span((r["step_ms"] for r in rows), lambda v: f"{v:.1f}"),
             "dc_launches": str(unique(kernels, "GPU check launches")),
             "dc_per_launch_us": str(round(statistics.median(per_launch)))}
-
-
-def _refit_facts() -> Dict[str, str]:
-    """The CPU-priced plan under the re-fit's prices (product_w4_refit): its one-hot byte ratios."""
-    runs = _w4_runs("product_w4_refit")
-    return {"refit_onehot_bytes": span((runs[wl]["ratios"]["hybrid_planner"]["busiest"]
-                                        for wl in ("onehot", "sorted-onehot")), x2)}
 
 
 def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, str]:
@@ -393,21 +392,31 @@ def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, st
 
 def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
                     w4: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
-    """The CPU-priced plan (hybrid_planner): its table types, byte and step ratios, relabelling noise and cost."""
+    """The CPU-priced plan (hybrid_planner): hybrid with one id per feature, stock types otherwise (the docs say
+    so: other results raise), its byte and step ratios, relabelling noise and cost."""
     f: Dict[str, str] = {}
-    cpu = {k: r["types"]["hybrid_planner"] for k, r in p.items()}
-    if any(n_hybrid(t) for t in cpu.values()):
-        raise ValueError("a CPU-priced plan has frequency_hybrid tables: reword the docs")
-    f["cpu_types_onehot"] = unique((types_text(t) for (wl, _), t in cpu.items() if wl in ONEHOTS), "CPU types 1-hot")
-    f["cpu_types_multihot_w2"] = unique((types_text(cpu[(wl, 2)]) for wl in MULTIHOTS), "CPU types multi-hot W=2")
-    f["cpu_types_multihot_w48"] = unique((types_text(cpu[(wl, w)]) for wl in MULTIHOTS for w in worlds if w > 2),
-                                         "CPU types multi-hot W=4, 8")
-    f["w4_cpu_types_onehot"] = unique((types_text(cpu[(wl, 4)]) for wl in ONEHOTS), "CPU types one-hot W=4")
-    f["w4_cpu_types_multihot"] = unique((types_text(cpu[(wl, 4)]) for wl in MULTIHOTS), "CPU types multi-hot W=4")
-    f["w4_cpu_bytes"] = span((r["ratios"]["hybrid_planner"]["busiest"] for r in w4.values()), x2)
-    f["w4_cpu_step"] = span((r["ratios"]["hybrid_planner"]["step"] for r in w4.values()), x2)
-    f["cpu_bytes"] = span((r["ratios"]["hybrid_planner"]["busiest"] for r in p.values()), x2)
-    f["cpu_step"] = span((r["ratios"]["hybrid_planner"]["step"] for r in p.values()), x2)
+    kind = {k: _plan_kind(r["types"]["hybrid_planner"]) for k, r in p.items()}
+    hybrid = {k for k, v in kind.items() if v == "all frequency_hybrid"}
+    stock = {k for k, v in kind.items() if v == "stock types"}
+    if hybrid | stock != set(p) or {wl for wl, _ in hybrid} != set(SKEWED_ONEHOTS):
+        raise ValueError(f"CPU-priced plans: all hybrid for {sorted(hybrid)}, stock for {sorted(stock)}, "
+                         f"expected all hybrid exactly for {SKEWED_ONEHOTS} at some W and stock types otherwise: "
+                         "reword the docs")
+    w4_hybrid = [wl for wl in WORKLOADS if (wl, 4) in hybrid]
+    w4_stock = [wl for wl in WORKLOADS if (wl, 4) in stock]
+    if w4_hybrid != list(SKEWED_ONEHOTS):
+        raise ValueError(f"W=4 CPU-priced hybrid plans for {w4_hybrid}, the docs say {SKEWED_ONEHOTS}")
+    f["w4_cpu_hybrid_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_hybrid), x2)
+    f["w4_cpu_hybrid_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_hybrid), x2)
+    f["w4_cpu_types_multihot"] = unique((types_text(w4[wl]["types"]["hybrid_planner"]) for wl in MULTIHOTS),
+                                        "CPU types multi-hot W=4")
+    f["w4_cpu_types_uniform"] = types_text(w4["uniform"]["types"]["hybrid_planner"])
+    f["w4_cpu_stock_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_stock), x2)
+    f["w4_cpu_stock_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_stock), x2)
+    f["cpu_hybrid_bytes"] = span((p[k]["ratios"]["hybrid_planner"]["busiest"] for k in hybrid), x2)
+    f["cpu_hybrid_step"] = span((p[k]["ratios"]["hybrid_planner"]["step"] for k in hybrid), x2)
+    f["cpu_stock_bytes"] = span((p[k]["ratios"]["hybrid_planner"]["busiest"] for k in stock), x2)
+    f["cpu_stock_step"] = span((p[k]["ratios"]["hybrid_planner"]["step"] for k in stock), x2)
     f.update(_relabel_facts(p, worlds))
     cost = [_plan_cost_ms(r["comparison"]["hybrid_planner"], "*")
             / _plan_cost_ms(r["comparison"]["hybrid_planner"], "stock") for r in w4.values()]
@@ -416,16 +425,17 @@ def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
 
 
 def _relabel_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int]) -> Dict[str, str]:
-    """The CPU-priced step ratios of one-hot vs frequency-sorted one-hot: the same plans on the same batches up to
-    a relabelling of ids, so their difference is the timing noise the docs quote."""
+    """The CPU-priced step ratios of multi-hot vs frequency-sorted multi-hot where both plans are the same stock
+    types (no hot set, no row blocks): the same plans on the same batches up to a relabelling of ids, so their
+    difference is the timing noise the docs quote."""
     relabel = []
     for w in worlds:
-        a, b = p[("onehot", w)], p[("sorted-onehot", w)]
+        a, b = p[("multihot", w)], p[("sorted-multihot", w)]
         for m in ("hybrid_planner", "stock_planner"):
-            if a["types"][m] != b["types"][m]:
-                raise ValueError(f"W={w} {m}: one-hot and sorted one-hot plans differ; reword the noise note")
+            if a["types"][m] != b["types"][m] or n_hybrid(a["types"][m]):
+                raise ValueError(f"W={w} {m}: multi-hot and sorted multi-hot plans differ; reword the noise note")
         if x2(a["ratios"]["hybrid_planner"]["busiest"]) != x2(b["ratios"]["hybrid_planner"]["busiest"]):
-            raise ValueError(f"W={w}: one-hot and sorted one-hot byte ratios differ; reword the noise note")
+            raise ValueError(f"W={w}: multi-hot and sorted multi-hot byte ratios differ; reword the noise note")
         relabel.append((w, x2(a["ratios"]["hybrid_planner"]["step"]), x2(b["ratios"]["hybrid_planner"]["step"])))
     return {"w4_relabel": " and ".join(next(r[1:] for r in relabel if r[0] == 4)),
             "relabel": ", ".join(f"{a} / {b} at W={w}" for w, a, b in relabel)}
@@ -644,11 +654,14 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "{w4_setup}"),
     ("README.md", "statistics from {stats_batches} other batches"),
     ("README.md", "{w4_steps} steps interleaved"),
-    ("README.md", "({w4_cpu_types_onehot} one-hot, {w4_cpu_types_multihot} multi-hot: the small tables "
-                  "data-parallel, which alone sends {w4_cpu_bytes} the stock plan's bytes)"),
-    ("README.md", "its steps are {w4_cpu_step} the stock planner's"),
-    ("README.md", "the same two plans on the same batches up to a relabelling of the ids (one-hot and "
-                  "frequency-sorted one-hot) measured {w4_relabel}"),
+    ("README.md", "frequency_hybrid with one id per feature: {w4_cpu_hybrid_bytes} the stock planner's busiest-rank "
+                  "bytes at {w4_cpu_hybrid_step} its step"),
+    ("README.md", "({w4_cpu_types_multihot} multi-hot, {w4_cpu_types_uniform} uniform: the small tables "
+                  "data-parallel, which alone sends {w4_cpu_stock_bytes} the stock plan's bytes, at "
+                  "{w4_cpu_stock_step} its step)"),
+    ("README.md", "(within its RMS error, {cal_rms})"),
+    ("README.md", "the same two plans on the same batches up to a relabelling of the ids (multi-hot and "
+                  "frequency-sorted multi-hot) measured {w4_relabel}"),
     ("README.md", "it picks frequency_hybrid for {w4_net_tables} tables: {w4_net_onehot} the bytes one-hot, "
                   "{w4_net_multihot} multi-hot, balanced on sorted ids (busiest / mean <= {w4_net_sorted_balance}), "
                   "but {w4_net_slow} the step here with multi-hot bags or uniform ids"),
@@ -689,9 +702,6 @@ SNIPPETS: List[Tuple[str, str]] = [
                         "`{w28_cmd}` -> `product_w28.md`"),
     ("docs/results.md", "statistics from {stats_batches} other batches"),
     ("docs/results.md", "One-hot B={batch_onehot} per rank, multi-hot B={batch_multihot}."),
-    ("docs/results.md", "It returns {cpu_types_onehot} on the one-hot workloads at every W and on the multi-hot "
-                        "ones at W=2, {cpu_types_multihot_w48} on the multi-hot ones at W=4 and 8: no "
-                        "frequency_hybrid table."),
     ("docs/results.md", "{net_tables} frequency_hybrid tables (with multi-hot bags {net_tw_cold_multihot} of them "
                         "with table-wise cold)"),
     ("docs/results.md", "(mean-rank ratio within {mean_vs_busiest} of it everywhere; the planner's per-rank "
@@ -699,19 +709,20 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "Busiest rank / mean rank of the network-priced plan: {net_balance_small} (W=2, 4), "
                         "{net_balance_big}."),
     ("docs/results.md", "the same two plans on the same batches up to a relabelling of the ids (CPU-priced, "
-                        "one-hot vs frequency-sorted one-hot) measured {relabel}. Their byte ratios are equal."),
+                        "multi-hot vs frequency-sorted multi-hot, stock types in both) measured {relabel}. Their byte "
+                        "ratios are equal."),
     ("docs/results.md", "The hybrid issues {w4_net_collectives} collectives per step, {w4_collectives_cmp} "
                         "the stock plan ({w4_stock_collectives}); it has {w4_syncs_ratio} the host syncs (one read of "
                         "the cold exchange's split sizes, the rest KJT's and FBGEMM's own) and {w4_ops_ratio} the "
                         "dispatched ops (forward + backward)."),
-    ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
-                        "bags or uniform ids"),
-    ("docs/results.md", "brings the step back near stock ({cpu_step}) and still sends {cpu_bytes} the bytes"),
-    ("docs/results.md", "(RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box"),
-    ("docs/results.md", "ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
     ("docs/results.md", "{hl_setup_short}"),
-    ("docs/results.md", "and send {refit_onehot_bytes} the stock plan's bytes, but with multi-hot bags the "
-                        "planner keeps TorchRec's own plan"),
+    ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
+                        "bags or uniform ids. The CPU fit measures that work, and the CPU-priced planner keeps stock "
+                        "types for those workloads ({cpu_stock_step} the stock step, still {cpu_stock_bytes} the "
+                        "bytes: small tables data_parallel)"),
+    ("docs/results.md", "the CPU-priced plan is all hybrid: {cpu_hybrid_bytes} the bytes at {cpu_hybrid_step} the "
+                        "step. The fit (RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box: "
+                        "calibration.json) ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
     ("docs/results.md", "{dc_kernel_ms} ms of a {dc_step_ms} ms step at W=1 on one H100, the rest is the host "
                         "launching about {dc_launches} kernels (some {dc_per_launch_us} µs each"),
