@@ -209,10 +209,6 @@ def test_the_step_perf_model_rates_the_blend_of_the_ranks_shard_perf():
     assert StepPerfModel(topo, cm.ComputeCosts(busiest_share=0.5)).rate(plan) == pytest.approx(0.5 * 4 + 0.5 * 7 / 4)
 
 
-def _chosen(planner):
-    return next(c for c in planner.candidates if planner.estimated_rank_bytes() == c.rank_bytes)
-
-
 def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
     cfg, st = _skewed()
     dear = cm.ComputeCosts(vector_hybrid=50.0, ids_hybrid=50.0)
@@ -221,20 +217,22 @@ def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
     cheapest = min(c.cost["cost_ms"] for c in strict.candidates)
     fewest = min(strict.candidates, key=lambda c: c.cost["busiest_bytes"])
     gap = fewest.cost["cost_ms"] - cheapest
-    assert gap > 0 and _chosen(strict).cost["cost_ms"] == cheapest
+    assert gap > 0 and strict.chosen.cost["cost_ms"] == cheapest
     # a tie band wider than the gap: the plan sending the fewest bytes on its busiest rank
     tied, plan = plan_for(cfg, st, compute_costs=dear, tie_ms=1.01 * gap)
     assert plan["big"].sharding_type == FREQUENCY_HYBRID
-    assert _chosen(tied).cost["busiest_bytes"] == fewest.cost["busiest_bytes"]
+    assert tied.chosen.cost["busiest_bytes"] == fewest.cost["busiest_bytes"]
     # narrower than the gap: the model tells them apart and the cheapest stays
     apart, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=0.99 * gap)
-    assert _chosen(apart).cost["cost_ms"] == cheapest
+    assert apart.chosen.cost["cost_ms"] == cheapest
     # the band defaults to the prices' own fit error; bytes-only pricing has none
     fitted, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_ms=1.01 * gap))
-    assert fitted.tie_ms == pytest.approx(1.01 * gap) and _chosen(fitted).rank_bytes == _chosen(tied).rank_bytes
+    assert fitted.tie_ms == pytest.approx(1.01 * gap) and fitted.chosen.rank_bytes == tied.chosen.rank_bytes
     assert plan_for(cfg, st, compute_costs=None)[0].tie_ms == 0.0
-    with pytest.raises(ValueError, match="tie_ms must be a number of ms >= 0, got -1"):
+    with pytest.raises(ValueError, match="tie_ms must be a finite number of ms >= 0, got -1"):
         plan_for(cfg, st, compute_costs=dear, tie_ms=-1)
+    with pytest.raises(ValueError, match=r"compute_costs.rms_ms \(the tie band, from none\) must be a finite .* nan"):
+        plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_ms=float("nan")))
 
 
 def test_a_calibration_carries_its_fit_error(tmp_path):
@@ -245,5 +243,33 @@ def test_a_calibration_carries_its_fit_error(tmp_path):
     cal.write_text(json.dumps({"fit": {"costs": terms}}))
     assert compute_costs.load_calibration(str(cal)).rms_ms is None
     cal.write_text(json.dumps({"fit": {"costs": terms, "rms_ms": "big"}}))
-    with pytest.raises(ValueError, match="cal.json: the fit's rms_ms must be a number >= 0, got 'big'"):
+    with pytest.raises(ValueError, match="cal.json: the fit's rms_ms must be a finite number >= 0, got 'big'"):
         compute_costs.load_calibration(str(cal))
+    cal.write_text(json.dumps({"fit": {"costs": terms, "rms_ms": float("inf")}}))
+    with pytest.raises(ValueError, match="cal.json: the fit's rms_ms must be a finite number >= 0, got inf"):
+        compute_costs.load_calibration(str(cal))
+
+
+def _cand(name, cost_ms, busiest_bytes):
+    from torchrec_hybrid.planner.planner import PlanCandidate
+
+    return PlanCandidate(name, None, [], {"cost_ms": cost_ms, "busiest_bytes": busiest_bytes}, [])
+
+
+def test_the_choice_rule_on_its_own():
+    from torchrec_hybrid.planner.planner import choose_plan
+
+    stock, mixed, hybrid = _cand("stock", 100, 100), _cand("mixed", 90, 99), _cand("hybrid", 96, 97)
+    allowed = [stock, mixed, hybrid]
+    assert choose_plan(allowed, stock, tie_ms=0, min_saving=0.05) is mixed  # the cheapest, saving 10%
+    # hybrid is tied with mixed but saves under 5% of stock's cost and bytes: not a candidate,
+    # so the tie goes to mixed, not back to stock
+    assert choose_plan(allowed, stock, tie_ms=6, min_saving=0.05) is mixed
+    # a plan saving bytes, not cost, pays for itself by its bytes and wins the tie
+    frugal = _cand("frugal", 103, 50)
+    assert choose_plan([stock, frugal], stock, tie_ms=5, min_saving=0.05) is frugal
+    assert choose_plan([stock, frugal], stock, tie_ms=2, min_saving=0.05) is stock  # outside the band
+    assert choose_plan([stock, _cand("near", 99, 97)], stock, tie_ms=5, min_saving=0.05) is stock  # saves too little
+    # no stock plan to compare with: the cheapest, ties by bytes
+    assert choose_plan([mixed, hybrid], None, tie_ms=0, min_saving=0.05) is mixed
+    assert choose_plan([mixed, hybrid], None, tie_ms=6, min_saving=0.05) is hybrid

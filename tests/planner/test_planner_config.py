@@ -57,7 +57,7 @@ tables:
     ("topology: {world_size: 4}\ntables: {t: {sharding_types: [hybrid]}}\n", "tables.t.sharding_types"),
     ("topology: {world_size: 4}\ntables: {t: {pooling_factors: [-1]}}\n", "tables.t.pooling_factors"),
     ("topology: {world_size: 4}\nhot_set: {min_saving: 1.5}\n", "hot_set.min_saving"),
-    ("topology: {world_size: 4}\nhot_set: {tie_ms: -1}\n", "hot_set.tie_ms: expected a number of ms >= 0, got -1"),
+    ("topology: {world_size: 4}\nhot_set: {tie_ms: -1}\n", "hot_set.tie_ms: expected a finite number of ms >= 0, got -1"),
     ("topology: {world_size: 4}\nstatistics: nowhere.pt\n", "does not exist"),
     ("topology: [1, 2\n", "not valid YAML"),
     ("- 1\n", "expected a mapping"),

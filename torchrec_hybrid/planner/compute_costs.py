@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from typing import Any, Dict, Optional
 
 from torchrec_hybrid.planner.cost_model import ComputeCosts
@@ -47,8 +48,8 @@ def load_calibration(path: str) -> ComputeCosts:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a calibration file of benchmarks/calibrate.py ({e!r})") from e
     rms = fit.get("rms_ms")
-    if rms is not None and (isinstance(rms, bool) or not isinstance(rms, (int, float)) or not rms >= 0):
-        raise ValueError(f"{path}: the fit's rms_ms must be a number >= 0, got {rms!r}")
+    if rms is not None and (isinstance(rms, bool) or not isinstance(rms, (int, float)) or not 0 <= rms < math.inf):
+        raise ValueError(f"{path}: the fit's rms_ms must be a finite number >= 0, got {rms!r}")
     known = {f.name for f in dataclasses.fields(ComputeCosts)} - {"source", "rms_ms"}
     unknown, missing = set(costs) - known, known - set(costs) - OPTIONAL_TERMS
     if unknown or missing:

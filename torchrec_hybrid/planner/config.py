@@ -17,7 +17,7 @@ Schema (see configs/planner.yaml for a documented example)::
     hot_set:                       # optional; a null value keeps the planner's default
       budget_mb: 256               # per-rank memory for all hot replicas
       max_rows: 1048576            # cap on hot rows per table
-      min_saving: 0.05             # saving over the best stock type needed to go hybrid
+      min_saving: 0.05             # saving needed to go hybrid (a table: cost; a plan: cost or bytes)
       tie_ms: 3.7                  # plans within this of the cheapest: fewest bytes wins (default: the fit's RMS)
     tables:                        # optional per-table ParameterConstraints
       t_cat_0: {sharding_types: [frequency_hybrid]}
@@ -31,6 +31,7 @@ The ``hot_set`` and ``tables`` sections are shared with the DLRM example's confi
 
 from __future__ import annotations
 
+import math
 import os
 from typing import AbstractSet, Any, Dict, List
 
@@ -167,9 +168,9 @@ def _statistics(path: Any, base_dir: str) -> Any:
 
 
 def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
-    """``{budget_mb, max_rows, min_saving, compute_costs}`` -> planner kwargs
-    (``hot_budget_bytes``, ``max_hot_rows``, ``min_saving``, ``compute_costs``, ``tie_ms``); a missing or
-    null value keeps the planner's default. ``compute_costs``: ``default`` (the fit for the
+    """``{budget_mb, max_rows, min_saving, compute_costs, tie_ms}`` -> planner kwargs
+    (``hot_budget_bytes``, ``max_hot_rows``, ``min_saving``, ``compute_costs``, ``tie_ms``); a
+    missing or null value keeps the planner's default. ``compute_costs``: ``default`` (the fit for the
     topology's device), ``network`` (bytes and collectives only, as for a network-bound
     cluster) or the path of a ``benchmarks/calibrate.py`` results JSON."""
     hot = _mapping(sec, where)
@@ -186,8 +187,8 @@ def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
         out["min_saving"] = float(ms)
     tie = hot.get("tie_ms")
     if tie is not None:
-        if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not tie >= 0:
-            raise PlannerConfigError(f"{where}.tie_ms: expected a number of ms >= 0, got {tie!r}")
+        if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not 0 <= tie < math.inf:
+            raise PlannerConfigError(f"{where}.tie_ms: expected a finite number of ms >= 0, got {tie!r}")
         out["tie_ms"] = float(tie)
     cc = hot.get("compute_costs")
     if cc is not None:
@@ -210,7 +211,7 @@ def load_planner_config(path: str) -> Dict[str, Any]:
     """Read the YAML at ``path``; returns ``HybridEmbeddingShardingPlanner(**kwargs)`` kwargs.
 
     Keys: topology, batch_size, constraints, frequency_stats (if ``statistics`` is given),
-    hot_budget_bytes / max_hot_rows / min_saving (if ``hot_set`` gives them).
+    hot_budget_bytes / max_hot_rows / min_saving / compute_costs / tie_ms (if ``hot_set`` gives them).
     """
     try:
         with open(path) as f:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -60,6 +61,20 @@ def constraints_with_measured_pooling(constraints: Optional[Dict[str, ParameterC
     return out
 
 
+def choose_plan(allowed: List["PlanCandidate"], stock: Optional["PlanCandidate"], tie_ms: float,
+                min_saving: float) -> "PlanCandidate":
+    """Of the plans that pay for themselves (``stock``, or one saving ``min_saving`` of the
+    stock plan's cost or of its busiest-rank bytes), the fewest busiest-rank bytes among those
+    costed within ``tie_ms`` of the cheapest (cost breaks a tie in bytes)."""
+    keep = 1 - min_saving
+    paying = [c for c in allowed if stock is None or c is stock
+              or c.cost["cost_ms"] <= keep * stock.cost["cost_ms"]
+              or c.cost["busiest_bytes"] <= keep * stock.cost["busiest_bytes"]]
+    cheapest = min(c.cost["cost_ms"] for c in paying)
+    tied = [c for c in paying if c.cost["cost_ms"] <= cheapest + tie_ms]
+    return min(tied, key=lambda c: (c.cost["busiest_bytes"], c.cost["cost_ms"]))
+
+
 @dataclasses.dataclass
 class PlanCandidate:
     """One plan the hybrid planner considered, priced by ``plan_cost``."""
@@ -82,16 +97,17 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             sharder's hot ids (or none).
         hot_budget_bytes: per-rank memory for all hot replicas incl. optimizer state
             (default: a quarter of a rank's memory).
-        max_hot_rows: cap on hot rows per table. min_saving: relative saving over the
-            cheapest stock option a hybrid option (and over the stock plan a plan with
-            hybrid tables) must show to be chosen.
+        max_hot_rows: cap on hot rows per table. min_saving: relative saving a hybrid
+            option must show in cost over the table's cheapest stock option to be offered,
+            and a plan other than the stock plan in cost or in busiest-rank bytes over it
+            to be returned.
         collective_ms: fixed cost of one collective in the plan comparison (plan_cost.py);
             None: the compute prices' own (fitted from measured steps), else 0.2 ms.
         compute_costs: prices of each rank's compute work (``cost_model.ComputeCosts``, fitted
             by ``benchmarks/calibrate.py``); "default": the fit for the topology's compute
             device (``compute_costs.py``); None: bytes and collectives only.
         compare_plans: also plan with TorchRec's own planner and with every eligible table
-            hybrid, price the three with the same model and return the cheapest (default).
+            hybrid and choose among the three priced with the same model (default), as below.
         tie_ms: plans whose costs lie within this many ms of the cheapest are a tie, broken
             by the fewest busiest-rank bytes. None: the prices' own fit error
             (``ComputeCosts.rms_ms``), 0 without one.
@@ -104,6 +120,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     model is exact, the compute fit is not, and bytes are what grows with the cluster. A plan
     other than stock must save ``min_saving`` of the stock plan's cost or of its busiest-rank
     bytes. So it never sends more than stock, and costs no more than the model's error above it.
+    Without a stock candidate (``compare_plans=False``, every table forced hybrid, or a sharder
+    offering only frequency_hybrid) there is nothing to compare with: the partitioner's plan.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,
@@ -125,10 +143,14 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if collective_ms is None:
             fitted = compute_costs.collective_ms if compute_costs is not None else None
             collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
-        if tie_ms is None:
-            tie_ms = (compute_costs.rms_ms if compute_costs is not None else None) or 0.0
-        elif isinstance(tie_ms, bool) or not isinstance(tie_ms, (int, float)) or not tie_ms >= 0:
-            raise ValueError(f"tie_ms must be a number of ms >= 0, got {tie_ms!r}")
+        if tie_ms is None:  # the prices' own fit error
+            fit_error = compute_costs.rms_ms if compute_costs is not None else None
+            tie_ms = 0.0 if fit_error is None else fit_error
+            what = f"compute_costs.rms_ms (the tie band, from {compute_costs.source if compute_costs else None})"
+        else:
+            what = "tie_ms"
+        if isinstance(tie_ms, bool) or not isinstance(tie_ms, (int, float)) or not 0 <= tie_ms < math.inf:
+            raise ValueError(f"{what} must be a finite number of ms >= 0, got {tie_ms!r}")
         self._args = dict(topology=topology, batch_size=batch_size, frequency_stats=frequency_stats,
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
                           collective_ms=collective_ms, compute_costs=compute_costs, tie_ms=tie_ms)
@@ -180,25 +202,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         # would send more than stock on every network, where the promise is to send less
         allowed = [c for c in self.candidates
                    if not stock or c is stock[0] or c.cost["busiest_bytes"] <= stock[0].cost["busiest_bytes"]]
-        self._chosen = self._choose(allowed, stock[0] if stock else None)
+        self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving)
         best = self._chosen
         for line in self.comparison_table():
             logger.info(line)
         if self._compare:  # the inner all-hybrid planner does not warn a second time
             _check_sharder_hot_ids(module, sharders, best.plan)
         return best.plan
-
-    def _choose(self, allowed: List[PlanCandidate], stock: Optional[PlanCandidate]) -> PlanCandidate:
-        """The fewest busiest-rank bytes among the plans within ``tie_ms`` of the cheapest;
-        a plan other than stock must save ``min_saving`` of its cost or of its bytes."""
-        cheapest = min(c.cost["cost_ms"] for c in allowed)
-        tied = [c for c in allowed if c.cost["cost_ms"] <= cheapest + self.tie_ms]
-        best = min(tied, key=lambda c: (c.cost["busiest_bytes"], c.cost["cost_ms"]))
-        keep = 1 - self._min_saving
-        if (stock is not None and best is not stock and best.cost["cost_ms"] > keep * stock.cost["cost_ms"]
-                and best.cost["busiest_bytes"] > keep * stock.cost["busiest_bytes"]):
-            best = stock  # hybrid must pay for itself by min_saving
-        return best
 
     def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption]) -> PlanCandidate:
         plan = self._attach_hot_ids(plan, options)
@@ -302,6 +312,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def traffic_table(self) -> Optional[TrafficTable]:
         """The workload the last plan was priced on (per table: rows, dim, pooling, batch)."""
         return self._traffic_table
+
+    @property
+    def chosen(self) -> Optional[PlanCandidate]:
+        """The candidate the last ``plan`` returned (one of :attr:`candidates`)."""
+        return self._chosen
 
     def estimated_rank_bytes(self) -> List[float]:
         """The model's bytes sent per rank per step under the last returned plan."""
