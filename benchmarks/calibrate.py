@@ -19,8 +19,14 @@ Results: ``<out>.json`` (every measurement and the fit) and ``<out>.md`` (fit an
 per-plan error). The CPU defaults in ``torchrec_hybrid/planner/compute_costs.py`` are the
 committed fit (a test checks they match ``benchmarks/results/calibration.json``).
 
-    python -m benchmarks.calibrate --out /tmp/calibration        # ~10 minutes, 2 cores
-    python -m benchmarks.calibrate --refit run1.json run2.json --out benchmarks/results/calibration
+    python -m benchmarks.calibrate --steps 20 --out out/cal_big1            # ~2.5 minutes, 2 cores
+    python -m benchmarks.calibrate --steps 20 --rows-cap 10000 --batch 256 --out out/cal_small1
+    python -m benchmarks.calibrate --refit out/cal_big*.json out/cal_small*.json --out benchmarks/results/calibration
+
+The committed fit pools three runs at the product's sizes and two at the sweep's (10k-row
+tables, B=256): at one size the fixed per-group terms and the per-unit ones move together,
+and the fit that sees only large batches prices a hybrid group's fixed work too low for
+small ones.
 """
 
 from __future__ import annotations
@@ -139,11 +145,17 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     emit(out)
 
 
-def measure(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
-    per_rank = [r[0] for r in spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[workload],
+def measure(workload: str, world: int, rows_cap: int, warmup: int, steps: int,
+            batch: Optional[int] = None) -> Dict[str, Any]:
+    """One workload's plans trained and timed (``batch``: samples per rank instead of the
+    workload's own; other sizes than the product's let the fit tell fixed from per-unit work)."""
+    spec = dict(WORKLOADS[workload], **({"batch": batch} if batch else {}))
+    per_rank = [r[0] for r in spawn_ranks(_rank_main, world, timeout=3000, spec=spec,
                                           rows_cap=rows_cap, warmup=warmup, steps=steps)]
     r0 = per_rank[0]
-    return {"workload": workload, "world": world, "a2a_bytes_per_ms": r0["a2a_bytes_per_ms"],
+    sized = batch is not None or rows_cap != 100_000
+    label = f"{workload} B={spec['batch']} cap {rows_cap // 1000}k" if sized else workload
+    return {"workload": label, "world": world, "a2a_bytes_per_ms": r0["a2a_bytes_per_ms"],
             "plans": {n: {"cpu_ms": [r["cpu_ms"][n] for r in per_rank], "work": r0["work"][n],
                           "bytes": r0["bytes"][n],
                           # the slowest rank's wall time of each step, median over steps
@@ -280,6 +292,8 @@ def main(argv=None) -> None:
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--workloads", nargs="+", default=["onehot", "multihot", "uniform"], choices=list(WORKLOADS))
     ap.add_argument("--rows-cap", type=int, default=100_000)
+    ap.add_argument("--batch", type=int, default=None,
+                    help="samples per rank in every workload (default: each workload's own, as benchmarks.product)")
     ap.add_argument("--warmup", type=int, default=3)
     ap.add_argument("--steps", type=int, default=12)
     ap.add_argument("--out", default=os.path.join("out", "calibration"), help="path prefix of the .json/.md")
@@ -295,7 +309,9 @@ def main(argv=None) -> None:
     else:
         from tqdm import tqdm
 
-        results = [measure(w, args.world, args.rows_cap, args.warmup, args.steps)
+        if args.batch is not None and args.batch < 1:
+            ap.error(f"--batch must be >= 1, got {args.batch}")
+        results = [measure(w, args.world, args.rows_cap, args.warmup, args.steps, args.batch)
                    for w in tqdm(args.workloads, desc="workloads")]
     fitted = fit(results)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)

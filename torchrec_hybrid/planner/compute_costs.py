@@ -4,9 +4,10 @@ The planner prices a plan as bytes / bandwidth + compute work (``cost_model.Comp
 + collectives. The prices depend on the machine, so they are measured, not guessed:
 ``python -m benchmarks.calibrate`` trains several plans on the user's own ranks and fits
 them (``docs/architecture.md``, "cost model"). The CPU defaults below are that fit on the
-development machine (4 gloo ranks on 2 cores, ``benchmarks/results/calibration.json``; a
-test keeps them equal). No GPU fit exists yet: on CUDA the default prices are zero (bytes and
-collectives only, as before compute was priced) until a user passes their own fit.
+development machine (4 gloo ranks on 2 cores, the product benchmark's sizes and the sweep's
+smaller ones, ``benchmarks/results/calibration.json``; a test keeps them equal). No GPU fit
+exists yet: on CUDA the default prices are zero (bytes and collectives only, as before
+compute was priced) until a user passes their own fit.
 """
 
 from __future__ import annotations
@@ -19,17 +20,17 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=1.229,
-    vector_stock=6.381,
-    vector_hybrid=6.515,
-    ids_stock=11.28,
-    ids_hybrid=39.22,
-    group_stock_ms=2.984,
-    group_hybrid_ms=2.865,
-    ns_per_byte=0.06141,
+    lookup=1.044,
+    vector_stock=5.831,
+    vector_hybrid=3.6,
+    ids_stock=17.01,
+    ids_hybrid=13.14,
+    group_stock_ms=3.69,
+    group_hybrid_ms=11.9,
+    ns_per_byte=0.115,
     collective_ms=0.0,
-    busiest_share=0.007607,
-    rms_ms=2.990,
+    busiest_share=0.1129,
+    rms_ms=3.073,
     source="benchmarks/results/calibration.json",
 )
 
