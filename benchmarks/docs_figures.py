@@ -493,8 +493,13 @@ def _calibration_facts() -> Dict[str, str]:
     cal = load("calibration")
     return {"cal_rms": f"{cal['fit']['rms_ms']:.1f} ms",
             "cal_steps": span((q["measured_mean_ms"] for q in cal["fit"]["per_plan"]), lambda v: f"{v:.0f} ms"),
-            "cal_runs": {1: "one run", 2: "two runs", 3: "three runs"}.get(len(cal["args"]["refit"] or [1]),
-                                                                          f"{len(cal['args']['refit'])} runs")}
+            "cal_runs": _count_words(len(cal["args"]["refit"] or [1]), "run")}
+
+
+def _count_words(n: int, noun: str) -> str:
+    """``3, "run"`` -> ``"three runs"`` (numbers up to ten in words, as the docs write them)."""
+    words = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    return f"{words[n] if n < len(words) else n} {noun}{'' if n == 1 else 's'}"
 
 
 def _projection_facts() -> Dict[str, str]:

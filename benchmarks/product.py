@@ -77,14 +77,14 @@ def _rank_slice(kjt, hotness: List[int], rank: int, local: int):
 
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
-               warmup: int, steps: int, prices: Optional[Any] = None) -> None:
+               warmup: int, steps: int, prices: Optional[Any] = None, tie_ms: Any = 0.0) -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
     from benchmarks.step_counts import count_training_step
 
     tables, stats, batches = _data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
-    planners, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices)
+    planners, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     sent, times = _train(models, batches, warmup)
     dist.barrier()
@@ -99,10 +99,12 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     emit(out)
 
 
-def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None):
+def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None,
+                 tie_ms: Any = 0.0):
     """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
     hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: the
-    CPU-priced planner's ``ComputeCosts`` instead of the machine's default (None: the default)."""
+    CPU-priced planner's ``ComputeCosts`` instead of the machine's default (None: the default); ``tie_ms``: its
+    tie band (the planner's argument; the network-priced planner has none)."""
     import torchrec
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
@@ -120,7 +122,9 @@ def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Op
     hyb_sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
     priced = {m: prices if prices is not None and costs == "default" else costs for m, costs in HYBRID_MODELS.items()}
     planners = {m: HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
-                                                  compute_costs=costs) for m, costs in priced.items()}
+                                                  compute_costs=costs,
+                                                  tie_ms=tie_ms if HYBRID_MODELS[m] == "default" else 0.0)
+                for m, costs in priced.items()}
     plans = {m: p.collective_plan(ebc(), [hyb_sharder], pg) for m, p in planners.items()}
     stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))
     plans["stock_planner"] = EmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"]).collective_plan(
@@ -187,9 +191,10 @@ def _types(plan) -> Dict[str, int]:
 
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
-            prices: Optional[Any] = None) -> Dict[str, Any]:
+            prices: Optional[Any] = None, tie_ms: Any = 0.0) -> Dict[str, Any]:
     per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
-                           stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices)
+                           stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices,
+                           tie_ms=tie_ms)
     outs = [items[0] for items in per_rank]
     r0 = outs[0]
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"],
@@ -250,7 +255,14 @@ def main(argv=None) -> List[Dict[str, Any]]:
     ap.add_argument("--prices", metavar="JSON",
                     help="the CPU-priced planner's prices: a calibration file of benchmarks/calibrate.py "
                          "(default: the machine's default prices, planner/compute_costs.py)")
+    ap.add_argument("--tie-ms", default="0", metavar="MS|fit_error",
+                    help="the CPU-priced planner's tie_ms: plans costed within it of the cheapest go to the fewest "
+                         "bytes ('fit_error': the prices' RMS error; default 0)")
     a = ap.parse_args(argv)
+    try:
+        tie_ms: Any = a.tie_ms if a.tie_ms == "fit_error" else float(a.tie_ms)
+    except ValueError:
+        ap.error(f"--tie-ms: expected a number of ms or 'fit_error', got {a.tie_ms!r}")
     from torchrec_hybrid.planner.compute_costs import load_calibration
 
     prices = load_calibration(a.prices) if a.prices else None  # read once; a bad file fails before any rank starts
@@ -260,7 +272,7 @@ def main(argv=None) -> List[Dict[str, Any]]:
     for w in a.world:
         for name in a.workloads:
             t = time.time()
-            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices))
+            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms))
             r = results[-1]
             for m, q in r["ratios"].items():
                 logger.info("%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, m,

@@ -225,14 +225,18 @@ def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
     # narrower than the gap: the model tells them apart and the cheapest stays
     apart, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=0.99 * gap)
     assert apart.chosen.cost["cost_ms"] == cheapest
-    # the band defaults to the prices' own fit error; bytes-only pricing has none
-    fitted, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_ms=1.01 * gap))
+    # no band by default, even with prices that know their error; "fit_error" takes that error
+    with_error = dataclasses.replace(dear, rms_ms=1.01 * gap)
+    default, _ = plan_for(cfg, st, compute_costs=with_error)
+    assert default.tie_ms == 0.0 and default.chosen.cost["cost_ms"] == cheapest
+    fitted, _ = plan_for(cfg, st, compute_costs=with_error, tie_ms="fit_error")
     assert fitted.tie_ms == pytest.approx(1.01 * gap) and fitted.chosen.rank_bytes == tied.chosen.rank_bytes
-    assert plan_for(cfg, st, compute_costs=None)[0].tie_ms == 0.0
+    with pytest.raises(ValueError, match="tie_ms='fit_error' needs compute prices .* got none"):
+        plan_for(cfg, st, compute_costs=dear, tie_ms="fit_error")  # prices without a fit error
     with pytest.raises(ValueError, match="tie_ms must be a finite number of ms >= 0, got -1"):
         plan_for(cfg, st, compute_costs=dear, tie_ms=-1)
-    with pytest.raises(ValueError, match=r"compute_costs.rms_ms \(the tie band, from none\) must be a finite .* nan"):
-        plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_ms=float("nan")))
+    with pytest.raises(ValueError, match=r"compute_costs.rms_ms \(from none\) must be a finite .* nan"):
+        plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_ms=float("nan")), tie_ms="fit_error")
 
 
 def test_a_calibration_carries_its_fit_error(tmp_path):

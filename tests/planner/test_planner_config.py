@@ -57,7 +57,9 @@ tables:
     ("topology: {world_size: 4}\ntables: {t: {sharding_types: [hybrid]}}\n", "tables.t.sharding_types"),
     ("topology: {world_size: 4}\ntables: {t: {pooling_factors: [-1]}}\n", "tables.t.pooling_factors"),
     ("topology: {world_size: 4}\nhot_set: {min_saving: 1.5}\n", "hot_set.min_saving"),
-    ("topology: {world_size: 4}\nhot_set: {tie_ms: -1}\n", "hot_set.tie_ms: expected a finite number of ms >= 0, got -1"),
+    ("topology: {world_size: 4}\nhot_set: {tie_ms: -1}\n",
+     "hot_set.tie_ms: expected a finite number of ms >= 0 or 'fit_error', got -1"),
+    ("topology: {world_size: 4}\nhot_set: {tie_ms: rms}\n", "hot_set.tie_ms: expected a finite number"),
     ("topology: {world_size: 4}\nstatistics: nowhere.pt\n", "does not exist"),
     ("topology: [1, 2\n", "not valid YAML"),
     ("- 1\n", "expected a mapping"),
@@ -84,6 +86,7 @@ def test_shared_sections_name_their_prefix_and_take_nulls():
         parse_hot_set({"budget": 1}, "sharding.hot_set")
     with pytest.raises(PlannerConfigError, match=r"sharding\.hot_set\.max_rows"):
         parse_hot_set({"max_rows": 0}, "sharding.hot_set")
+    assert parse_hot_set({"tie_ms": "fit_error"}) == {"tie_ms": "fit_error"}
     assert set(HOT_SET_KEYS) == {"budget_mb", "max_rows", "min_saving", "compute_costs", "tie_ms"}
     c = parse_table_constraints({"t": {"sharding_types": ["table_wise"]}}, "sharding.tables")
     assert c["t"].sharding_types == ["table_wise"]

@@ -18,7 +18,7 @@ Schema (see configs/planner.yaml for a documented example)::
       budget_mb: 256               # per-rank memory for all hot replicas
       max_rows: 1048576            # cap on hot rows per table
       min_saving: 0.05             # saving needed to go hybrid (a table: cost; a plan: cost or bytes)
-      tie_ms: 3.7                  # plans within this of the cheapest: fewest bytes wins (default: the fit's RMS)
+      tie_ms: 0                    # plans within this of the cheapest: fewest bytes wins (fit_error: the fit's RMS)
     tables:                        # optional per-table ParameterConstraints
       t_cat_0: {sharding_types: [frequency_hybrid]}
 
@@ -187,9 +187,11 @@ def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
         out["min_saving"] = float(ms)
     tie = hot.get("tie_ms")
     if tie is not None:
-        if isinstance(tie, bool) or not isinstance(tie, (int, float)) or not 0 <= tie < math.inf:
-            raise PlannerConfigError(f"{where}.tie_ms: expected a finite number of ms >= 0, got {tie!r}")
-        out["tie_ms"] = float(tie)
+        if tie != "fit_error" and (isinstance(tie, bool) or not isinstance(tie, (int, float))
+                                   or not 0 <= tie < math.inf):
+            raise PlannerConfigError(f"{where}.tie_ms: expected a finite number of ms >= 0 or 'fit_error', "
+                                     f"got {tie!r}")
+        out["tie_ms"] = tie if tie == "fit_error" else float(tie)
     cc = hot.get("compute_costs")
     if cc is not None:
         if not isinstance(cc, str) or not cc:

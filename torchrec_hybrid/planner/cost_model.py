@@ -501,8 +501,8 @@ class ComputeCosts:
     how much of a step the busiest rank sets, the rest following the mean rank (1: one rank
     per device, the busiest rank is the step; less where ranks share cores and the step
     follows their total work), fitted from the same step times (None: 1). ``rms_ms``: the
-    fit's RMS error per rank, the model's resolution: plans whose costs differ by less are
-    a tie to it, and the planner breaks ties by bytes (None: no tie band).
+    fit's RMS error per rank, the model's resolution (the planner's ``tie_ms="fit_error"``
+    takes it as its tie band; None: not known).
     """
 
     lookup: float = 0.0
