@@ -361,7 +361,18 @@ def facts() -> Dict[str, str]:
     f.update(_drift_facts())
     f.update(_headline_and_sweep_facts())
     f.update(_device_check_facts())
+    f.update(_tie_facts())
     return f
+
+
+def _tie_facts() -> Dict[str, str]:
+    """The CPU-priced planner with ``tie_ms="fit_error"`` (product_w4_tie): its plans' bytes and steps."""
+    runs = load("product_w4_tie")
+    if runs["args"]["tie_ms"] != "fit_error":
+        raise ValueError(f"product_w4_tie ran with --tie-ms {runs['args']['tie_ms']}, the docs say fit_error")
+    mh = [r["ratios"]["hybrid_planner"] for r in runs["results"] if r["workload"] in MULTIHOTS]
+    return {"tie_bytes": span((q["busiest"] for q in mh), x2),
+            "tie_step": span((r["ratios"]["hybrid_planner"]["step"] for r in runs["results"]), x2)}
 
 
 def _device_check_facts() -> Dict[str, str]:
@@ -409,6 +420,8 @@ def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
     f["w4_cpu_types_multihot"] = unique((types_text(w4[wl]["types"]["hybrid_planner"]) for wl in MULTIHOTS),
                                         "CPU types multi-hot W=4")
     f["w4_cpu_types_uniform"] = types_text(w4["uniform"]["types"]["hybrid_planner"])
+    f["w4_cpu_types_stock"] = unique((types_text(w4[wl]["types"]["hybrid_planner"]) for wl in w4_stock),
+                                     "CPU types W=4 where not hybrid")
     f["w4_cpu_stock_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_stock), x2)
     f["w4_cpu_stock_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_stock), x2)
     f["cpu_hybrid_bytes"] = span((p[k]["ratios"]["hybrid_planner"]["busiest"] for k in hybrid), x2)
@@ -588,6 +601,10 @@ def _headline_facts(hd: Dict[str, Any], hc: Dict[str, Any], full: Dict[str, Any]
         fastest = config["ratios"]["fastest_stock_type"]
         f[key] = "the stock planner's plan" if fastest == "planner" else fastest
     planners = hc["ratios"]["planners"]  # the hybrid planner's plans, in the same run
+    for kind in ("hybrid_planner_bytes", "hybrid_planner"):
+        if set(hc["results"][kind]["planned_types"]) != {"frequency_hybrid"}:
+            raise ValueError(f"the headline's {kind} plan is {hc['results'][kind]['planned_types']}, the docs say "
+                             "every table frequency_hybrid: reword them")
     for key, kind in (("hl_net", "hybrid_planner_bytes"), ("hl_cpu", "hybrid_planner")):
         f[f"{key}_bytes"] = x2(planners[kind]["busiest_bytes_over_planner"])
         f[f"{key}_step"] = x2(planners[kind]["time_over_fastest_stock"])
@@ -611,6 +628,17 @@ def _sweep_facts(full: Dict[str, Any], quick: Dict[str, Any], headline_rows_cap:
     times = [x["ratios"]["time_hybrid_over_fastest_stock"] for x in small]
     f["sweep_time"] = span(times, x2)
     f["sweep_time_median"] = f"{statistics.median(times):.1f}"
+    # the CPU-priced plan at these sizes: TorchRec's own plan, so its step against that same plan under
+    # TorchRec's sharder is our sharder's own cost on stock tables
+    for x in small:
+        if x["results"]["hybrid_planner"]["planned_types"] != x["results"]["planner"]["planned_types"]:
+            raise ValueError(f"{x['workload']['name']}: the CPU-priced plan is not the stock planner's: "
+                             "reword the docs")
+    same = [x["ratios"]["planners"]["hybrid_planner"]["time_over_planner"] for x in small]
+    f["sweep_cpu_same_plan"] = span(same, x2)
+    f["sweep_cpu_same_plan_median"] = x2(statistics.median(same))
+    f["sweep_cpu_types"] = unique((types_text(x["results"]["hybrid_planner"]["planned_types"]) for x in small),
+                                  "sweep CPU-priced plan types")
     for key, kind in (("sweep_net", "hybrid_planner_bytes"), ("sweep_cpu", "hybrid_planner")):
         q = [x["ratios"]["planners"][kind] for x in small]
         f[f"{key}_time"] = span((r["time_over_fastest_stock"] for r in q), x2)
@@ -660,11 +688,10 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "statistics from {stats_batches} other batches"),
     ("README.md", "{w4_steps} steps interleaved"),
     ("README.md", "frequency_hybrid with one id per feature: {w4_cpu_hybrid_bytes} the stock planner's busiest-rank "
-                  "bytes at {w4_cpu_hybrid_step} its step"),
-    ("README.md", "({w4_cpu_types_multihot} multi-hot, {w4_cpu_types_uniform} uniform: the small tables "
-                  "data-parallel, which alone sends {w4_cpu_stock_bytes} the stock plan's bytes, at "
-                  "{w4_cpu_stock_step} its step)"),
-    ("README.md", "(within its RMS error, {cal_rms})"),
+                  "bytes at {w4_cpu_hybrid_step} its step. With multi-hot bags or uniform ids it returns TorchRec's "
+                  "own plan ({w4_cpu_types_stock}), which under our sharder ran {w4_cpu_stock_step} its step"),
+    ("README.md", "of the plans within the fit's RMS error ({cal_rms}) of the cheapest"),
+    ("README.md", "those hybrid too: {tie_bytes} the bytes with multi-hot bags, but {tie_step} the step"),
     ("README.md", "the same two plans on the same batches up to a relabelling of the ids (multi-hot and "
                   "frequency-sorted multi-hot) measured {w4_relabel}"),
     ("README.md", "it picks frequency_hybrid for {w4_net_tables} tables: {w4_net_onehot} the bytes one-hot, "
@@ -692,13 +719,15 @@ SNIPPETS: List[Tuple[str, str]] = [
                   "{full_vs_tw} in the same configuration of the full run (`full.md`)"),
     ("README.md", "priced for a network-bound cluster it makes every table frequency_hybrid: {hl_net_bytes} the "
                   "stock planner's busiest-rank bytes at {hl_net_step} the fastest stock plan's median step; priced "
-                  "by this box's CPU fit (the default here) it keeps stock types: {hl_cpu_bytes} and {hl_cpu_step}"),
+                  "by this box's CPU fit (the default here) it does too: {hl_cpu_bytes} and {hl_cpu_step}"),
     ("README.md", "At the smaller sweep sizes ({sweep_setup}; `full.json`) that fixed per-step cost makes it "
                   "{sweep_time} as slow as the fastest stock plan (median {sweep_time_median})"),
     ("README.md", "The hybrid planner's own plans there: network-priced {sweep_net_bytes} the stock planner's "
                   "busiest-rank bytes at {sweep_net_time} the fastest stock plan's step "
                   "(median {sweep_net_time_median}), CPU-priced {sweep_cpu_bytes} at {sweep_cpu_time} "
-                  "(median {sweep_cpu_time_median})."),
+                  "(median {sweep_cpu_time_median}): with the fit calibrated at these sizes too, it returns "
+                  "TorchRec's own plan ({sweep_cpu_types}) at every one of them, which under our sharder ran "
+                  "{sweep_cpu_same_plan} (median {sweep_cpu_same_plan_median}) the same plan under TorchRec's"),
     ("README.md", "Multi-hot (DLRMv2 sizes) with only {sweep_hot_rows} hot rows sends {sweep_multihot} "
                   "table_wise's bytes ({sweep_multihot_over}), one-hot uniform ids {sweep_uniform}"),
     ("README.md", "the hybrid stays at {proj_onehot} table_wise"),
@@ -722,12 +751,13 @@ SNIPPETS: List[Tuple[str, str]] = [
                         "dispatched ops (forward + backward)."),
     ("docs/results.md", "{hl_setup_short}"),
     ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
-                        "bags or uniform ids. The CPU fit measures that work, and the CPU-priced planner keeps stock "
-                        "types for those workloads ({cpu_stock_step} the stock step, still {cpu_stock_bytes} the "
-                        "bytes: small tables data_parallel)"),
+                        "bags or uniform ids. The CPU fit measures that work, and the CPU-priced planner returns "
+                        "TorchRec's own plan for those workloads ({cpu_stock_step} the stock step, {cpu_stock_bytes} "
+                        "the bytes"),
     ("docs/results.md", "the CPU-priced plan is all hybrid: {cpu_hybrid_bytes} the bytes at {cpu_hybrid_step} the "
                         "step. The fit (RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box: "
                         "calibration.json) ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
+    ("docs/results.md", "there too: {tie_bytes} the bytes with multi-hot bags, at {tie_step} the stock step"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
     ("docs/results.md", "{dc_kernel_ms} ms of a {dc_step_ms} ms step at W=1 on one H100, the rest is the host "
                         "launching about {dc_launches} kernels (some {dc_per_launch_us} µs each"),
