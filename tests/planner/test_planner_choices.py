@@ -1,4 +1,8 @@
-"""Which type each table gets, and the hot set chosen for hybrid ones (single process)."""
+"""Which type each table gets, and the hot set chosen for hybrid ones (single process).
+
+Priced on bytes and collectives (``compute_costs=None``, the network-bound regime) unless a test
+says otherwise: whether a table pays for hybrid with compute priced too depends on the machine's
+fitted prices (test_planner_compute_costs), not on what these tests check."""
 
 import pickle
 
@@ -14,7 +18,7 @@ from tests.planner.planner_testutils import exact_stats, mixture_probs, plan_for
 def test_big_skewed_tables_go_hybrid():
     cfg = tables({"tiny": 20, "big": 100_000})
     st = exact_stats(cfg, {"big": zipf_probs(100_000, 1.1)})
-    planner, plan = plan_for(cfg, st)
+    planner, plan = plan_for(cfg, st, compute_costs=None)
     assert plan["big"].sharding_type == FREQUENCY_HYBRID
     assert isinstance(plan["big"], HybridParameterSharding)
     assert plan["big"].hot_rows == plan["big"].hot_ids.numel() > 0
@@ -23,11 +27,14 @@ def test_big_skewed_tables_go_hybrid():
 def test_uniform_ids_never_cost_more_than_the_stock_plan():
     cfg = tables({"a": 100_000, "b": 30_000})
     st = exact_stats(cfg, {})  # uniform
-    planner, plan = plan_for(cfg, st)
+    planner, plan = plan_for(cfg, st, compute_costs=None)
     stock = [c for c in planner.candidates if c.name.startswith("stock")][0]
     assert max(planner.estimated_rank_bytes()) <= stock.cost["busiest_bytes"]
     # no hybrid table pays on its own: the per-table gate offers none
     assert planner._hybrid_enumerator.offered == set()
+    # with this machine's compute prices too, the returned plan keeps stock types
+    priced, plan = plan_for(cfg, st)
+    assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in plan.values())
     # and without statistics at all
     _, plan = plan_for(cfg, None)
     assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in plan.values())
@@ -37,7 +44,7 @@ def test_hot_set_grows_with_skew():
     hot, cov = [], []
     for skew in (0.3, 0.6, 0.9):
         cfg = tables({"t": 100_000})
-        planner, plan = plan_for(cfg, exact_stats(cfg, {"t": mixture_probs(100_000, skew)}))
+        planner, plan = plan_for(cfg, exact_stats(cfg, {"t": mixture_probs(100_000, skew)}), compute_costs=None)
         ch = planner.hybrid_choices()["t"]
         hot.append(ch.hot_rows)
         cov.append(ch.coverage)
@@ -60,11 +67,11 @@ def test_chosen_h_is_the_brute_force_optimum_of_the_cost_model():
 def test_memory_budget_caps_the_hot_sets():
     cfg = tables({"a": 100_000, "b": 100_000})
     st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1), "b": zipf_probs(100_000, 1.3)})
-    free, _ = plan_for(cfg, st)
+    free, _ = plan_for(cfg, st, compute_costs=None)
     h_free = {n: c.hot_rows for n, c in free.hybrid_choices().items()}
     row = 64 * 4
     budget = (sum(h_free.values()) // 2) * row
-    capped, _ = plan_for(cfg, st, hot_budget_bytes=budget)
+    capped, _ = plan_for(cfg, st, hot_budget_bytes=budget, compute_costs=None)
     h_cap = {n: c.hot_rows for n, c in capped.hybrid_choices().items()}
     assert sum(h_cap.values()) * row <= budget
     assert all(h_cap[n] <= h_free[n] for n in h_free) and sum(h_cap.values()) > 0
@@ -85,7 +92,7 @@ def test_forced_hybrid_without_stats_uses_sharder_hot_ids_and_default_topology()
 
 def test_plan_pickles_to_the_same_sharding():
     cfg = tables({"t": 100_000, "s": 50})
-    _, plan = plan_for(cfg, exact_stats(cfg, {"t": zipf_probs(100_000, 1.1)}))
+    _, plan = plan_for(cfg, exact_stats(cfg, {"t": zipf_probs(100_000, 1.1)}), compute_costs=None)
     again = pickle.loads(pickle.dumps(plan))
     assert again["t"] == plan["t"] and again["s"] == plan["s"]
     assert torch.equal(again["t"].hot_ids, plan["t"].hot_ids)
@@ -133,7 +140,7 @@ def test_a_table_too_hot_for_one_rank_is_cut_in_column_slices():
 def test_frequency_sorted_ids_stay_balanced():
     cfg = tables({f"s{i}": 100_000 for i in range(3)})
     st = exact_stats(cfg, {c.name: zipf_probs(100_000, 1.1) for c in cfg}, sorted_ids=True)
-    planner, plan = plan_for(cfg, st)
+    planner, plan = plan_for(cfg, st, compute_costs=None)
     est = torch.tensor(planner.estimated_rank_bytes())
     assert float(est.max() / est.mean()) <= 1.15
     for ps in plan.values():

@@ -5,7 +5,8 @@ dim 64, local batch 1024, one id per feature, Zipf(alpha) ids over a fixed rando
 permutation of each table. Steps:
 
 1. count statistics on ``--stats-batches`` batches (their own seed);
-2. plan with ``HybridEmbeddingShardingPlanner`` on a uniform-bandwidth (gloo) topology;
+2. plan with ``HybridEmbeddingShardingPlanner`` on a uniform-bandwidth (gloo) topology, priced
+   on bytes and collectives (``compute_costs=None``): this checks the byte model;
 3. run the plan under DMP on W gloo ranks (torch.multiprocessing), warm up, then measure
    ``wchar`` (``torchrec_hybrid.comm_bytes``) over ``--steps`` steps with nothing printed or
    logged inside the window; compare with the cost model's bytes for the chosen plan;
@@ -74,8 +75,9 @@ def make_plan(configs, stats, world: int, batch: int, bandwidth_gbps: float, kin
     from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
 
     cons = None if kind == "planner" else {c.name: ParameterConstraints(sharding_types=[kind]) for c in configs}
+    # priced on bytes: the hot sets are then the byte model's optimum, which h_check brute-forces
     planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(world, bandwidth_gbps), batch_size=batch,
-                                             frequency_stats=stats, constraints=cons)
+                                             frequency_stats=stats, constraints=cons, compute_costs=None)
     ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     plan = planner.plan(ebc, [HybridEmbeddingBagCollectionSharder(fused_params=_fused())])
     return planner, plan
