@@ -417,12 +417,8 @@ def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
     w4_stock = [wl for wl in WORKLOADS if (wl, 4) in stock]
     f["w4_cpu_hybrid_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_hybrid), x2)
     f["w4_cpu_hybrid_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_hybrid), x2)
-    f["w4_cpu_types_multihot"] = unique((types_text(w4[wl]["types"]["hybrid_planner"]) for wl in MULTIHOTS),
-                                        "CPU types multi-hot W=4")
-    f["w4_cpu_types_uniform"] = types_text(w4["uniform"]["types"]["hybrid_planner"])
     f["w4_cpu_types_stock"] = unique((types_text(w4[wl]["types"]["hybrid_planner"]) for wl in w4_stock),
                                      "CPU types W=4 where not hybrid")
-    f["w4_cpu_stock_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_stock), x2)
     f["w4_cpu_stock_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_stock), x2)
     f["cpu_hybrid_bytes"] = span((p[k]["ratios"]["hybrid_planner"]["busiest"] for k in hybrid), x2)
     f["cpu_hybrid_step"] = span((p[k]["ratios"]["hybrid_planner"]["step"] for k in hybrid), x2)
@@ -478,7 +474,6 @@ def _net_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
     gap = max(abs(q["mean"] - q["busiest"]) for r in p.values() for q in r["ratios"].values())
     f["mean_vs_busiest"] = f"{ceil_to(gap, 0.01):.2f}"
     f["est_error"] = f"{ceil_to(max(_est_error(r) for r in p.values()) * 100, 0.1):.1f}%"
-    f["w4_est_error"] = f"{ceil_to(max(_est_error(r) for r in w4.values()) * 100, 1):.0f}%"
     return f
 
 
@@ -524,7 +519,6 @@ def _projection_facts() -> Dict[str, str]:
     if one["worlds"] != multi["worlds"]:
         raise ValueError("the two projections differ in their world sizes")
     f["proj_onehot"] = span(_projection_ratios("projected", "frequency_hybrid_best_H"), x2)
-    f["proj_top2000_onehot"] = span(_projection_ratios("projected", "frequency_hybrid_top2000"), x2)
     tw_cold = _projection_ratios("projected_multihot", "frequency_hybrid_table_wise_cold")
     rw_cold = _projection_ratios("projected_multihot", "frequency_hybrid_row_wise_cold")
     f["proj_tw_cold"] = span(tw_cold, x2)

@@ -259,10 +259,13 @@ def main(argv=None) -> List[Dict[str, Any]]:
                     help="the CPU-priced planner's tie_ms: plans costed within it of the cheapest go to the fewest "
                          "bytes ('fit_error': the prices' RMS error; default 0)")
     a = ap.parse_args(argv)
-    try:
-        tie_ms: Any = a.tie_ms if a.tie_ms == "fit_error" else float(a.tie_ms)
-    except ValueError:
-        ap.error(f"--tie-ms: expected a number of ms or 'fit_error', got {a.tie_ms!r}")
+    from torchrec_hybrid.planner.config import PlannerConfigError, parse_hot_set
+
+    try:  # the YAML's rule for the same key, so a bad value fails here, not in every rank
+        tie_ms: Any = parse_hot_set({"tie_ms": a.tie_ms if a.tie_ms == "fit_error" else float(a.tie_ms)},
+                                    "--tie-ms")["tie_ms"]
+    except (ValueError, PlannerConfigError) as e:
+        ap.error(f"--tie-ms: expected a finite number of ms >= 0 or 'fit_error', got {a.tie_ms!r} ({e})")
     from torchrec_hybrid.planner.compute_costs import load_calibration
 
     prices = load_calibration(a.prices) if a.prices else None  # read once; a bad file fails before any rank starts

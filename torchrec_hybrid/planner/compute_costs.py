@@ -35,6 +35,11 @@ CPU_GLOO = ComputeCosts(
 )
 
 
+def finite_nonnegative(value: Any) -> bool:
+    """A number of ms or similar: an int or float (not a bool) in ``[0, inf)``."""
+    return not isinstance(value, bool) and isinstance(value, (int, float)) and 0 <= value < math.inf
+
+
 # terms a calibration may lack (fits made before they existed): their ComputeCosts defaults
 OPTIONAL_TERMS = {"collective_ms", "busiest_share"}
 
@@ -49,7 +54,7 @@ def load_calibration(path: str) -> ComputeCosts:
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a calibration file of benchmarks/calibrate.py ({e!r})") from e
     rms = fit.get("rms_ms")
-    if rms is not None and (isinstance(rms, bool) or not isinstance(rms, (int, float)) or not 0 <= rms < math.inf):
+    if rms is not None and not finite_nonnegative(rms):
         raise ValueError(f"{path}: the fit's rms_ms must be a finite number >= 0, got {rms!r}")
     known = {f.name for f in dataclasses.fields(ComputeCosts)} - {"source", "rms_ms"}
     unknown, missing = set(costs) - known, known - set(costs) - OPTIONAL_TERMS

@@ -31,7 +31,6 @@ The ``hot_set`` and ``tables`` sections are shared with the DLRM example's confi
 
 from __future__ import annotations
 
-import math
 import os
 from typing import AbstractSet, Any, Dict, List
 
@@ -39,6 +38,7 @@ import yaml
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingType
 
+from torchrec_hybrid.planner.compute_costs import finite_nonnegative
 from torchrec_hybrid.planner.topology import GB, UniformCommsBandwidth, gbps_to_bytes_per_ms
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
@@ -187,8 +187,7 @@ def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
         out["min_saving"] = float(ms)
     tie = hot.get("tie_ms")
     if tie is not None:
-        if tie != "fit_error" and (isinstance(tie, bool) or not isinstance(tie, (int, float))
-                                   or not 0 <= tie < math.inf):
+        if tie != "fit_error" and not finite_nonnegative(tie):
             raise PlannerConfigError(f"{where}.tie_ms: expected a finite number of ms >= 0 or 'fit_error', "
                                      f"got {tie!r}")
         out["tie_ms"] = tie if tie == "fit_error" else float(tie)

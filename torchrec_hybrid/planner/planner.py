@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -25,7 +24,7 @@ from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, Sha
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
-from torchrec_hybrid.planner.compute_costs import default_compute_costs
+from torchrec_hybrid.planner.compute_costs import default_compute_costs, finite_nonnegative
 from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
 from torchrec_hybrid.planner.estimators import sharder_comms
 from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfModel, TrafficTable, column_sliced,
@@ -111,8 +110,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         tie_ms: plans whose costs lie within this many ms of the cheapest are a tie, broken
             by the fewest busiest-rank bytes (default 0: the cheapest); ``"fit_error"``: the
             prices' own fit error (``ComputeCosts.rms_ms``), trading up to that much modelled
-            time for bytes (on this project's CPU box such ties ran 1.1-1.2x the stock step
-            with multi-hot bags and uniform ids: docs/results.md).
+            time for bytes (on this project's CPU box such ties ran slower than the stock
+            plan with multi-hot bags and uniform ids: docs/results.md).
 
     ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
     only, as a user would run it), the partitioner's plan over stock and hybrid options, and
@@ -151,7 +150,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                                  "a calibration file of benchmarks/calibrate.py), got "
                                  f"{None if compute_costs is None else compute_costs.source}")
             tie_ms, what = compute_costs.rms_ms, f"compute_costs.rms_ms (from {compute_costs.source})"
-        if isinstance(tie_ms, bool) or not isinstance(tie_ms, (int, float)) or not 0 <= tie_ms < math.inf:
+        if not finite_nonnegative(tie_ms):
             raise ValueError(f"{what} must be a finite number of ms >= 0, got {tie_ms!r}")
         self._args = dict(topology=topology, batch_size=batch_size, frequency_stats=frequency_stats,
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
