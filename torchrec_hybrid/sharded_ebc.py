@@ -33,7 +33,7 @@ import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionContext, ShardedEmbeddingBagCollection
-from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv
+from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid import _compat
@@ -90,6 +90,9 @@ _INVERSE_KEYS = 14  # [0, rows of the inverse indices]
 _INVERSE_RANGE = 15  # [feature, the inverse index]
 _VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch.INVERSE_KEYS: _INVERSE_KEYS,
                       variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _LENGTHS_SIZE}
+# stock types whose input dist only moves ids (no bucketing by id): no clamp needed there
+_ID_MOVING_TYPES = frozenset(t.value for t in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
+                                               ShardingType.TABLE_COLUMN_WISE, ShardingType.DATA_PARALLEL))
 _NAME_BYTES = 7  # bytes of an unknown key's name carried in the report (plus its length)
 _MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollection._describe fills them in)
     _BAD_ID: "{feature} has id {value} outside [0, {rows})",
@@ -139,6 +142,8 @@ class IdCheck:
         all-to-all (``_compat.splits_exchange_with_rows``), read when TorchRec reads the splits.
     gathered / work: else (no exchange took the rows, :meth:`input_dist`) the async
         exchange of every rank's report (an all-to-all of its own; None on one rank).
+    batch: the batch as this rank got it, where a bad id or weight is searched for when
+        some rank reports one.
     """
 
     report: torch.Tensor
@@ -146,6 +151,7 @@ class IdCheck:
     rider: Optional[_compat.SplitsRows] = None
     gathered: Optional[torch.Tensor] = None
     work: Optional[dist.Work] = None
+    batch: Optional[KeyedJaggedTensor] = None
 
     def reports(self, dist_input: List[Any]) -> List[List[int]]:
         """Every rank's report ``[code, index, value]`` (waits for them if they are still on
@@ -299,7 +305,12 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._feature_index = {f: i for i, f in enumerate(self._feature_names)}
         # the keys of the first batch: the stock input dist fixes its feature permutation then
         self._reference_keys: Optional[Tuple[str, ...]] = None
-        self._limit_cache: Dict[tuple, Tuple[torch.Tensor, torch.Tensor, bool, torch.Tensor]] = {}
+        # the last batch's id limits per (keys, dtype, device), by its lengths per key (_id_limits)
+        self._limit_cache: Dict[tuple, Tuple[Tuple[int, ...], Tuple[Any, ...]]] = {}
+        # input dists that index by id (row-wise bucketing, the hybrid's hot/cold split) need
+        # ids in range even in a batch the check will reject; the others only move them
+        self._ids_index_rows = bool(hybrid) or any(
+            ps.sharding_type not in _ID_MOVING_TYPES for ps in table_name_to_parameter_sharding.values())
         self._no_report = torch.zeros(3, dtype=torch.int64)
         self._no_report_words = torch.zeros(ID_REPORT_WORDS, dtype=torch.int32)
         for c in hybrid:
@@ -425,60 +436,112 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck) -> KeyedJaggedTensor:
         """Every id against its table's size, every weight finite: vectorised and without a
-        host sync. The first problem becomes ``check.report`` (on the device; all zeros when
-        there is none); bad ids are clamped into range and bad weights replaced by 0, so the step runs on in step
-        with the other ranks until the verdicts are read, before any lookup."""
-        keys = tuple(features.keys())
+        host sync, two reductions and no search (which id it was is looked for only when a rank
+        reports one, :meth:`_value_problems`). The verdict becomes ``check.report`` (on the
+        device: ``[_BAD_ID, 0, 0]``, ``[_BAD_WEIGHT, 0, 0]`` or zeros). Where this module's input
+        dists index by id (row-wise bucketing, the hybrid's hot/cold split) bad ids are clamped
+        into range and bad weights replaced by 0, so the step runs on in step with the other
+        ranks until the verdicts are read, before any lookup; table-wise, column-wise and
+        data-parallel dists only move ids, so there the batch goes on as it is (no copy)."""
         values = features.values()
-        cached = self._limit_cache.get((keys, values.dtype))
-        if cached is None:  # largest valid id per key (ids of keys that are no feature are not checked)
-            top = torch.iinfo(values.dtype).max
-            limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
-                                 dtype=values.dtype, device=values.device)
-            features_of_keys = [self._feature_index.get(k, -1) for k in keys]
-            index = torch.tensor(features_of_keys, dtype=torch.int64, device=values.device)
-            cached = self._limit_cache[(keys, values.dtype)] = (limit, index, min(features_of_keys, default=0) >= 0,
-                                                                 limit.new_zeros(()))
-        limit, feature_of_key, all_known, zero = cached
-        weights = features.weights_or_none()
-        check_weights = self._validate_weights and weights is not None and weights.is_floating_point()
         if values.numel() == 0:
             return features
-        counts = host_to_device(features.length_per_key(), values.device)
-        n = values.numel()
-        # one clamp into [0, limit] and one compare (bad ids read 0 or their table's last row
-        # until the verdict is read; the batch is then refused before any lookup)
-        checked = values.clamp(min=zero, max=torch.repeat_interleave(limit, counts, output_size=n))
-        bad = checked != values
-        known = None if all_known else torch.repeat_interleave(feature_of_key >= 0, counts, output_size=n)
+        check.batch = features
+        limits, _, _, known = self._id_limits(features)
+        ids = values if known is None else torch.where(known, values, 0)  # keys that are no feature: not checked
+        lowest = torch.minimum((limits - ids).min(), ids.min())  # < 0: an id outside its table
+        code = (lowest < 0).to(torch.int64) * _BAD_ID
+        weights = features.weights_or_none()
+        bad_weight = None
+        if self._validate_weights and weights is not None and weights.is_floating_point():
+            bad_weight = ~torch.isfinite(weights)
+            if known is not None:
+                bad_weight &= known
+            code = torch.where(code != 0, code, bad_weight.any().to(torch.int64) * _BAD_WEIGHT)
+        check.report = torch.cat([code.view(1), code.new_zeros(2)])
+        if not self._ids_index_rows:
+            return features
+        checked = torch.clamp(values, min=torch.zeros_like(limits[:1]), max=limits)
         if known is not None:  # ids of keys that are no feature stay as they are
-            bad &= known
             checked = torch.where(known, checked, values)
-        ends = torch.cumsum(counts, 0)
-        report = self._first_problem(bad, _BAD_ID, values.to(torch.int64), feature_of_key, ends)
-        if check_weights:
+        if bad_weight is not None:
             assert weights is not None
+            weights = torch.where(bad_weight, 0, weights)
+        return KeyedJaggedTensor(keys=list(features.keys()), values=checked, weights=weights,
+                                 lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
+                                 length_per_key=features.length_per_key(), offset_per_key=features.offset_per_key())
+
+    def _first_value_problem(self, features: KeyedJaggedTensor) -> torch.Tensor:
+        """This rank's first bad id (or, without one, first bad weight) as a report
+        ``[code, feature, value]``: the error path's search (:meth:`_value_problems`)."""
+        values = features.values()
+        limits, feature_of_key, ends, known = self._id_limits(features)
+        bad = (values > limits) | (values < 0)
+        if known is not None:
+            bad &= known
+        report = self._first_problem(bad, _BAD_ID, values.to(torch.int64), feature_of_key, ends)
+        weights = features.weights_or_none()
+        if report[0] == 0 and weights is not None and weights.is_floating_point():
             bad_weight = ~torch.isfinite(weights)
             if known is not None:
                 bad_weight &= known
             bits = weights.to(torch.float32).view(torch.int32).to(torch.int64)
-            report = torch.where(report[0] != 0, report,
-                                 self._first_problem(bad_weight, _BAD_WEIGHT, bits, feature_of_key, ends))
-            weights = torch.where(bad_weight, 0, weights)
-        check.report = report
-        return KeyedJaggedTensor(keys=list(keys), values=checked, weights=weights,
-                                 lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
-                                 length_per_key=features.length_per_key(), offset_per_key=features.offset_per_key())
+            report = self._first_problem(bad_weight, _BAD_WEIGHT, bits, feature_of_key, ends)
+        return report
 
     @staticmethod
     def _first_problem(bad: torch.Tensor, code: int, value: torch.Tensor, feature_of_key: torch.Tensor,
                        ends: torch.Tensor) -> torch.Tensor:
-        """``[code, feature, value]`` of the first True of ``bad`` (int64, on its device), or
-        zeros when there is none; ``ends``: where each key's values end."""
+        """``[code, feature, value]`` of the first True of ``bad`` (int64), or zeros when there
+        is none; ``ends``: where each key's values end."""
         found, first = bad.max(0)  # the first True (documented), and whether there is one
-        i = first.view(1)  # tensors throughout: an int would sync
+        i = first.view(1)
         feature = feature_of_key.index_select(0, torch.searchsorted(ends, i, right=True))
         return torch.cat([torch.full_like(feature, code), feature, value.index_select(0, i)]) * found
+
+    def _value_problems(self, check: IdCheck, reports: List[List[int]]) -> List[List[int]]:
+        """Every rank's report with its bad id or weight found: each rank that reported one
+        searches its batch, then one all-to-all gives every rank every rank's (collective: every
+        rank reads the same verdicts, so every rank comes here)."""
+        pg = self._check_pg
+        rank = dist.get_rank(pg) if pg is not None and dist.is_initialized() else 0
+        if reports[rank][0] in (_BAD_ID, _BAD_WEIGHT) and check.batch is not None:
+            mine = self._first_value_problem(check.batch)
+        else:
+            mine = torch.tensor(reports[rank], dtype=torch.int64)
+        if pg is None or len(reports) == 1:
+            return [mine.tolist()]
+        dev = collective_device(pg)
+        gathered = torch.empty(len(reports) * 3, dtype=torch.int64, device=dev)
+        dist.all_to_all_single(gathered, mine.to(dev).repeat(len(reports)), group=pg)
+        return gathered.view(-1, 3).tolist()
+
+    def _id_limits(self, features: KeyedJaggedTensor
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Per id of ``features``, the largest valid id of its table; per key, its feature's
+        index (-1: a key that is no feature); where each key's ids end; per id, whether its key
+        is a feature (None: all are). Kept for the last batch's keys and lengths per key (fixed
+        bag sizes, as one-hot and MLPerf's multi-hot batches have, pay for them once)."""
+        keys, values = tuple(features.keys()), features.values()
+        counts = tuple(features.length_per_key())
+        cache_key = (keys, values.dtype, values.device)
+        cached = self._limit_cache.get(cache_key)
+        if cached is not None and cached[0] == counts:
+            return cached[1]
+        top = torch.iinfo(values.dtype).max
+        limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
+                             dtype=values.dtype, device=values.device)
+        features_of_keys = [self._feature_index.get(k, -1) for k in keys]
+        feature_of_key = torch.tensor(features_of_keys, dtype=torch.int64, device=values.device)
+        lengths = host_to_device(counts, values.device)
+        n = values.numel()
+        known = None
+        if min(features_of_keys, default=0) < 0:
+            known = torch.repeat_interleave(feature_of_key >= 0, lengths, output_size=n)
+        limits = (torch.repeat_interleave(limit, lengths, output_size=n), feature_of_key, torch.cumsum(lengths, 0),
+                  known)
+        self._limit_cache[cache_key] = (counts, limits)
+        return limits
 
     def _structure_problem(self, features: KeyedJaggedTensor) -> Optional[List[int]]:
         """This rank's first structural problem as a report ``[code, index, value]``, or None.
@@ -577,6 +640,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         reports = check.reports(input)
         if not any(code for code, _, _ in reports):
             return
+        if any(code in (_BAD_ID, _BAD_WEIGHT) for code, _, _ in reports):  # which id or weight it was
+            reports = self._value_problems(check, reports)
         msgs = [f"rank {r}: {self._describe(code, index, value)}"  # only on the error path
                 for r, (code, index, value) in enumerate(reports) if code]
         present = {code for code, _, _ in reports}
