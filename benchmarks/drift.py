@@ -20,8 +20,8 @@ rising into the head, ``drift_mode="rise"``), step by step, in one process group
   top ids at that batch (``SyntheticCriteo.top_ids``: what perfect, fresh statistics give);
 - ``stock``: TorchRec's ``EmbeddingShardingPlanner`` plan (stock sharder, same topology).
 
-Each step runs the four models in a rotated order, each behind a barrier; around each
-model's forward + backward, the bytes each rank writes to its sockets are read from
+Each step runs the four models in a balanced order (``product.step_models``), each behind a
+barrier; around each model's forward + backward, the bytes each rank writes to its sockets are read from
 ``/proc/self/io`` (``torchrec_hybrid.comm_bytes.sent_bytes``); nothing prints or logs inside.
 Counting, merging and switching happen outside those windows; merge and switch are timed and
 their bytes counted separately. Reported per measured point (``--point`` steps): bytes per

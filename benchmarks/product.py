@@ -5,7 +5,8 @@ Per workload and world size, in one gloo process group: frequency statistics are
 ``EmbeddingShardingPlanner`` each plan the same EBC (26 Criteo-Kaggle tables capped at
 ``--rows-cap``, dim 64, EXACT_ROWWISE_ADAGRAD) for the same topology
 (``Topology(world_size=W, compute_device="cpu")``); both plans train on the same, other,
-batches, step by step, the order of the plans rotating every step, each step behind a
+batches, step by step, the order of the plans balanced over steps (a Williams design: each
+plan takes each position, and follows each other plan, equally often), each step behind a
 barrier. The hybrid planner plans twice: as a user of this machine gets it (``hybrid_planner``:
 compute priced by the CPU calibration, ``planner/compute_costs.py``) and as it plans for a
 network-bound cluster (``hybrid_planner_bytes``: bytes and collectives only, the default on
@@ -137,15 +138,17 @@ def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Op
 
 def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: Dict[str, List[int]],
                 times: Dict[str, List[float]]) -> None:
-    """One training step of each of ``names``, in an order rotated by step ``i`` (no model always runs
-    first), each behind a barrier; on a timed step, record each model's bytes sent and time."""
+    """One training step of each of ``names``, in the order of row ``i`` of a Williams design
+    (``measure.balanced_orders``: over its rows every model takes every position, and follows every other
+    model, equally often), each behind a barrier; on a timed step, record each model's bytes sent and time."""
     import torch.distributed as dist
 
+    from benchmarks.measure import balanced_orders
     from torchrec_hybrid.comm_bytes import sent_bytes
 
     names = tuple(names)
-    k = i % len(names)
-    for name in names[k:] + names[:k]:
+    orders = balanced_orders(len(names))
+    for name in (names[j] for j in orders[i % len(orders)]):
         dist.barrier()
         b0, t0 = sent_bytes(), time.perf_counter()
         models[name](kjt).wait().values().sum().backward()
@@ -156,10 +159,8 @@ def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: D
 
 
 def _train(models: Dict[str, Any], batches: List[Any], warmup: int):
-    """Train every model on each batch, the order rotating every step (no plan always runs first), each behind
-    a barrier; bytes sent and time of each model's steps after the ``warmup`` first."""
-
-
+    """Train every model on each batch, in balanced orders (:func:`step_models`), each behind a barrier; bytes
+    sent and time of each model's steps after the ``warmup`` first."""
     sent: Dict[str, List[int]] = {m: [] for m in MODELS}
     times: Dict[str, List[float]] = {m: [] for m in MODELS}
     for i, kjt in enumerate(batches):

@@ -2,8 +2,8 @@
 
 The product benchmark's set-up (``benchmarks/product.py``: 26 Criteo-Kaggle tables capped at
 ``--rows-cap`` rows, dim 64, Zipf(1.1), EXACT_ROWWISE_ADAGRAD, statistics from batches of
-their own) on W gloo ranks. Four models train on the same batches, the order rotated every
-step: the hybrid planner's plan (bytes-priced, as on CUDA) and TorchRec's planner's plan, each
+their own) on W gloo ranks. Four models train on the same batches, in balanced orders
+(``product.step_models``): the hybrid planner's plan (bytes-priced, as on CUDA) and TorchRec's planner's plan, each
 with fp32 comms and with ``QCommsConfig(forward_precision=FP16, backward_precision=BF16)``
 (the registry given to both sharders, and to the planners, which price the codec). Per model:
 bytes each rank sends per step (``wchar`` of ``/proc/self/io``), mean and busiest rank.
