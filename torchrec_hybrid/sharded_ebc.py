@@ -32,6 +32,7 @@ import torch
 import torch.distributed as dist
 from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionContext, ShardedEmbeddingBagCollection
 from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
@@ -93,6 +94,8 @@ _VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch
 # stock types whose input dist only moves ids (no bucketing by id): no clamp needed there
 _ID_MOVING_TYPES = frozenset(t.value for t in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                                                ShardingType.TABLE_COLUMN_WISE, ShardingType.DATA_PARALLEL))
+# kernels that read rows only in the lookup (no cache to prefetch into before it)
+_PLAIN_KERNELS = frozenset(k.value for k in (EmbeddingComputeKernel.FUSED, EmbeddingComputeKernel.DENSE))
 _NAME_BYTES = 7  # bytes of an unknown key's name carried in the report (plus its length)
 _MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollection._describe fills them in)
     _BAD_ID: "{feature} has id {value} outside [0, {rows})",
@@ -305,12 +308,14 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._feature_index = {f: i for i, f in enumerate(self._feature_names)}
         # the keys of the first batch: the stock input dist fixes its feature permutation then
         self._reference_keys: Optional[Tuple[str, ...]] = None
-        # the last batch's id limits per (keys, dtype, device), by its lengths per key (_id_limits)
-        self._limit_cache: Dict[tuple, Tuple[Tuple[int, ...], Tuple[Any, ...]]] = {}
-        # input dists that index by id (row-wise bucketing, the hybrid's hot/cold split) need
-        # ids in range even in a batch the check will reject; the others only move them
+        # per (keys, dtype, device): the id limits per key, and per id for the last lengths per key
+        self._limit_cache: Dict[tuple, Tuple[tuple, Optional[Tuple[int, ...]], Optional[tuple]]] = {}
+        # input dists that index by id (row-wise bucketing, the hybrid's hot/cold split) and
+        # caching kernels (a prefetch pipeline fills their caches before the verdict is read)
+        # need ids in range even in a batch the check will reject; the others only move them
         self._ids_index_rows = bool(hybrid) or any(
-            ps.sharding_type not in _ID_MOVING_TYPES for ps in table_name_to_parameter_sharding.values())
+            ps.sharding_type not in _ID_MOVING_TYPES or ps.compute_kernel not in _PLAIN_KERNELS
+            for ps in table_name_to_parameter_sharding.values())
         self._no_report = torch.zeros(3, dtype=torch.int64)
         self._no_report_words = torch.zeros(ID_REPORT_WORDS, dtype=torch.int32)
         for c in hybrid:
@@ -501,14 +506,19 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def _value_problems(self, check: IdCheck, reports: List[List[int]]) -> List[List[int]]:
         """Every rank's report with its bad id or weight found: each rank that reported one
-        searches its batch, then one all-to-all gives every rank every rank's (collective: every
-        rank reads the same verdicts, so every rank comes here)."""
-        pg = self._check_pg
+        searches its batch, then one all-to-all on the group the reports came from gives every
+        rank every rank's (collective: every rank of that group read the same verdicts, so every
+        one comes here; a failed search sends the bare report rather than skip the exchange)."""
+        # carried reports came with the hybrid cold exchange, on its group (2D: the sharding
+        # sub-group); ridden or gathered ones on the module's group
+        pg = self._hybrid_shardings()[0].hybrid_pg if check.carried else self._check_pg
         rank = dist.get_rank(pg) if pg is not None and dist.is_initialized() else 0
+        mine = torch.tensor(reports[rank], dtype=torch.int64)
         if reports[rank][0] in (_BAD_ID, _BAD_WEIGHT) and check.batch is not None:
-            mine = self._first_value_problem(check.batch)
-        else:
-            mine = torch.tensor(reports[rank], dtype=torch.int64)
+            try:
+                mine = self._first_value_problem(check.batch)
+            except Exception:  # e.g. a pipeline freed the batch's storage: the others still wait for ours
+                logger.exception("searching this rank's batch for its bad id or weight failed")
         if pg is None or len(reports) == 1:
             return [mine.tolist()]
         dev = collective_device(pg)
@@ -520,28 +530,32 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                    ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
         """Per id of ``features``, the largest valid id of its table; per key, its feature's
         index (-1: a key that is no feature); where each key's ids end; per id, whether its key
-        is a feature (None: all are). Kept for the last batch's keys and lengths per key (fixed
-        bag sizes, as one-hot and MLPerf's multi-hot batches have, pay for them once)."""
+        is a feature (None: all are). Per keys, dtype and device the per-key tensors are built
+        once; the per-id ones are kept for the last lengths per key (fixed bag sizes, as one-hot
+        and MLPerf's multi-hot batches have, expand them once)."""
         keys, values = tuple(features.keys()), features.values()
         counts = tuple(features.length_per_key())
         cache_key = (keys, values.dtype, values.device)
         cached = self._limit_cache.get(cache_key)
-        if cached is not None and cached[0] == counts:
-            return cached[1]
-        top = torch.iinfo(values.dtype).max
-        limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
-                             dtype=values.dtype, device=values.device)
-        features_of_keys = [self._feature_index.get(k, -1) for k in keys]
-        feature_of_key = torch.tensor(features_of_keys, dtype=torch.int64, device=values.device)
-        lengths = host_to_device(counts, values.device)
+        if cached is None:
+            top = torch.iinfo(values.dtype).max
+            limit = torch.tensor([min(self._rows_by_feature.get(k, top + 1) - 1, top) for k in keys],
+                                 dtype=values.dtype, device=values.device)
+            features_of_keys = [self._feature_index.get(k, -1) for k in keys]
+            feature_of_key = torch.tensor(features_of_keys, dtype=torch.int64, device=values.device)
+            all_known = min(features_of_keys, default=0) >= 0
+            cached = self._limit_cache[cache_key] = ((limit, feature_of_key, all_known), None, None)
+        (limit, feature_of_key, all_known), last_counts, expanded = cached
+        if last_counts == counts:
+            assert expanded is not None
+            return expanded
+        lengths = host_to_device(counts, values.device)  # pinned and asynchronous on CUDA: no sync
         n = values.numel()
-        known = None
-        if min(features_of_keys, default=0) < 0:
-            known = torch.repeat_interleave(feature_of_key >= 0, lengths, output_size=n)
-        limits = (torch.repeat_interleave(limit, lengths, output_size=n), feature_of_key, torch.cumsum(lengths, 0),
-                  known)
-        self._limit_cache[cache_key] = (counts, limits)
-        return limits
+        known = None if all_known else torch.repeat_interleave(feature_of_key >= 0, lengths, output_size=n)
+        expanded = (torch.repeat_interleave(limit, lengths, output_size=n), feature_of_key, torch.cumsum(lengths, 0),
+                    known)
+        self._limit_cache[cache_key] = ((limit, feature_of_key, all_known), counts, expanded)
+        return expanded
 
     def _structure_problem(self, features: KeyedJaggedTensor) -> Optional[List[int]]:
         """This rank's first structural problem as a report ``[code, index, value]``, or None.

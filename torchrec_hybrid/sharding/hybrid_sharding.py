@@ -147,8 +147,9 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
         return None if order == list(range(len(order))) else order
 
     @property
-    def _hybrid_pg(self) -> dist.ProcessGroup:
-        """The sharding's process group (torchrec types it Optional; a hybrid sharding always has one)."""
+    def hybrid_pg(self) -> dist.ProcessGroup:
+        """The sharding's process group, that of its cold exchange (torchrec types it Optional; a
+        hybrid sharding always has one; under 2D parallelism the sharding sub-group)."""
         pg = self._setup.pg
         assert pg is not None, "a frequency_hybrid sharding needs a process group"
         return pg
@@ -202,7 +203,7 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
         feature_tables = self._feature_tables()
         rows = [t.num_embeddings for t in self._tables]
         dist_ = HybridSparseFeaturesDist(
-            pg=self._hybrid_pg,
+            pg=self.hybrid_pg,
             feature_tables=feature_tables,
             table_rows=rows,
             state=self.hot_state(device),
@@ -224,12 +225,12 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
         # a table's column slices share one TBE (its fused optimizer holds all of the table's local shards)
         heavy_names = {t.name for t, h in zip(self._tables, heavy) if h}
         lanes = {i for i, t in enumerate(self._tables) if t.name in heavy_names}
-        return HybridLookup(_compat.sharding_grouped_configs(self), pg=self._hybrid_pg, device=device,
+        return HybridLookup(_compat.sharding_grouped_configs(self), pg=self.hybrid_pg, device=device,
                             env=setup.env, heavy_tables=lanes)
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]
         device = device if device is not None else self._setup.device
         codecs = (self.qcomm_codecs_registry or {}).get(OUTPUT_COMM_OP)
-        return HybridPooledEmbeddingDist(self._hybrid_pg, self._slice_dims(), mean, device, codecs,
+        return HybridPooledEmbeddingDist(self.hybrid_pg, self._slice_dims(), mean, device, codecs,
                                          column_order=self._column_order())
