@@ -54,16 +54,15 @@ def test_bad_id_fails_on_every_rank(feature, value):
     assert messages[0] == messages[1]
 
 
-@pytest.mark.parametrize("kind,overflow_debug", [("tw", False), ("tw", True), ("dp", False), ("rw", False),
-                                                  ("cw", False)],
-                         ids=["tw", "tw-overflow-debug", "dp", "rw", "cw"])
+@pytest.mark.parametrize("kind,overflow_debug", [("tw", False), ("tw", True), ("dp", False), ("rw", False)],
+                         ids=["tw", "tw-overflow-debug", "dp", "rw"])
 def test_bad_id_fails_on_every_rank_without_hybrid_tables(kind, overflow_debug, monkeypatch):
     """With no frequency_hybrid table in the module the verdicts ride the stock input dist's
     split sizes (table_wise; also with TorchRec's overflow checks of those sizes on, which read
     their last row: the verdicts go first), or, with no stock input dist (data_parallel only),
     take an all-to-all of their own. Row-wise dists bucket by id, so there the bad id is
-    clamped into range until the verdict is read; table-wise, column-wise and data-parallel
-    ones only move ids, so there it travels as it is, and is refused before any lookup."""
+    clamped into range until the verdict is read; table-wise and data-parallel ones (and
+    column-wise) only move ids, so there it travels as it is, and is refused before any lookup."""
     if overflow_debug:  # read when the ranks import torchrec
         monkeypatch.setenv("TORCHREC_OVERFLOW_DEBUG", "1")
     kinds = {c: kind for c in KINDS}
