@@ -459,9 +459,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         weights = features.weights_or_none()
         bad_weight = None
         if self._validate_weights and weights is not None and weights.is_floating_point():
-            bad_weight = ~torch.isfinite(weights)
-            if known is not None:
-                bad_weight &= known
+            bad_weight = self._bad_weights(weights, known)
             code = torch.where(code != 0, code, bad_weight.any().to(torch.int64) * _BAD_WEIGHT)
         check.report = torch.cat([code.view(1), code.new_zeros(2)])
         if not self._ids_index_rows:
@@ -487,12 +485,16 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         report = self._first_problem(bad, _BAD_ID, values.to(torch.int64), feature_of_key, ends)
         weights = features.weights_or_none()
         if report[0] == 0 and weights is not None and weights.is_floating_point():
-            bad_weight = ~torch.isfinite(weights)
-            if known is not None:
-                bad_weight &= known
+            bad_weight = self._bad_weights(weights, known)
             bits = weights.to(torch.float32).view(torch.int32).to(torch.int64)
             report = self._first_problem(bad_weight, _BAD_WEIGHT, bits, feature_of_key, ends)
         return report
+
+    @staticmethod
+    def _bad_weights(weights: torch.Tensor, known: Optional[torch.Tensor]) -> torch.Tensor:
+        """Per weight, whether it is NaN or infinite (weights of keys that are no feature: never)."""
+        bad = ~torch.isfinite(weights)
+        return bad if known is None else bad & known
 
     @staticmethod
     def _first_problem(bad: torch.Tensor, code: int, value: torch.Tensor, feature_of_key: torch.Tensor,
