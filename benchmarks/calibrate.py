@@ -108,6 +108,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     import torchrec
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
+    from benchmarks.models import training_loss
     from benchmarks.step_counts import count_training_step
     from torchrec_hybrid.planner.estimators import bandwidths
     from torchrec_hybrid.planner.plan_cost import plan_rank_bytes, plan_rank_work
@@ -126,7 +127,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
         for name in names[k:] + names[:k]:  # rotated order: no plan always runs first
             dist.barrier()
             c0, t0 = time.process_time(), time.perf_counter()
-            models[name](kjt).wait().values().sum().backward()
+            training_loss(models[name](kjt).wait().values()).backward()
             if i >= warmup:
                 cpu[name].append((time.process_time() - c0) * 1e3)
                 wall[name].append((time.perf_counter() - t0) * 1e3)
