@@ -20,17 +20,17 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=1.044,
-    vector_stock=5.831,
-    vector_hybrid=3.6,
-    ids_stock=17.01,
-    ids_hybrid=13.14,
-    group_stock_ms=3.69,
-    group_hybrid_ms=11.9,
-    ns_per_byte=0.115,
+    lookup=1.304,
+    vector_stock=13.59,
+    vector_hybrid=13.48,
+    ids_stock=0.0,
+    ids_hybrid=0.0,
+    group_stock_ms=4.879,
+    group_hybrid_ms=10.48,
+    ns_per_byte=0.0,
     collective_ms=0.0,
-    busiest_share=0.1129,
-    rms_ms=3.073,
+    busiest_share=0.09517,
+    rms_ms=4.852,
     source="benchmarks/results/calibration.json",
 )
 
