@@ -78,7 +78,7 @@ def _rank_slice(kjt, hotness: List[int], rank: int, local: int):
 
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
-               warmup: int, steps: int, prices: Optional[Any] = None, tie_ms: Any = 0.0) -> None:
+               warmup: int, steps: int, prices: Optional[Any] = None, tie_ms: Any = "auto") -> None:
     torch.set_num_threads(1)
     import torch.distributed as dist
 
@@ -101,7 +101,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
 
 
 def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None,
-                 tie_ms: Any = 0.0):
+                 tie_ms: Any = "auto"):
     """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
     hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: the
     CPU-priced planner's ``ComputeCosts`` instead of the machine's default (None: the default); ``tie_ms``: its
@@ -193,7 +193,7 @@ def _types(plan) -> Dict[str, int]:
 
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
-            prices: Optional[Any] = None, tie_ms: Any = 0.0) -> Dict[str, Any]:
+            prices: Optional[Any] = None, tie_ms: Any = "auto") -> Dict[str, Any]:
     per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
                            stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices,
                            tie_ms=tie_ms)
@@ -257,17 +257,18 @@ def main(argv=None) -> List[Dict[str, Any]]:
     ap.add_argument("--prices", metavar="JSON",
                     help="the CPU-priced planner's prices: a calibration file of benchmarks/calibrate.py "
                          "(default: the machine's default prices, planner/compute_costs.py)")
-    ap.add_argument("--tie-ms", default="0", metavar="MS|fit_error",
+    ap.add_argument("--tie-ms", default="auto", metavar="MS|fit_error|auto",
                     help="the CPU-priced planner's tie_ms: plans costed within it of the cheapest go to the fewest "
-                         "bytes ('fit_error': the prices' RMS error; default 0)")
+                         "bytes ('fit_error': the prices' RMS error; default 'auto', the planner's: fit_error where "
+                         "the prices carry one)")
     a = ap.parse_args(argv)
     from torchrec_hybrid.planner.config import PlannerConfigError, parse_hot_set
 
     try:  # the YAML's rule for the same key, so a bad value fails here, not in every rank
-        tie_ms: Any = parse_hot_set({"tie_ms": a.tie_ms if a.tie_ms == "fit_error" else float(a.tie_ms)},
+        tie_ms: Any = parse_hot_set({"tie_ms": a.tie_ms if a.tie_ms in ("fit_error", "auto") else float(a.tie_ms)},
                                     "--tie-ms")["tie_ms"]
     except (ValueError, PlannerConfigError) as e:
-        ap.error(f"--tie-ms: expected a finite number of ms >= 0 or 'fit_error', got {a.tie_ms!r} ({e})")
+        ap.error(f"--tie-ms: expected a finite number of ms >= 0, 'fit_error' or 'auto', got {a.tie_ms!r} ({e})")
     from torchrec_hybrid.planner.compute_costs import load_calibration
 
     prices = load_calibration(a.prices) if a.prices else None  # read once; a bad file fails before any rank starts

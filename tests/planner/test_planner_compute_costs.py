@@ -225,10 +225,13 @@ def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
     # narrower than the gap: the model tells them apart and the cheapest stays
     apart, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=0.99 * gap)
     assert apart.chosen.cost["cost_ms"] == cheapest
-    # no band by default, even with prices that know their error; "fit_error" takes that error
+    # by default ("auto") prices that know their error take it as the band, prices without one get none;
+    # "fit_error" asks for that error explicitly
     with_error = dataclasses.replace(dear, rms_ms=1.01 * gap)
     default, _ = plan_for(cfg, st, compute_costs=with_error)
-    assert default.tie_ms == 0.0 and default.chosen.cost["cost_ms"] == cheapest
+    assert default.tie_ms == pytest.approx(1.01 * gap) and default.chosen.rank_bytes == tied.chosen.rank_bytes
+    plain, _ = plan_for(cfg, st, compute_costs=dear)
+    assert plain.tie_ms == 0.0 and plain.chosen.cost["cost_ms"] == cheapest
     fitted, _ = plan_for(cfg, st, compute_costs=with_error, tie_ms="fit_error")
     assert fitted.tie_ms == pytest.approx(1.01 * gap) and fitted.chosen.rank_bytes == tied.chosen.rank_bytes
     with pytest.raises(ValueError, match="tie_ms='fit_error' needs compute prices .* got none"):

@@ -58,7 +58,7 @@ tables:
     ("topology: {world_size: 4}\ntables: {t: {pooling_factors: [-1]}}\n", "tables.t.pooling_factors"),
     ("topology: {world_size: 4}\nhot_set: {min_saving: 1.5}\n", "hot_set.min_saving"),
     ("topology: {world_size: 4}\nhot_set: {tie_ms: -1}\n",
-     "hot_set.tie_ms: expected a finite number of ms >= 0 or 'fit_error', got -1"),
+     "hot_set.tie_ms: expected a finite number of ms >= 0, 'fit_error' or 'auto', got -1"),
     ("topology: {world_size: 4}\nhot_set: {tie_ms: rms}\n", "hot_set.tie_ms: expected a finite number"),
     ("topology: {world_size: 4}\nstatistics: nowhere.pt\n", "does not exist"),
     ("topology: [1, 2\n", "not valid YAML"),

@@ -20,17 +20,17 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=1.304,
-    vector_stock=13.59,
-    vector_hybrid=13.48,
+    lookup=1.389,
+    vector_stock=12.64,
+    vector_hybrid=12.65,
     ids_stock=0.0,
     ids_hybrid=0.0,
-    group_stock_ms=4.879,
-    group_hybrid_ms=10.48,
+    group_stock_ms=4.474,
+    group_hybrid_ms=9.598,
     ns_per_byte=0.0,
     collective_ms=0.0,
-    busiest_share=0.09517,
-    rms_ms=4.852,
+    busiest_share=0.07568,
+    rms_ms=5.358,
     source="benchmarks/results/calibration.json",
 )
 

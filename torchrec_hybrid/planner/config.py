@@ -18,7 +18,7 @@ Schema (see configs/planner.yaml for a documented example)::
       budget_mb: 256               # per-rank memory for all hot replicas
       max_rows: 1048576            # cap on hot rows per table
       min_saving: 0.05             # saving needed to go hybrid (a table: cost; a plan: cost or bytes)
-      tie_ms: 0                    # plans within this of the cheapest: fewest bytes wins (fit_error: the fit's RMS)
+      tie_ms: auto                 # plans within this of the cheapest: fewest bytes wins (fit_error; auto: see planner)
     tables:                        # optional per-table ParameterConstraints
       t_cat_0: {sharding_types: [frequency_hybrid]}
 
@@ -187,10 +187,10 @@ def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
         out["min_saving"] = float(ms)
     tie = hot.get("tie_ms")
     if tie is not None:
-        if tie != "fit_error" and not finite_nonnegative(tie):
-            raise PlannerConfigError(f"{where}.tie_ms: expected a finite number of ms >= 0 or 'fit_error', "
+        if tie not in ("fit_error", "auto") and not finite_nonnegative(tie):
+            raise PlannerConfigError(f"{where}.tie_ms: expected a finite number of ms >= 0, 'fit_error' or 'auto', "
                                      f"got {tie!r}")
-        out["tie_ms"] = tie if tie == "fit_error" else float(tie)
+        out["tie_ms"] = tie if tie in ("fit_error", "auto") else float(tie)
     cc = hot.get("compute_costs")
     if cc is not None:
         if not isinstance(cc, str) or not cc:

@@ -108,10 +108,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         compare_plans: also plan with TorchRec's own planner and with every eligible table
             hybrid and choose among the three priced with the same model (default), as below.
         tie_ms: plans whose costs lie within this many ms of the cheapest are a tie, broken
-            by the fewest busiest-rank bytes (default 0: the cheapest); ``"fit_error"``: the
-            prices' own fit error (``ComputeCosts.rms_ms``), trading up to that much modelled
-            time for bytes (on this project's CPU box such ties ran slower than the stock
-            plan with multi-hot bags and uniform ids: docs/results.md).
+            by the fewest busiest-rank bytes; ``"fit_error"``: the prices' own fit error
+            (``ComputeCosts.rms_ms``): plans the fit cannot tell apart go to the one whose
+            bytes are surely fewer; ``"auto"`` (default): ``"fit_error"`` where the compute
+            prices carry one (the CPU default does), else 0 (bytes and collectives are
+            priced exactly: the cheapest).
 
     ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
     only, as a user would run it), the partitioner's plan over stock and hybrid options, and
@@ -130,7 +131,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
                  max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
                  collective_ms: Optional[float] = None, compare_plans: bool = True,
-                 compute_costs: Any = "default", tie_ms: Any = 0.0) -> None:
+                 compute_costs: Any = "default", tie_ms: Any = "auto") -> None:
         if stats is not None and _is_frequency_stats(stats):
             frequency_stats, stats = stats, None
         self._user_constraints = constraints
@@ -144,7 +145,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             fitted = compute_costs.collective_ms if compute_costs is not None else None
             collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
         what = "tie_ms"
-        if tie_ms == "fit_error":  # the prices' own fit error
+        if isinstance(tie_ms, str) and tie_ms == "auto":
+            tie_ms = "fit_error" if compute_costs is not None and compute_costs.rms_ms is not None else 0.0
+        if isinstance(tie_ms, str) and tie_ms == "fit_error":  # the prices' own fit error
             if compute_costs is None or compute_costs.rms_ms is None:
                 raise ValueError("tie_ms='fit_error' needs compute prices that carry their fit's error (rms_ms, "
                                  "a calibration file of benchmarks/calibrate.py), got "
