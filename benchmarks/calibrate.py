@@ -19,14 +19,15 @@ Results: ``<out>.json`` (every measurement and the fit) and ``<out>.md`` (fit an
 per-plan error). The CPU defaults in ``torchrec_hybrid/planner/compute_costs.py`` are the
 committed fit (a test checks they match ``benchmarks/results/calibration.json``).
 
-    python -m benchmarks.calibrate --steps 20 --out out/cal_big1            # ~2.5 minutes, 2 cores
-    python -m benchmarks.calibrate --steps 20 --rows-cap 10000 --batch 256 --out out/cal_small1
+    python -m benchmarks.calibrate --steps 12 --out out/cal_big1            # ~2 minutes, 2 cores
+    python -m benchmarks.calibrate --steps 12 --rows-cap 10000 --batch 256 --out out/cal_small1
     python -m benchmarks.calibrate --refit out/cal_big*.json out/cal_small*.json --out benchmarks/results/calibration
 
-The committed fit pools three runs at the product's sizes and two at the sweep's (10k-row
-tables, B=256): at one size the fixed per-group terms and the per-unit ones move together,
-and the fit that sees only large batches prices a hybrid group's fixed work too low for
-small ones.
+The committed fit pools two rounds of three runs at the product's sizes and two at the
+sweep's (10k-row tables, B=256), the second round run with the first round's fit as the
+default prices (so the plans those prices choose are measured too): at one size the fixed
+per-group terms and the per-unit ones move together, and the fit that sees only large
+batches prices a hybrid group's fixed work too low for small ones.
 """
 
 from __future__ import annotations

@@ -361,18 +361,7 @@ def facts() -> Dict[str, str]:
     f.update(_drift_facts())
     f.update(_headline_and_sweep_facts())
     f.update(_device_check_facts())
-    f.update(_tie_facts())
     return f
-
-
-def _tie_facts() -> Dict[str, str]:
-    """The CPU-priced planner with ``tie_ms="fit_error"`` (product_w4_tie): its plans' bytes and steps."""
-    runs = load("product_w4_tie")
-    if runs["args"]["tie_ms"] != "fit_error":
-        raise ValueError(f"product_w4_tie ran with --tie-ms {runs['args']['tie_ms']}, the docs say fit_error")
-    mh = [r["ratios"]["hybrid_planner"] for r in runs["results"] if r["workload"] in MULTIHOTS]
-    return {"tie_bytes": span((q["busiest"] for q in mh), x2),
-            "tie_step": span((r["ratios"]["hybrid_planner"]["step"] for r in runs["results"]), x2)}
 
 
 def _device_check_facts() -> Dict[str, str]:
@@ -417,8 +406,9 @@ def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
     w4_stock = [wl for wl in WORKLOADS if (wl, 4) in stock]
     f["w4_cpu_hybrid_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_hybrid), x2)
     f["w4_cpu_hybrid_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_hybrid), x2)
-    f["w4_cpu_types_stock"] = unique((types_text(w4[wl]["types"]["hybrid_planner"]) for wl in w4_stock),
-                                     "CPU types W=4 where not hybrid")
+    f["w4_cpu_types_stock"] = "; ".join(dict.fromkeys(types_text(w4[wl]["types"]["hybrid_planner"])
+                                                      for wl in w4_stock))
+    f["w4_cpu_stock_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_stock), x2)
     f["w4_cpu_stock_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_stock), x2)
     f["cpu_hybrid_bytes"] = span((p[k]["ratios"]["hybrid_planner"]["busiest"] for k in hybrid), x2)
     f["cpu_hybrid_step"] = span((p[k]["ratios"]["hybrid_planner"]["step"] for k in hybrid), x2)
@@ -682,10 +672,10 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "statistics from {stats_batches} other batches"),
     ("README.md", "{w4_steps} steps interleaved"),
     ("README.md", "frequency_hybrid with one id per feature: {w4_cpu_hybrid_bytes} the stock planner's busiest-rank "
-                  "bytes at {w4_cpu_hybrid_step} its step. With multi-hot bags or uniform ids it returns TorchRec's "
-                  "own plan ({w4_cpu_types_stock}), which under our sharder ran {w4_cpu_stock_step} its step"),
-    ("README.md", "of the plans within the fit's RMS error ({cal_rms}) of the cheapest"),
-    ("README.md", "those hybrid too: {tie_bytes} the bytes with multi-hot bags, but {tie_step} the step"),
+                  "bytes at {w4_cpu_hybrid_step} its step. With multi-hot bags or uniform ids it returns stock types "
+                  "only, its small tables data_parallel ({w4_cpu_types_stock}): {w4_cpu_stock_bytes} the bytes at "
+                  "{w4_cpu_stock_step} the step"),
+    ("README.md", "Plans the fit cannot tell apart (costed within its RMS error, {cal_rms}, of the cheapest)"),
     ("README.md", "the same two plans on the same batches up to a relabelling of the ids (multi-hot and "
                   "frequency-sorted multi-hot) measured {w4_relabel}"),
     ("README.md", "it picks frequency_hybrid for {w4_net_tables} tables: {w4_net_onehot} the bytes one-hot, "
@@ -746,12 +736,11 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "{hl_setup_short}"),
     ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
                         "bags or uniform ids. The CPU fit measures that work, and the CPU-priced planner returns "
-                        "TorchRec's own plan for those workloads ({cpu_stock_step} the stock step, {cpu_stock_bytes} "
-                        "the bytes"),
+                        "stock types only for those workloads, the small tables data_parallel ({cpu_stock_bytes} the "
+                        "bytes at {cpu_stock_step} the stock step"),
     ("docs/results.md", "the CPU-priced plan is all hybrid: {cpu_hybrid_bytes} the bytes at {cpu_hybrid_step} the "
                         "step. The fit (RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box: "
                         "calibration.json) ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
-    ("docs/results.md", "there too: {tie_bytes} the bytes with multi-hot bags, at {tie_step} the stock step"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
     ("docs/results.md", "{dc_kernel_ms} ms of a {dc_step_ms} ms step at W=1 on one H100, the rest is the host "
                         "launching about {dc_launches} kernels (some {dc_per_launch_us} µs each"),
