@@ -221,7 +221,9 @@ def fit(results: List[Dict[str, Any]]) -> Dict[str, Any]:
                              "model_mean_ms": float(model.mean()), "measured_busiest_ms": float(meas.max()),
                              "model_busiest_ms": float(model.max())})
     resid = y - pred
-    out = {"costs": costs, "rms_ms": float(np.sqrt((resid ** 2).mean())), "per_plan": per_plan}
+    rms = float(np.sqrt((resid ** 2).mean()))
+    measured = float(np.mean([y for res in results for p in res["plans"].values() for y in p["cpu_ms"]]))
+    out = {"costs": costs, "rms_ms": rms, "rms_rel": rms / measured, "per_plan": per_plan}
     steps = fit_step(results, per_plan)
     if steps is not None:
         out["step_fit"] = steps
@@ -270,7 +272,8 @@ def report(fitted: Dict[str, Any], world: int) -> List[str]:
                 else "ms per group" if k.endswith("_ms")
                 else "ns per byte" if k == "ns_per_byte" else "ns per unit")
         lines.append(f"| {k} | {v:.4g} {unit} |")
-    lines += ["", f"RMS error per rank: {fitted['rms_ms']:.2f} ms"]
+    lines += ["", f"RMS error per rank: {fitted['rms_ms']:.2f} ms"
+              + (f" ({fitted['rms_rel']:.1%} of the mean measured rank)" if "rms_rel" in fitted else "")]
     s = fitted.get("step_fit")
     if s:
         lines += ["", f"Step (slowest rank's wall time, median) = {s['per_busiest_ms']:.3g} x busiest-rank model ms "

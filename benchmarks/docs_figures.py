@@ -736,8 +736,8 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "{hl_setup_short}"),
     ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
                         "bags or uniform ids. The CPU fit measures that work, and the CPU-priced planner returns "
-                        "stock types only for those workloads, the small tables data_parallel ({cpu_stock_bytes} the "
-                        "bytes at {cpu_stock_step} the stock step"),
+                        "stock types only for those workloads, TorchRec's own plan or one with the small tables "
+                        "data_parallel ({cpu_stock_bytes} the bytes at {cpu_stock_step} the stock step"),
     ("docs/results.md", "the CPU-priced plan is all hybrid: {cpu_hybrid_bytes} the bytes at {cpu_hybrid_step} the "
                         "step. The fit (RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box: "
                         "calibration.json) ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),

@@ -20,17 +20,17 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=1.389,
-    vector_stock=12.64,
-    vector_hybrid=12.65,
-    ids_stock=0.0,
-    ids_hybrid=0.0,
-    group_stock_ms=4.474,
-    group_hybrid_ms=9.598,
-    ns_per_byte=0.0,
+    lookup=1.044,
+    vector_stock=5.831,
+    vector_hybrid=3.6,
+    ids_stock=17.01,
+    ids_hybrid=13.14,
+    group_stock_ms=3.69,
+    group_hybrid_ms=11.9,
+    ns_per_byte=0.115,
     collective_ms=0.0,
-    busiest_share=0.07568,
-    rms_ms=5.358,
+    busiest_share=0.1129,
+    rms_ms=3.073,
     source="benchmarks/results/calibration.json",
 )
 
@@ -53,10 +53,11 @@ def load_calibration(path: str) -> ComputeCosts:
         costs: Dict[str, Any] = fit["costs"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a calibration file of benchmarks/calibrate.py ({e!r})") from e
-    rms = fit.get("rms_ms")
-    if rms is not None and not finite_nonnegative(rms):
-        raise ValueError(f"{path}: the fit's rms_ms must be a finite number >= 0, got {rms!r}")
-    known = {f.name for f in dataclasses.fields(ComputeCosts)} - {"source", "rms_ms"}
+    errors = {k: fit.get(k) for k in ("rms_ms", "rms_rel")}
+    for k, v in errors.items():
+        if v is not None and not finite_nonnegative(v):
+            raise ValueError(f"{path}: the fit's {k} must be a finite number >= 0, got {v!r}")
+    known = {f.name for f in dataclasses.fields(ComputeCosts)} - {"source", "rms_ms", "rms_rel"}
     unknown, missing = set(costs) - known, known - set(costs) - OPTIONAL_TERMS
     if unknown or missing:
         raise ValueError(f"{path}: calibration terms differ from ComputeCosts: unknown {sorted(unknown)}, "
@@ -66,8 +67,8 @@ def load_calibration(path: str) -> ComputeCosts:
         raise ValueError(f"{path}: prices must be numbers >= 0, got {bad}")
     if costs.get("busiest_share", 0.0) > 1.0:
         raise ValueError(f"{path}: busiest_share is a share of a step, 0..1, got {costs['busiest_share']}")
-    return ComputeCosts(**{k: float(v) for k, v in costs.items()}, rms_ms=None if rms is None else float(rms),
-                        source=path)
+    return ComputeCosts(**{k: float(v) for k, v in costs.items()},
+                        **{k: None if v is None else float(v) for k, v in errors.items()}, source=path)
 
 
 def default_compute_costs(compute_device: str) -> Optional[ComputeCosts]:

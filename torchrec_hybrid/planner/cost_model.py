@@ -502,7 +502,9 @@ class ComputeCosts:
     per device, the busiest rank is the step; less where ranks share cores and the step
     follows their total work), fitted from the same step times (None: 1). ``rms_ms``: the
     fit's RMS error per rank, the model's resolution (the planner's ``tie_ms="fit_error"``
-    takes it as its tie band; None: not known).
+    takes it as its tie band; None: not known). ``rms_rel``: the same error relative to the
+    mean measured per-rank time of the calibration (the planner's default ``tie_ms="auto"``
+    bands that share of the cheapest plan's cost: the error grows with the step; None: not known).
     """
 
     lookup: float = 0.0
@@ -516,6 +518,7 @@ class ComputeCosts:
     collective_ms: Optional[float] = None
     busiest_share: Optional[float] = None
     rms_ms: Optional[float] = None
+    rms_rel: Optional[float] = None
     source: str = "none"
 
     def step_ms(self, rank_ms: torch.Tensor) -> torch.Tensor:

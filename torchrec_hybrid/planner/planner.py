@@ -61,16 +61,17 @@ def constraints_with_measured_pooling(constraints: Optional[Dict[str, ParameterC
 
 
 def choose_plan(allowed: List["PlanCandidate"], stock: Optional["PlanCandidate"], tie_ms: float,
-                min_saving: float) -> "PlanCandidate":
+                min_saving: float, tie_rel: float = 0.0) -> "PlanCandidate":
     """Of the plans that pay for themselves (``stock``, or one saving ``min_saving`` of the
     stock plan's cost or of its busiest-rank bytes), the fewest busiest-rank bytes among those
-    costed within ``tie_ms`` of the cheapest (cost breaks a tie in bytes)."""
+    costed within ``tie_ms`` plus ``tie_rel`` of the cheapest's cost of the cheapest (cost
+    breaks a tie in bytes)."""
     keep = 1 - min_saving
     paying = [c for c in allowed if stock is None or c is stock
               or c.cost["cost_ms"] <= keep * stock.cost["cost_ms"]
               or c.cost["busiest_bytes"] <= keep * stock.cost["busiest_bytes"]]
     cheapest = min(c.cost["cost_ms"] for c in paying)
-    tied = [c for c in paying if c.cost["cost_ms"] <= cheapest + tie_ms]
+    tied = [c for c in paying if c.cost["cost_ms"] <= cheapest * (1 + tie_rel) + tie_ms]
     return min(tied, key=lambda c: (c.cost["busiest_bytes"], c.cost["cost_ms"]))
 
 
@@ -108,11 +109,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         compare_plans: also plan with TorchRec's own planner and with every eligible table
             hybrid and choose among the three priced with the same model (default), as below.
         tie_ms: plans whose costs lie within this many ms of the cheapest are a tie, broken
-            by the fewest busiest-rank bytes; ``"fit_error"``: the prices' own fit error
-            (``ComputeCosts.rms_ms``): plans the fit cannot tell apart go to the one whose
-            bytes are surely fewer; ``"auto"`` (default): ``"fit_error"`` where the compute
-            prices carry one (the CPU default does), else 0 (bytes and collectives are
-            priced exactly: the cheapest).
+            by the fewest busiest-rank bytes; ``"fit_error"``: the prices' own RMS error per
+            rank (``ComputeCosts.rms_ms``): plans the fit cannot tell apart go to the one whose
+            bytes are surely fewer; ``"auto"`` (default): that error as a share of the cost
+            (``ComputeCosts.rms_rel`` of the cheapest plan's cost: the fit's error grows with
+            the step) where the prices carry it (the CPU default does), else 0 (bytes and
+            collectives are priced exactly: the cheapest).
 
     ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
     only, as a user would run it), the partitioner's plan over stock and hybrid options, and
@@ -145,8 +147,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             fitted = compute_costs.collective_ms if compute_costs is not None else None
             collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
         what = "tie_ms"
+        tie_rel = 0.0
         if isinstance(tie_ms, str) and tie_ms == "auto":
-            tie_ms = "fit_error" if compute_costs is not None and compute_costs.rms_ms is not None else 0.0
+            rel = compute_costs.rms_rel if compute_costs is not None else None
+            if rel is not None and not finite_nonnegative(rel):
+                raise ValueError(f"compute_costs.rms_rel (from {compute_costs.source}) must be a finite share >= 0, "
+                                 f"got {rel!r}")
+            tie_ms, tie_rel = 0.0, float(rel or 0.0)
         if isinstance(tie_ms, str) and tie_ms == "fit_error":  # the prices' own fit error
             if compute_costs is None or compute_costs.rms_ms is None:
                 raise ValueError("tie_ms='fit_error' needs compute prices that carry their fit's error (rms_ms, "
@@ -177,7 +184,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self.frequency_stats = frequency_stats
         self._min_saving = min_saving
         self._collective_ms = collective_ms
-        self.tie_ms = float(tie_ms)
+        self.tie_ms, self.tie_rel = float(tie_ms), tie_rel
+        self._band_ms = self.tie_ms
         self.compute_costs: Optional[ComputeCosts] = compute_costs
         self._compare = compare_plans
         self.candidates: List[PlanCandidate] = []
@@ -206,7 +214,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         # would send more than stock on every network, where the promise is to send less
         allowed = [c for c in self.candidates
                    if not stock or c is stock[0] or c.cost["busiest_bytes"] <= stock[0].cost["busiest_bytes"]]
-        self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving)
+        self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving,
+                                   self.tie_rel)
+        self._band_ms = self.tie_ms + self.tie_rel * min(c.cost["cost_ms"] for c in allowed)
         best = self._chosen
         for line in self.comparison_table():
             logger.info(line)
@@ -300,7 +310,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def comparison_table(self) -> List[str]:
         """Lines comparing the candidate plans (logged by ``plan``)."""
         lines = [f"plan candidates (busiest-rank / mean bytes per step, collectives, cost; ties within "
-                 f"{self.tie_ms:.2f} ms go to the fewest bytes):"]
+                 f"{self._band_ms:.2f} ms go to the fewest bytes):"]
         for c in self.candidates:
             types: Dict[str, int] = {}
             for so in c.options:
