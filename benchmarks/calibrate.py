@@ -23,11 +23,12 @@ committed fit (a test checks they match ``benchmarks/results/calibration.json``)
     python -m benchmarks.calibrate --steps 12 --rows-cap 10000 --batch 256 --out out/cal_small1
     python -m benchmarks.calibrate --refit out/cal_big*.json out/cal_small*.json --out benchmarks/results/calibration
 
-The committed fit pools two rounds of three runs at the product's sizes and two at the
-sweep's (10k-row tables, B=256), the second round run with the first round's fit as the
-default prices (so the plans those prices choose are measured too): at one size the fixed
-per-group terms and the per-unit ones move together, and the fit that sees only large
-batches prices a hybrid group's fixed work too low for small ones.
+The committed fit pools three runs at the product's sizes and two at the sweep's (10k-row
+tables, B=256): at one size the fixed per-group terms and the per-unit ones move together,
+and the fit that sees only large batches prices a hybrid group's fixed work too low for
+small ones. Its steps trained on a plain sum (a broadcast gradient); the runs now train on
+``benchmarks.models.training_loss`` and ``calibration_dense.json`` is their re-fit (two
+rounds of five, the second at the first round's prices), not the default (docs/architecture.md).
 """
 
 from __future__ import annotations

@@ -406,9 +406,8 @@ def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
     w4_stock = [wl for wl in WORKLOADS if (wl, 4) in stock]
     f["w4_cpu_hybrid_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_hybrid), x2)
     f["w4_cpu_hybrid_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_hybrid), x2)
-    f["w4_cpu_types_stock"] = "; ".join(dict.fromkeys(types_text(w4[wl]["types"]["hybrid_planner"])
-                                                      for wl in w4_stock))
-    f["w4_cpu_stock_bytes"] = span((w4[wl]["ratios"]["hybrid_planner"]["busiest"] for wl in w4_stock), x2)
+    f["w4_cpu_types_stock"] = unique((types_text(w4[wl]["types"]["hybrid_planner"]) for wl in w4_stock),
+                                     "CPU types W=4 where not hybrid")
     f["w4_cpu_stock_step"] = span((w4[wl]["ratios"]["hybrid_planner"]["step"] for wl in w4_stock), x2)
     f["cpu_hybrid_bytes"] = span((p[k]["ratios"]["hybrid_planner"]["busiest"] for k in hybrid), x2)
     f["cpu_hybrid_step"] = span((p[k]["ratios"]["hybrid_planner"]["step"] for k in hybrid), x2)
@@ -491,7 +490,9 @@ def _calibration_facts() -> Dict[str, str]:
     cal = load("calibration")
     return {"cal_rms": f"{cal['fit']['rms_ms']:.1f} ms",
             "cal_steps": span((q["measured_mean_ms"] for q in cal["fit"]["per_plan"]), lambda v: f"{v:.0f} ms"),
-            "cal_runs": _count_words(len(cal["args"]["refit"] or [1]), "run")}
+            "cal_runs": _count_words(len(cal["args"]["refit"] or [1]), "run"),
+            "dense_rms": f"{load('calibration_dense')['fit']['rms_ms']:.1f} ms",
+            "dense_rel": f"{load('calibration_dense')['fit']['rms_rel']:.0%}"}
 
 
 def _count_words(n: int, noun: str) -> str:
@@ -672,10 +673,10 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "statistics from {stats_batches} other batches"),
     ("README.md", "{w4_steps} steps interleaved"),
     ("README.md", "frequency_hybrid with one id per feature: {w4_cpu_hybrid_bytes} the stock planner's busiest-rank "
-                  "bytes at {w4_cpu_hybrid_step} its step. With multi-hot bags or uniform ids it returns stock types "
-                  "only, its small tables data_parallel ({w4_cpu_types_stock}): {w4_cpu_stock_bytes} the bytes at "
-                  "{w4_cpu_stock_step} the step"),
-    ("README.md", "Plans the fit cannot tell apart (costed within its RMS error, {cal_rms}, of the cheapest)"),
+                  "bytes at {w4_cpu_hybrid_step} its step. With multi-hot bags or uniform ids it returns TorchRec's "
+                  "own plan ({w4_cpu_types_stock}), which under our sharder ran {w4_cpu_stock_step} its step"),
+    ("README.md", "a re-fit on steps with a dense gradient (`calibration_dense.md`, RMS {dense_rms} per rank, "
+                  "{dense_rel} of a rank's time)"),
     ("README.md", "the same two plans on the same batches up to a relabelling of the ids (multi-hot and "
                   "frequency-sorted multi-hot) measured {w4_relabel}"),
     ("README.md", "it picks frequency_hybrid for {w4_net_tables} tables: {w4_net_onehot} the bytes one-hot, "
@@ -736,8 +737,8 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "{hl_setup_short}"),
     ("docs/results.md", "the network-priced plan is {net_slow_w48} the stock step at W=4 and 8 with multi-hot "
                         "bags or uniform ids. The CPU fit measures that work, and the CPU-priced planner returns "
-                        "stock types only for those workloads, TorchRec's own plan or one with the small tables "
-                        "data_parallel ({cpu_stock_bytes} the bytes at {cpu_stock_step} the stock step"),
+                        "TorchRec's own plan for those workloads ({cpu_stock_step} the stock step, {cpu_stock_bytes} "
+                        "the bytes"),
     ("docs/results.md", "the CPU-priced plan is all hybrid: {cpu_hybrid_bytes} the bytes at {cpu_hybrid_step} the "
                         "step. The fit (RMS {cal_rms} per rank on {cal_steps} steps, {cal_runs} on a shared box: "
                         "calibration.json) ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),

@@ -137,7 +137,7 @@ def test_a_fitted_collective_price_prices_the_plan_comparison():
 
 def test_a_calibration_without_step_terms_loads_with_none(tmp_path):
     step_terms = ("collective_ms", "busiest_share")
-    skip = ("source", "rms_ms") + step_terms
+    skip = ("source", "rms_ms", "rms_rel") + step_terms
     terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in skip}
     old = tmp_path / "old.json"
     old.write_text(json.dumps({"fit": {"costs": terms}}))
@@ -225,13 +225,19 @@ def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
     # narrower than the gap: the model tells them apart and the cheapest stays
     apart, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=0.99 * gap)
     assert apart.chosen.cost["cost_ms"] == cheapest
-    # by default ("auto") prices that know their error take it as the band, prices without one get none;
-    # "fit_error" asks for that error explicitly
+    # by default ("auto") prices that know their relative error band that share of the cheapest cost, prices
+    # without one get no band; "fit_error" takes the absolute error (rms_ms)
+    rel = 1.01 * gap / cheapest
+    default, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_rel=rel))
+    assert default.tie_ms == 0.0 and default.tie_rel == pytest.approx(rel)
+    assert default.chosen.rank_bytes == tied.chosen.rank_bytes
+    narrow, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_rel=0.99 * gap / cheapest))
+    assert narrow.chosen.cost["cost_ms"] == cheapest
     with_error = dataclasses.replace(dear, rms_ms=1.01 * gap)
-    default, _ = plan_for(cfg, st, compute_costs=with_error)
-    assert default.tie_ms == pytest.approx(1.01 * gap) and default.chosen.rank_bytes == tied.chosen.rank_bytes
-    plain, _ = plan_for(cfg, st, compute_costs=dear)
-    assert plain.tie_ms == 0.0 and plain.chosen.cost["cost_ms"] == cheapest
+    plain, _ = plan_for(cfg, st, compute_costs=with_error)  # an absolute error alone: no band by default
+    assert plain.tie_ms == 0.0 and plain.tie_rel == 0.0 and plain.chosen.cost["cost_ms"] == cheapest
+    with pytest.raises(ValueError, match=r"compute_costs.rms_rel \(from none\) must be a finite share .* -1"):
+        plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_rel=-1.0))
     fitted, _ = plan_for(cfg, st, compute_costs=with_error, tie_ms="fit_error")
     assert fitted.tie_ms == pytest.approx(1.01 * gap) and fitted.chosen.rank_bytes == tied.chosen.rank_bytes
     with pytest.raises(ValueError, match="tie_ms='fit_error' needs compute prices .* got none"):
@@ -243,8 +249,15 @@ def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
 
 
 def test_a_calibration_carries_its_fit_error(tmp_path):
-    terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in ("source", "rms_ms")}
+    skip = ("source", "rms_ms", "rms_rel")
+    terms = {f.name: 1.0 for f in dataclasses.fields(cm.ComputeCosts) if f.name not in skip}
     cal = tmp_path / "cal.json"
+    cal.write_text(json.dumps({"fit": {"costs": terms, "rms_ms": 3.5, "rms_rel": 0.1}}))
+    loaded = compute_costs.load_calibration(str(cal))
+    assert loaded.rms_ms == 3.5 and loaded.rms_rel == 0.1
+    cal.write_text(json.dumps({"fit": {"costs": terms, "rms_rel": -0.5}}))
+    with pytest.raises(ValueError, match="cal.json: the fit's rms_rel must be a finite number >= 0, got -0.5"):
+        compute_costs.load_calibration(str(cal))
     cal.write_text(json.dumps({"fit": {"costs": terms, "rms_ms": 3.5}}))
     assert compute_costs.load_calibration(str(cal)).rms_ms == 3.5
     cal.write_text(json.dumps({"fit": {"costs": terms}}))

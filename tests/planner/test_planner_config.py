@@ -87,6 +87,7 @@ def test_shared_sections_name_their_prefix_and_take_nulls():
     with pytest.raises(PlannerConfigError, match=r"sharding\.hot_set\.max_rows"):
         parse_hot_set({"max_rows": 0}, "sharding.hot_set")
     assert parse_hot_set({"tie_ms": "fit_error"}) == {"tie_ms": "fit_error"}
+    assert parse_hot_set({"tie_ms": "auto"}) == {"tie_ms": "auto"}
     assert set(HOT_SET_KEYS) == {"budget_mb", "max_rows", "min_saving", "compute_costs", "tie_ms"}
     c = parse_table_constraints({"t": {"sharding_types": ["table_wise"]}}, "sharding.tables")
     assert c["t"].sharding_types == ["table_wise"]

@@ -67,8 +67,8 @@ def load_calibration(path: str) -> ComputeCosts:
         raise ValueError(f"{path}: prices must be numbers >= 0, got {bad}")
     if costs.get("busiest_share", 0.0) > 1.0:
         raise ValueError(f"{path}: busiest_share is a share of a step, 0..1, got {costs['busiest_share']}")
-    return ComputeCosts(**{k: float(v) for k, v in costs.items()},
-                        **{k: None if v is None else float(v) for k, v in errors.items()}, source=path)
+    rms, rel = (None if v is None else float(v) for v in (errors["rms_ms"], errors["rms_rel"]))
+    return ComputeCosts(**{k: float(v) for k, v in costs.items()}, rms_ms=rms, rms_rel=rel, source=path)
 
 
 def default_compute_costs(compute_device: str) -> Optional[ComputeCosts]:
