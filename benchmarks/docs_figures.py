@@ -675,7 +675,7 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("README.md", "frequency_hybrid with one id per feature: {w4_cpu_hybrid_bytes} the stock planner's busiest-rank "
                   "bytes at {w4_cpu_hybrid_step} its step. With multi-hot bags or uniform ids it returns TorchRec's "
                   "own plan ({w4_cpu_types_stock}), which under our sharder ran {w4_cpu_stock_step} its step"),
-    ("README.md", "a re-fit on steps with a dense gradient (`calibration_dense.md`, RMS {dense_rms} per rank, "
+    ("README.md", "re-fit on steps with a dense gradient (`calibration_dense.md`, RMS {dense_rms} per rank, "
                   "{dense_rel} of a rank's time)"),
     ("README.md", "the same two plans on the same batches up to a relabelling of the ids (multi-hot and "
                   "frequency-sorted multi-hot) measured {w4_relabel}"),
