@@ -64,8 +64,8 @@ def choose_plan(allowed: List["PlanCandidate"], stock: Optional["PlanCandidate"]
                 min_saving: float, tie_rel: float = 0.0) -> "PlanCandidate":
     """Of the plans that pay for themselves (``stock``, or one saving ``min_saving`` of the
     stock plan's cost or of its busiest-rank bytes), the fewest busiest-rank bytes among those
-    costed within ``tie_ms`` plus ``tie_rel`` of the cheapest's cost of the cheapest (cost
-    breaks a tie in bytes)."""
+    costed at most ``tie_ms + tie_rel * cheapest`` above the cheapest (cost breaks a tie in
+    bytes)."""
     keep = 1 - min_saving
     paying = [c for c in allowed if stock is None or c is stock
               or c.cost["cost_ms"] <= keep * stock.cost["cost_ms"]
@@ -113,8 +113,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             rank (``ComputeCosts.rms_ms``): plans the fit cannot tell apart go to the one whose
             bytes are surely fewer; ``"auto"`` (default): that error as a share of the cost
             (``ComputeCosts.rms_rel`` of the cheapest plan's cost: the fit's error grows with
-            the step) where the prices carry it (the CPU default does), else 0 (bytes and
-            collectives are priced exactly: the cheapest).
+            the step) where the prices carry it (``benchmarks/calibrate.py`` writes it; the
+            committed CPU default predates it), else 0 (bytes and collectives are priced
+            exactly: the cheapest).
 
     ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
     only, as a user would run it), the partitioner's plan over stock and hybrid options, and
