@@ -7,7 +7,9 @@ real jobs use torchrun (see ``examples/dlrm``); this is for many short runs in o
 
 Gloo ranks start from a fork server that has imported torch, TorchRec, FBGEMM and this package
 once (about 5 s of CPU per rank otherwise); each rank gets the caller's environment as it is
-at the call. NCCL ranks are spawned fresh, so no CUDA state can leak through a fork.
+at the call, except what those imports read from it (e.g. ``OMP_NUM_THREADS``: the server's,
+as at its start; set threads with ``torch.set_num_threads`` in the rank). NCCL ranks are
+spawned fresh, so no CUDA state can leak through a fork.
 """
 
 import datetime
