@@ -487,12 +487,11 @@ def _step_count_facts(w4: Dict[str, Dict[str, Any]]) -> Dict[str, str]:
 
 def _calibration_facts() -> Dict[str, str]:
     """The cost-model fit (python -m benchmarks.calibrate): its RMS error, the measured steps and how many runs."""
-    cal = load("calibration")
+    cal, dense = load("calibration"), load("calibration_dense")["fit"]
     return {"cal_rms": f"{cal['fit']['rms_ms']:.1f} ms",
             "cal_steps": span((q["measured_mean_ms"] for q in cal["fit"]["per_plan"]), lambda v: f"{v:.0f} ms"),
             "cal_runs": _count_words(len(cal["args"]["refit"] or [1]), "run"),
-            "dense_rms": f"{load('calibration_dense')['fit']['rms_ms']:.1f} ms",
-            "dense_rel": f"{load('calibration_dense')['fit']['rms_rel']:.0%}"}
+            "dense_rms": f"{dense['rms_ms']:.1f} ms", "dense_rel": f"{dense['rms_rel']:.0%}"}
 
 
 def _count_words(n: int, noun: str) -> str:

@@ -259,8 +259,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
                          "(default: the machine's default prices, planner/compute_costs.py)")
     ap.add_argument("--tie-ms", default="auto", metavar="MS|fit_error|auto",
                     help="the CPU-priced planner's tie_ms: plans costed within it of the cheapest go to the fewest "
-                         "bytes ('fit_error': the prices' RMS error; default 'auto', the planner's: fit_error where "
-                         "the prices carry one)")
+                         "bytes ('fit_error': the prices' RMS error; default 'auto', the planner's: their relative "
+                         "error where they carry one, else 0)")
     a = ap.parse_args(argv)
     from torchrec_hybrid.planner.config import PlannerConfigError, parse_hot_set
 

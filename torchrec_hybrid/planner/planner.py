@@ -149,13 +149,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
         what = "tie_ms"
         tie_rel = 0.0
-        if isinstance(tie_ms, str) and tie_ms == "auto":
+        if tie_ms == "auto":
             rel = compute_costs.rms_rel if compute_costs is not None else None
             if rel is not None and not finite_nonnegative(rel):
                 raise ValueError(f"compute_costs.rms_rel (from {compute_costs.source}) must be a finite share >= 0, "
                                  f"got {rel!r}")
             tie_ms, tie_rel = 0.0, float(rel or 0.0)
-        if isinstance(tie_ms, str) and tie_ms == "fit_error":  # the prices' own fit error
+        if tie_ms == "fit_error":  # the prices' own fit error
             if compute_costs is None or compute_costs.rms_ms is None:
                 raise ValueError("tie_ms='fit_error' needs compute prices that carry their fit's error (rms_ms, "
                                  "a calibration file of benchmarks/calibrate.py), got "
@@ -186,7 +186,6 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._min_saving = min_saving
         self._collective_ms = collective_ms
         self.tie_ms, self.tie_rel = float(tie_ms), tie_rel
-        self._band_ms = self.tie_ms
         self.compute_costs: Optional[ComputeCosts] = compute_costs
         self._compare = compare_plans
         self.candidates: List[PlanCandidate] = []
@@ -217,7 +216,6 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                    if not stock or c is stock[0] or c.cost["busiest_bytes"] <= stock[0].cost["busiest_bytes"]]
         self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving,
                                    self.tie_rel)
-        self._band_ms = self.tie_ms + self.tie_rel * min(c.cost["cost_ms"] for c in allowed)
         best = self._chosen
         for line in self.comparison_table():
             logger.info(line)
@@ -310,8 +308,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     # -- what the last plan looked like --------------------------------------------------------
     def comparison_table(self) -> List[str]:
         """Lines comparing the candidate plans (logged by ``plan``)."""
+        cheapest = min((c.cost["cost_ms"] for c in self.candidates), default=0.0)
         lines = [f"plan candidates (busiest-rank / mean bytes per step, collectives, cost; ties within "
-                 f"{self._band_ms:.2f} ms go to the fewest bytes):"]
+                 f"{self.tie_ms + self.tie_rel * cheapest:.2f} ms go to the fewest bytes):"]
         for c in self.candidates:
             types: Dict[str, int] = {}
             for so in c.options:
