@@ -47,7 +47,7 @@ class WorkloadData:
         return out
 
 
-def _rank_slice(kjt: KeyedJaggedTensor, hotness: List[int], rank: int, local: int) -> KeyedJaggedTensor:
+def rank_slice(kjt: KeyedJaggedTensor, hotness: List[int], rank: int, local: int) -> KeyedJaggedTensor:
     """Samples ``[rank*local, (rank+1)*local)`` of a fixed-hotness global KJT (loop over features)."""
     values, parts, off = kjt.values(), [], 0
     glob = kjt.stride()
@@ -73,7 +73,7 @@ def make_data(w: Workload, rank: int, world: Optional[int] = None, batches: Opti
         if i < w.stats_batches:
             stats.update(kjt)
             continue
-        out.append(Batch(_rank_slice(kjt, gen.hotness, rank, w.batch_per_rank),
+        out.append(Batch(rank_slice(kjt, gen.hotness, rank, w.batch_per_rank),
                          torch.rand(w.batch_per_rank, DENSE_FEATURES, generator=g),
                          torch.randint(0, 2, (w.batch_per_rank,), generator=g).float()))
     hot = select_hot_ids(stats, memory_budget_bytes=w.hot_rows * w.dim * 4, bytes_per_row=lambda c: c.embedding_dim * 4)

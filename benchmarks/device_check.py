@@ -368,7 +368,7 @@ class SyncCounter:
 
 
 def _batches(w: Workload, world: int, steps: int, rank: int):
-    from benchmarks import product
+    from benchmarks.data import rank_slice
     from torchrec_hybrid.stats import SyntheticCriteo, criteo_table_sizes
 
     sizes = criteo_table_sizes(max_rows=w.max_rows)
@@ -376,7 +376,7 @@ def _batches(w: Workload, world: int, steps: int, rank: int):
     kjts = list(data)
     hot = [data.top_ids(0, min(w.hot_rows, n))[f].sort().values for f, n in zip(data.feature_names, sizes)]
     # each rank takes its slice of the global batch (as the sharded module's input)
-    local = [product._rank_slice(k, data.hotness, rank, w.batch) for k in kjts]
+    local = [rank_slice(k, data.hotness, rank, w.batch) for k in kjts]
     return sizes, list(data.feature_names), hot, local
 
 

@@ -44,7 +44,7 @@ from typing import Any, Callable, Dict, List, Optional
 import torch
 import torch.distributed as dist
 
-from benchmarks.product import _rank_slice as rank_slice  # one rank's part of a global batch
+from benchmarks.data import rank_slice  # one rank's part of a global batch
 from benchmarks.product import step_models
 
 from torchrec_hybrid.comm_bytes import count_sent_bytes

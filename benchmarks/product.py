@@ -49,6 +49,7 @@ HYBRID_MODELS = {"hybrid_planner": "default", "hybrid_planner_bytes": None}
 
 
 def _data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batches: int, steps: int):
+    from benchmarks.data import rank_slice
     from torchrec_hybrid.stats import FrequencyStats, criteo_table_sizes, criteo_tables
     from torchrec_hybrid.stats.synthetic import SyntheticCriteo
 
@@ -62,19 +63,8 @@ def _data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batc
         if i < stats_batches:
             stats.update(kjt)
         else:
-            batches.append(_rank_slice(kjt, gen.hotness, rank, b))
+            batches.append(rank_slice(kjt, gen.hotness, rank, b))
     return tables, stats, batches
-
-
-def _rank_slice(kjt, hotness: List[int], rank: int, local: int):
-    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
-
-    values, parts, off, glob = kjt.values(), [], 0, kjt.stride()
-    for h in hotness:  # data set-up: a loop over features
-        parts.append(values[off + rank * local * h: off + (rank + 1) * local * h])
-        off += glob * h
-    lengths = torch.cat([torch.full((local,), h, dtype=torch.int32) for h in hotness])
-    return KeyedJaggedTensor(keys=kjt.keys(), values=torch.cat(parts), lengths=lengths, stride=local)
 
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
