@@ -677,22 +677,36 @@ def refresh_hot_sets(model: torch.nn.Module, stats: Any = None, hot_ids: Optiona
 
     ``hot_ids`` sets them explicitly; else ``stats`` (a ``FrequencyStats``, identical on
     every rank, e.g. decayed and merged with ``all_reduce_``) gives each table its most
-    frequent rows, as many as it has now (the planned hot-row memory stays as planned).
-    Returns per table how many hot ids changed.
+    frequent rows, as many as it has now (the planned hot-row memory stays as planned); a
+    hybrid table the statistics do not count keeps its set (logged). ``hot_ids`` naming a
+    table that is not frequency_hybrid in ``model`` raise :class:`HotSetError` before any
+    set changes. Returns per table how many hot ids changed.
     """
     if (stats is None) == (hot_ids is None):
         raise ValueError("refresh_hot_sets: pass exactly one of stats and hot_ids")
+    if stats is not None and not (callable(getattr(stats, "top_counts", None)) and hasattr(stats, "table_names")):
+        raise TypeError(f"refresh_hot_sets: stats must be a FrequencyStats, not {type(stats).__name__}")
+    modules = [m for m in model.modules() if isinstance(m, HybridShardedEmbeddingBagCollection)]
+    hybrid = {name for m in modules for name in m.hot_ids()}
+    # checked before any module changes (same verdict on every rank: the arguments are identical)
+    unknown = sorted(set(hot_ids or ()) - hybrid)
+    if unknown:
+        raise HotSetError(f"refresh_hot_sets: {unknown} are not frequency_hybrid tables of the model "
+                          f"(those are {sorted(hybrid)})")
+    if stats is not None:
+        uncounted = sorted(hybrid - set(stats.table_names))
+        if uncounted:
+            logger.warning("refresh_hot_sets: the statistics count no lookups of %s: their hot sets stay as they are",
+                           uncounted)
     changed: Dict[str, int] = {}
-    for m in model.modules():
-        if not isinstance(m, HybridShardedEmbeddingBagCollection):
-            continue
+    for m in modules:
         current = m.hot_ids()
         if hot_ids is not None:
             new = {n: torch.as_tensor(v) for n, v in hot_ids.items() if n in current}
         else:
             new = {}
             for name, ids in current.items():
-                if name in getattr(stats, "table_names", ()):
+                if name in stats.table_names:
                     top, _ = stats.top_counts(name, int(ids.numel()))
                     new[name] = torch.sort(top.to(torch.int64).cpu()).values
         m.refresh_hot_ids(new)

@@ -1,6 +1,7 @@
 """The sharder users hand to ``DistributedModelParallel``: stock types + ``frequency_hybrid``."""
 
 import inspect
+import warnings
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -23,8 +24,11 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
         qcomm_codecs_registry: as for the stock sharder. frequency_hybrid tables honour its
             ``POOLED_EMBEDDINGS_ALL_TO_ALL`` codecs on their output all-to-all (FP16 / BF16,
             forward and backward apart, like TorchRec's pooled all-to-all) and refuse others.
-        stats / hot_set_rule: alternatively a ``FrequencyStats`` and a ``HotSetRule``; the
-            hot ids are then selected from them (deterministically, same on all ranks).
+        stats / hot_set_rule: alternatively a ``FrequencyStats`` and a ``HotSetRule``, both
+            (not with ``hot_ids``: ``ValueError``); the hot ids are then selected from them
+            (deterministically, same on all ranks). A plan's own hot ids
+            (``HybridParameterSharding``) win over the sharder's; a hybrid table left with none
+            while the sharder names tables the module lacks gets a ``UserWarning``.
         validate_ids: per-step input check on all ranks: batch structure and id ranges (see
             the sharded module); False turns every input check off.
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample weights.
@@ -52,7 +56,14 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
                 raise ValueError(f"sharding_types={list(sharding_types)}: not offered by an EmbeddingBagCollection "
                                  f"sharder: {unknown or 'empty list'}; known: {sorted(known)}")
         self._only_types = None if sharding_types is None else list(sharding_types)
-        if hot_ids is None and stats is not None:
+        if hot_ids is not None and (stats is not None or hot_set_rule is not None):
+            raise ValueError("pass either hot_ids or stats with a hot_set_rule, not both (hot_ids would win and "
+                             "the rule be ignored)")
+        if (stats is None) != (hot_set_rule is None):
+            given, missing = ("stats", "hot_set_rule") if stats is not None else ("hot_set_rule", "stats")
+            raise ValueError(f"{given} needs {missing}: the hot ids are selected by the rule from the statistics "
+                             "(e.g. stats=FrequencyStats(...), hot_set_rule=HotSetRule(coverage=0.8))")
+        if stats is not None:
             from torchrec_hybrid.stats.selection import resolve_hot_ids
 
             hot_ids = resolve_hot_ids(stats, hot_set_rule)
@@ -84,12 +95,28 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
                 "not run on its lookup input. Shard that module's tables with a stock type (the default "
                 "FeatureProcessedEmbeddingBagCollectionSharder), or shard its inner EmbeddingBagCollection "
                 "alone, with the feature processors left unsharded.")
+        if hybrid:
+            _warn_unmatched_hot_ids(self._hot_ids, module, params, hybrid)
         return HybridShardedEmbeddingBagCollection(
             module=module, table_name_to_parameter_sharding=params, env=env, fused_params=self.fused_params,
             device=device, qcomm_codecs_registry=self.qcomm_codecs_registry, module_fqn=module_fqn,
             hot_ids=self._hot_ids, validate_ids=self._validate_ids,
             validate_weights=self._validate_weights,
         )
+
+
+def _warn_unmatched_hot_ids(hot_ids: Dict[str, Any], module: EmbeddingBagCollection,
+                            params: Dict[str, ParameterSharding], hybrid: List[str]) -> None:
+    """One warning when this module's frequency_hybrid tables get no hot ids (neither from the
+    plan nor from the sharder) while the sharder holds hot ids for tables this module lacks: a
+    misspelt name, most likely (they may also belong to another module this sharder shards)."""
+    tables = {c.name for c in module.embedding_bag_configs()}
+    elsewhere = sorted(set(hot_ids) - tables)
+    bare = [n for n in hybrid if n not in hot_ids and getattr(params[n], "hot_ids", None) is None]
+    if elsewhere and bare:
+        warnings.warn(f"{FREQUENCY_HYBRID} tables {bare} get no hot ids (all their rows cold), while the sharder's "
+                      f"hot_ids name tables this module does not have: {elsewhere} (its tables: {sorted(tables)}); "
+                      "a misspelt table name?", UserWarning, stacklevel=3)
 
 
 def _inside_feature_processed_ebc(depth: int = 8) -> bool:

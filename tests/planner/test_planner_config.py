@@ -61,6 +61,13 @@ tables:
      "hot_set.tie_ms: expected a finite number of ms >= 0, 'fit_error' or 'auto', got -1"),
     ("topology: {world_size: 4}\nhot_set: {tie_ms: rms}\n", "hot_set.tie_ms: expected a finite number"),
     ("topology: {world_size: 4}\nstatistics: nowhere.pt\n", "does not exist"),
+    ("topology: {world_size: 4, hbm_gb: 16}\n", "topology.hbm_gb: a cpu topology has no HBM"),
+    ("topology: {world_size: 4, intra_host_bw_gbps: 600}\n", "['intra_host_bw_gbps'] do not apply with comms: uniform"),
+    ("topology: {world_size: 4, comms: torchrec, bandwidth_gbps: 2}\n",
+     "['bandwidth_gbps'] do not apply with comms: torchrec"),
+    ("topology: {world_size: 4}\ntables: {t: {batch_sizes: 5}}\n", "tables.t.batch_sizes: expected a non-empty list"),
+    ("topology: {world_size: 4}\ntables: {t: {compute_kernels: [bogus]}}\n",
+     "tables.t.compute_kernels: unknown ['bogus']"),
     ("topology: [1, 2\n", "not valid YAML"),
     ("- 1\n", "expected a mapping"),
 ])

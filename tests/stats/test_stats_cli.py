@@ -145,3 +145,12 @@ def test_cli_on_criteo_files(tmp_path, fmt):
         expected = np.bincount(cats[:, i] % sizes[i], minlength=sizes[i])
         np.testing.assert_array_equal(stats.counts(name).numpy(), expected)
     assert stats.num_samples == len(cats)
+
+
+@pytest.mark.parametrize("flags", [["--alpha", "0.5"], ["--multi-hot"], ["--num-batches", "10"]])
+def test_synthetic_only_flags_refused_with_real_data(tmp_path, capsys, flags):
+    write_tsv(tmp_path / "train.txt", np.random.default_rng(0), 4)
+    with pytest.raises(SystemExit):
+        main(["--criteo-tsv", str(tmp_path / "train.txt"), "--out", str(tmp_path / "s.pt")] + flags)
+    assert f"argument {flags[0]}: only for --synthetic data" in capsys.readouterr().err
+    assert not (tmp_path / "s.pt").exists()

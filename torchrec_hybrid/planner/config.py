@@ -22,7 +22,9 @@ Schema (see configs/planner.yaml for a documented example)::
     tables:                        # optional per-table ParameterConstraints
       t_cat_0: {sharding_types: [frequency_hybrid]}
 
-Every problem raises :class:`PlannerConfigError` naming the offending key.
+Every problem raises :class:`PlannerConfigError` naming the offending key (a key that does not
+apply, e.g. ``hbm_gb`` on cpu or ``bandwidth_gbps`` with ``comms: torchrec``, included); table
+names are checked against the model when it is planned (a name that is no table raises then).
 
 The ``hot_set`` and ``tables`` sections are shared with the DLRM example's config
 (``sharding.hot_set`` / ``sharding.tables`` in configs/dlrm.yaml): :func:`parse_hot_set` and
@@ -35,6 +37,7 @@ import os
 from typing import AbstractSet, Any, Dict, List
 
 import yaml
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingType
 
@@ -43,6 +46,7 @@ from torchrec_hybrid.planner.topology import GB, UniformCommsBandwidth, gbps_to_
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 KNOWN_SHARDING_TYPES = {t.value for t in ShardingType} | {FREQUENCY_HYBRID}
+KNOWN_COMPUTE_KERNELS = {k.value for k in EmbeddingComputeKernel}
 _TOP_KEYS = {"topology", "batch_size", "statistics", "hot_set", "tables"}
 _TOPOLOGY_KEYS = {"world_size", "compute_device", "local_world_size", "hbm_gb", "ddr_gb", "comms",
                   "bandwidth_gbps", "intra_host_bw_gbps", "inter_host_bw_gbps"}
@@ -91,10 +95,18 @@ def _topology(sec: Dict[str, Any]) -> Topology:
     if world % local:
         raise PlannerConfigError(f"topology.local_world_size ({local}) must divide world_size ({world})")
     kwargs: Dict[str, Any] = dict(world_size=world, compute_device=device, local_world_size=local)
+    if device == "cpu" and "hbm_gb" in sec:
+        raise PlannerConfigError("topology.hbm_gb: a cpu topology has no HBM (TorchRec plans it with 0); give its "
+                                 "memory as ddr_gb")
     for key, arg in (("hbm_gb", "hbm_cap"), ("ddr_gb", "ddr_cap")):
         if key in sec:
             kwargs[arg] = int(_positive(sec[key], f"topology.{key}") * GB)
     comms = sec.get("comms", "uniform")
+    other = {"uniform": ("intra_host_bw_gbps", "inter_host_bw_gbps"), "torchrec": ("bandwidth_gbps",)}
+    misplaced = [k for k in other.get(comms, ()) if k in sec]
+    if misplaced:
+        raise PlannerConfigError(f"topology: {misplaced} do not apply with comms: {comms} (uniform takes "
+                                 "bandwidth_gbps; torchrec takes intra_host_bw_gbps and inter_host_bw_gbps)")
     if comms == "uniform":
         bw = _positive(sec.get("bandwidth_gbps", 1.0), "topology.bandwidth_gbps")
         kwargs["generalized_comms_bandwidths"] = UniformCommsBandwidth(gbps_to_bytes_per_ms(bw))
@@ -139,14 +151,23 @@ def _constraints(sec: Dict[str, Any], prefix: str = "tables") -> Dict[str, Param
                                          f"{sorted(KNOWN_SHARDING_TYPES)}")
             kw["sharding_types"] = list(types)
         if "compute_kernels" in spec:
-            if not isinstance(spec["compute_kernels"], list):
-                raise PlannerConfigError(f"{where}.compute_kernels: expected a list")
-            kw["compute_kernels"] = [str(k) for k in spec["compute_kernels"]]
+            kernels = spec["compute_kernels"]
+            if not isinstance(kernels, list) or not kernels:
+                raise PlannerConfigError(f"{where}.compute_kernels: expected a non-empty list, got {kernels!r}")
+            bad = [k for k in kernels if k not in KNOWN_COMPUTE_KERNELS]
+            if bad:
+                raise PlannerConfigError(f"{where}.compute_kernels: unknown {bad}; known: "
+                                         f"{sorted(KNOWN_COMPUTE_KERNELS)}")
+            kw["compute_kernels"] = list(kernels)
         for key in ("pooling_factors", "num_poolings"):
             if key in spec:
                 kw[key] = _float_list(spec[key], f"{where}.{key}")
         if "batch_sizes" in spec:
-            kw["batch_sizes"] = [int(_positive(b, f"{where}.batch_sizes", int)) for b in spec["batch_sizes"]]
+            sizes = spec["batch_sizes"]
+            if not isinstance(sizes, list) or not sizes:
+                raise PlannerConfigError(f"{where}.batch_sizes: expected a non-empty list of positive integers, "
+                                         f"got {sizes!r}")
+            kw["batch_sizes"] = [int(_positive(b, f"{where}.batch_sizes", int)) for b in sizes]
         if "min_partition" in spec:
             kw["min_partition"] = _positive(spec["min_partition"], f"{where}.min_partition", int)
         out[str(name)] = ParameterConstraints(**kw)

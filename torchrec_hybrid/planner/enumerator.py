@@ -80,7 +80,10 @@ def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]], fallb
     for name, c in constraints.items():
         if c.sharding_types and FREQUENCY_HYBRID in c.sharding_types:
             kept = [t for t in c.sharding_types if t != FREQUENCY_HYBRID]
-            c = dataclasses.replace(c, sharding_types=kept or (list(fallback) if fallback else None))
+            if kept or not fallback:
+                c = dataclasses.replace(c, sharding_types=kept or None)
+            else:  # the fallback only templates the hybrid options: their kernels are checked apart
+                c = dataclasses.replace(c, sharding_types=list(fallback), compute_kernels=None)
         out[name] = c
     return out
 
@@ -147,6 +150,16 @@ class HybridEnumerator(EmbeddingEnumerator):
         c = self._all_constraints.get(name)
         return bool(c and c.sharding_types and FREQUENCY_HYBRID in c.sharding_types)
 
+    def _sharder_kernels(self, sharder: Any) -> List[str]:
+        return list(sharder.compute_kernels(FREQUENCY_HYBRID, self._topology.compute_device))
+
+    def _hybrid_kernels(self, name: str, sharder: Any) -> List[str]:
+        """The compute kernels of a table's frequency_hybrid options: the sharder's, within the
+        constraints' ``compute_kernels`` where they give some (as stock types are filtered)."""
+        c = self._all_constraints.get(name)
+        kernels = self._sharder_kernels(sharder)
+        return [k for k in kernels if k in c.compute_kernels] if c and c.compute_kernels else kernels
+
     def _forced(self, name: str) -> bool:
         c = self._all_constraints.get(name)
         return bool(c and c.sharding_types and set(c.sharding_types) == {FREQUENCY_HYBRID})
@@ -191,6 +204,12 @@ class HybridEnumerator(EmbeddingEnumerator):
                     self._refuse_unoffered(name, opts[0], sharder)
                 continue
             if not self._allowed(name, FREQUENCY_HYBRID):
+                continue
+            if not self._hybrid_kernels(name, sharder):
+                c = self._all_constraints[name]
+                why_not[name] = (f"its constraints allow compute kernels {list(c.compute_kernels or [])}, but "
+                                 f"{FREQUENCY_HYBRID} runs on {self._sharder_kernels(sharder)}")
+                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
                 continue
             codecs = _unsupported_codecs(sharder)
             if codecs:
@@ -243,7 +262,7 @@ class HybridEnumerator(EmbeddingEnumerator):
                 choice = self._choice(name, profiles[name], hot_rows[name], layout, widths)
                 self.choices.setdefault(name, {})[layout] = choice
                 sharder = by_type[type(template.module[1])]
-                for kernel in sharder.compute_kernels(FREQUENCY_HYBRID, self._topology.compute_device):
+                for kernel in self._hybrid_kernels(name, sharder):
                     hybrid.append(self._hybrid_option(template, kernel, choice))
         return hybrid
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import numbers
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -89,7 +90,11 @@ class PlanCandidate:
 class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     """``EmbeddingShardingPlanner`` that also plans ``frequency_hybrid`` tables.
 
-    Args: those of ``EmbeddingShardingPlanner``, and
+    Args: those of ``EmbeddingShardingPlanner`` - the search settings (``storage_reservation``,
+    ``proposer``, ``partitioner``, ``performance_model``, ``callbacks``, ``timeout_seconds``)
+    apply to every candidate plan below, TorchRec's included; ``enumerator`` must be a
+    :class:`HybridEnumerator`; ``plan_loader`` needs ``compare_plans=False`` (the loaded plan
+    is not compared); constraints naming no table of the module raise - and
         stats: as in TorchRec (``Stats`` loggers), or a ``FrequencyStats`` (then taken as
             ``frequency_stats`` and the default :class:`HybridEmbeddingStats` logs).
         frequency_stats: per-row lookup counts of the tables (``torchrec_hybrid.stats``).
@@ -136,7 +141,20 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                  collective_ms: Optional[float] = None, compare_plans: bool = True,
                  compute_costs: Any = "default", tie_ms: Any = "auto") -> None:
         if stats is not None and _is_frequency_stats(stats):
+            if frequency_stats is not None and frequency_stats is not stats:
+                raise ValueError("stats is a FrequencyStats and frequency_stats is another one: pass the "
+                                 "statistics once (frequency_stats=...)")
             frequency_stats, stats = stats, None
+        if enumerator is not None and not isinstance(enumerator, HybridEnumerator):
+            raise TypeError(f"enumerator must be a HybridEnumerator (it adds the {FREQUENCY_HYBRID} options), not "
+                            f"{type(enumerator).__name__}: TorchRec's EmbeddingEnumerator raises for "
+                            f"{FREQUENCY_HYBRID}; its stock options come from HybridEnumerator's own base class")
+        if plan_loader is not None and compare_plans:
+            raise ValueError("plan_loader with compare_plans=True: the comparison with TorchRec's plan and the "
+                             "all-hybrid plan could return another plan than the loaded one; pass "
+                             "compare_plans=False to plan with the loader")
+        _check_planner_numbers(max_hot_rows=max_hot_rows, min_saving=min_saving, hot_budget_bytes=hot_budget_bytes,
+                               collective_ms=collective_ms)
         self._user_constraints = constraints
         if isinstance(compute_costs, str):
             if compute_costs != "default":
@@ -166,6 +184,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._args = dict(topology=topology, batch_size=batch_size, frequency_stats=frequency_stats,
                           hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
                           collective_ms=collective_ms, compute_costs=compute_costs, tie_ms=tie_ms)
+        # the user's search settings, for every candidate plan (TorchRec's and the all-hybrid one too)
+        self._search = dict(storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
+                            performance_model=performance_model, callbacks=callbacks, timeout_seconds=timeout_seconds)
         constraints = constraints_with_measured_pooling(constraints, frequency_stats)
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
@@ -202,6 +223,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     def plan(self, module, sharders) -> ShardingPlan:
         _check_sharder_hot_ids(module, sharders)
+        _check_constraint_tables(module, self._user_constraints)
         self._comms = sharder_comms(sharders or [])
         mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
                                 _compat.planner_best_plan(self))
@@ -250,7 +272,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         # frequency_hybrid leaves its tables without options there: no stock candidate then)
         if not forced and sharders and all(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
-                                             constraints=without_hybrid(self._user_constraints))
+                                             constraints=without_hybrid(self._user_constraints), **self._search)
             plan = stock.plan(module, [_StockOnly(s, add_template=False) for s in sharders])
             out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
                                        _compat.planner_best_plan(stock)))
@@ -265,7 +287,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 c = all_hybrid.get(name)
                 all_hybrid[name] = (dataclasses.replace(c, sharding_types=[FREQUENCY_HYBRID]) if c is not None
                                     else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
-            inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, **self._args)
+            inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, **self._args,
+                                                   **self._search)
             plan = inner.plan(module, sharders)
             out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options()))
         return out
@@ -354,3 +377,37 @@ def _check_sharder_hot_ids(module, sharders, plan: Optional[ShardingPlan] = None
     for s in sharders or []:
         if getattr(s, "hot_ids", None):
             check_hot_ids(s.hot_ids, plan, tables=tables)
+
+
+def _check_planner_numbers(max_hot_rows: Any, min_saving: Any, hot_budget_bytes: Any, collective_ms: Any) -> None:
+    """The planner's own numeric arguments, each in its range (ValueError naming it and its value)."""
+    if isinstance(max_hot_rows, bool) or not isinstance(max_hot_rows, numbers.Integral) or max_hot_rows < 0:
+        raise ValueError(f"max_hot_rows must be an int >= 0, got {max_hot_rows!r}")
+    if isinstance(min_saving, bool) or not isinstance(min_saving, (int, float)) or not 0 <= min_saving < 1:
+        raise ValueError(f"min_saving must be a share in [0, 1), got {min_saving!r}")
+    if hot_budget_bytes is not None and not finite_nonnegative(hot_budget_bytes):
+        raise ValueError(f"hot_budget_bytes must be None or a finite number of bytes >= 0, got {hot_budget_bytes!r}")
+    if collective_ms is not None and not finite_nonnegative(collective_ms):
+        raise ValueError(f"collective_ms must be None or a finite number of ms >= 0, got {collective_ms!r}")
+
+
+def _table_names(module: Any) -> List[str]:
+    """Every embedding table of ``module`` (EmbeddingBagCollection- and EmbeddingCollection-like parts)."""
+    names: Dict[str, None] = {}
+    for _, m in module.named_modules():
+        for attr in ("embedding_bag_configs", "embedding_configs"):
+            configs = getattr(m, attr, None)
+            if callable(configs):
+                names.update((c.name, None) for c in configs())
+    return list(names)
+
+
+def _check_constraint_tables(module: Any, constraints: Optional[Dict[str, ParameterConstraints]]) -> None:
+    """Constraints that name no table of ``module`` raise (a misspelt name would constrain nothing)."""
+    if not constraints:
+        return
+    tables = _table_names(module)
+    unknown = sorted(set(constraints) - set(tables))
+    if unknown:
+        shown = tables if len(tables) <= 30 else tables[:30] + [f"... {len(tables) - 30} more"]
+        raise ValueError(f"constraints name table(s) that do not exist: {unknown}; the tables are {shown}")

@@ -67,6 +67,8 @@ def _hot_sizes(text: str) -> List[int]:
 
 
 POSITIVE_INT = _number(int, 1, True)
+# flags that shape the synthetic stream only (refused with real data), and their defaults
+SYNTHETIC_DEFAULTS = {"num_batches": 100, "alpha": 1.1, "multi_hot": False}
 NONNEG_INT = _number(int, 0, True)
 
 
@@ -82,10 +84,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-rows", type=POSITIVE_INT, default=None, help="cap table sizes (>= 1; default: no cap)")
     p.add_argument("--embedding-dim", type=POSITIVE_INT, default=128)
     p.add_argument("--batch-size", type=POSITIVE_INT, default=4096)
-    p.add_argument("--num-batches", type=POSITIVE_INT, default=100, help="synthetic batches")
+    p.add_argument("--num-batches", type=POSITIVE_INT, default=None,
+                   help=f"synthetic batches (default {SYNTHETIC_DEFAULTS['num_batches']}; real data: --max-batches)")
     p.add_argument("--max-batches", type=POSITIVE_INT, default=None, help="stop after this many")
-    p.add_argument("--alpha", type=_number(float, 0, True), default=1.1,
-                   help="synthetic Zipf exponent (>= 0; 0: uniform)")
+    p.add_argument("--alpha", type=_number(float, 0, True), default=None,
+                   help=f"synthetic Zipf exponent (>= 0; 0: uniform; default {SYNTHETIC_DEFAULTS['alpha']})")
     p.add_argument("--multi-hot", action="store_true", help="synthetic DLRMv2 multi-hot sizes")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--exact-max-rows", type=NONNEG_INT, default=DEFAULT_EXACT_MAX_ROWS,
@@ -100,7 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
-    """Refuse missing inputs and unwritable outputs before counting (not after)."""
+    """Refuse missing inputs, unwritable outputs and synthetic-only flags with real data before
+    counting (not after); fill in the synthetic defaults."""
+    if not args.synthetic:
+        given = [f"--{k.replace('_', '-')}" for k in SYNTHETIC_DEFAULTS if getattr(args, k) not in (None, False)]
+        if given:
+            p.error(f"argument {', '.join(given)}: only for --synthetic data (real data is counted as it is; "
+                    "--max-batches stops early)")
+    for k, v in SYNTHETIC_DEFAULTS.items():
+        if getattr(args, k) is None:
+            setattr(args, k, v)
     for f in args.criteo_tsv or []:
         if not os.path.isfile(f):
             p.error(f"argument --criteo-tsv: {f!r} is not a file")

@@ -103,6 +103,12 @@ class FrequencyStats:
     ) -> None:
         if decay is not None:
             check_decay(decay)
+        # the settings a saved file must hold (load checks them the same way): refused here, not on reading
+        problems = _setting_problems(dict(exact_max_rows=exact_max_rows, num_batches=0, num_samples=0,
+                                          sketch_capacity=sketch_capacity, seed=seed, sketch_eps=sketch_eps,
+                                          sketch_delta=sketch_delta), floats=False)
+        if problems:
+            raise ValueError("FrequencyStats: " + "; ".join(problems))
         self.tables: List[EmbeddingBagConfig] = list(tables)
         self.exact_max_rows = exact_max_rows
         self.sketch_capacity = sketch_capacity
