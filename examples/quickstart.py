@@ -2,8 +2,9 @@
 
     .venv/bin/torchrun --nproc_per_node 2 examples/quickstart.py
 
-Runs on CPU/gloo (NCCL when CUDA is present). Prints the plan's hybrid tables and, on
-rank 0, one JSON line with the loss of the last step and the bytes it sent.
+Runs on CPU/gloo (NCCL when CUDA is present). Rank 0 prints the planner's comparison of its
+candidate plans (TorchRec's, the mixed one, the all-hybrid one; ``*`` marks the one returned)
+and one JSON line: the hybrid tables, the loss of the last step and the bytes it sent.
 """
 
 import json
@@ -61,7 +62,8 @@ def main() -> None:
             loss = (pooled.float() ** 2).mean()
             loss.backward()  # the fused optimizer updates hot and cold rows here
     if rank == 0:
-        print(json.dumps({"hybrid_tables": len(hybrid), "tables": len(tables), "last_loss": loss.item(),
+        print("\n".join(planner.comparison_table()))
+        print(json.dumps({"hybrid_tables": hybrid, "tables": len(tables), "last_loss": loss.item(),
                           "bytes_sent_last_step": sent[0]}))
     dist.destroy_process_group()
 

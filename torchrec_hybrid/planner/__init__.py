@@ -10,6 +10,7 @@
 - ``topology``: a uniform-bandwidth (gloo) topology; ``validate``: estimate vs measurement.
 """
 
+from torchrec_hybrid.planner.compute_costs import load_calibration
 from torchrec_hybrid.planner.config import PlannerConfigError, load_planner_config, planner_from_config
 from torchrec_hybrid.planner.enumerator import HybridEnumerator
 from torchrec_hybrid.planner.estimators import HybridStorageEstimator
@@ -30,6 +31,7 @@ __all__ = [
     "PlannerConfigError",
     "UniformCommsBandwidth",
     "gloo_topology",
+    "load_calibration",
     "load_planner_config",
     "planner_from_config",
 ]
