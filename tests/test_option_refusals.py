@@ -95,7 +95,10 @@ def test_a_compute_kernel_frequency_hybrid_lacks_is_refused_not_replaced(device,
 
 
 def test_sharder_hot_set_arguments_that_cannot_all_apply_raise():
-    stats, rule = FrequencyStats(planner_tables({"t": 100})), HotSetRule(coverage=0.5)
+    configs = planner_tables({"t": 100})
+    stats, rule = exact_stats(configs, {"t": zipf_probs(100, 1.2)}, samples=4096), HotSetRule(coverage=0.5)
+    chosen = HybridEmbeddingBagCollectionSharder(stats=stats, hot_set_rule=rule).hot_ids  # both: the rule's pick
+    assert torch.equal(chosen["t"], rule.select(stats)["t"]) and 0 < chosen["t"].numel() < 100
     with pytest.raises(ValueError, match="either hot_ids or stats with a hot_set_rule, not both"):
         HybridEmbeddingBagCollectionSharder(hot_ids={"t": torch.arange(3)}, stats=stats, hot_set_rule=rule)
     with pytest.raises(ValueError, match="stats needs hot_set_rule"):
@@ -157,3 +160,28 @@ def test_hot_ids_for_a_table_the_module_lacks_warn_when_a_hybrid_table_gets_none
     for messages in run_ranks(_bare_hybrid_table, 1):
         assert len(messages) == 1 and "['t0']" in messages[0] and "['t_0']" in messages[0], messages
 
+
+
+def _collective_plan_error(rank, world):
+    import torch.distributed as dist
+    import torchrec
+
+    configs = planner_tables({"t0": 1000, "t1": 1000})
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    forced = {"t0": ParameterConstraints(sharding_types=[FREQUENCY_HYBRID], compute_kernels=["dense"])}
+    planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(world), batch_size=64, constraints=forced,
+                                             compute_costs=None)
+    try:
+        planner.collective_plan(ebc, [HybridEmbeddingBagCollectionSharder(hot_ids={"t0": torch.arange(10)})],
+                                dist.GroupMember.WORLD)
+    except ValueError as e:
+        return str(e)
+    return "no error"
+
+
+def test_an_error_planning_on_rank_0_is_raised_on_every_rank():
+    """collective_plan plans on rank 0; the other ranks get its error instead of waiting in the broadcast."""
+    messages = run_ranks(_collective_plan_error, 2, timeout=120)
+    for m in messages:
+        assert "its constraints allow compute kernels ['dense'], but frequency_hybrid runs on ['fused']" in m, m
+    assert messages[1].startswith("planning on rank 0 failed: ValueError: "), messages[1]

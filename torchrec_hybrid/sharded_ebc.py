@@ -218,7 +218,7 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
                            fused_params: Optional[Dict[str, Any]],
                            qcomm_codecs_registry: Optional[Mapping[str, QuantizedCommCodecs]]) -> None:
     """Refuses (``ValueError``) what a frequency_hybrid table in ``plan`` cannot honour yet:
-    quantized-comm codecs other than FP16 / BF16 on its output all-to-all
+    quantized-comm codecs other than FP16 / BF16 / FP32 on its output all-to-all
     (``output_dist.codec_problems``), a compute kernel other than ``fused`` (UVM / caching / key-value), and
     the fused options of :func:`_unsupported_fused_options` (from the sharder's fused params
     or the plan's per-table ones). Deterministic on every rank; raised before any collective.

@@ -17,10 +17,12 @@ import numbers
 from typing import Any, Dict, List, Optional
 
 import torch
+import torch.distributed as dist
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
 from torchrec.distributed.planner.utils import placement
+from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
 
 from torchrec_hybrid import _compat
@@ -35,6 +37,10 @@ from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)
+
+# what another rank raises for an error planning on rank 0: the first of these its class derives from
+_BROADCAST_ERRORS = (ValueError, TypeError, KeyError, RuntimeError, Exception)
+_BROADCAST_ERRORS_BY_NAME = {c.__name__: c for c in _BROADCAST_ERRORS}
 
 
 def _is_frequency_stats(obj: Any) -> bool:
@@ -216,10 +222,34 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     # -- planning ----------------------------------------------------------------------------
     def collective_plan(self, module, sharders=None, pg=None) -> ShardingPlan:
-        # on every rank: TorchRec plans on rank 0 and broadcasts, so an error raised only
-        # there would leave the other ranks waiting in the broadcast
-        _check_sharder_hot_ids(module, sharders)
-        return super().collective_plan(module, sharders, pg)
+        """``plan`` on rank 0, its result broadcast (TorchRec's); an error planning there is
+        broadcast instead and raised on every rank (TorchRec's would leave the others waiting
+        in the broadcast until the group's timeout)."""
+        _check_sharder_hot_ids(module, sharders)  # the checks every rank can make: before the broadcast
+        _check_constraint_tables(module, self._user_constraints)
+        if pg is None:
+            if not dist.is_initialized():
+                raise RuntimeError("collective_plan needs an initialised default process group (or pg); "
+                                   "plan() plans without one")
+            pg = dist.GroupMember.WORLD
+        if sharders is None:
+            sharders = get_default_sharders()
+        result: List[Any] = [None]
+        error: Optional[BaseException] = None
+        if pg.rank() == 0:
+            try:
+                result = [("plan", self.plan(module, sharders))]
+            except Exception as e:  # noqa: BLE001 - sent to every rank, re-raised here below
+                error = e
+                base = next(c for c in type(e).__mro__ if c in _BROADCAST_ERRORS)
+                result = [("error", base.__name__, f"planning on rank 0 failed: {type(e).__name__}: {e}")]
+        if pg.size() > 1:
+            dist.broadcast_object_list(result, 0, group=pg)
+        if error is not None:
+            raise error
+        if result[0][0] == "error":
+            raise _BROADCAST_ERRORS_BY_NAME[result[0][1]](result[0][2])
+        return result[0][1]
 
     def plan(self, module, sharders) -> ShardingPlan:
         _check_sharder_hot_ids(module, sharders)
