@@ -185,3 +185,27 @@ def test_an_error_planning_on_rank_0_is_raised_on_every_rank():
     for m in messages:
         assert "its constraints allow compute kernels ['dense'], but frequency_hybrid runs on ['fused']" in m, m
     assert messages[1].startswith("planning on rank 0 failed: ValueError: "), messages[1]
+
+
+@pytest.mark.parametrize("kwargs, words", [
+    (dict(row_bounds=[0, 4.7, 10]), "frequency_hybrid(row_bounds=[0, 4.7, 10]): expected ints >= 0"),
+    (dict(row_bounds=[0, "5", 10]), "frequency_hybrid(row_bounds=[0, '5', 10]): expected ints >= 0"),
+    (dict(cold="table_wise", rank=True), "frequency_hybrid(rank=True): expected an int >= 0"),
+    (dict(row_bounds=[0, 5, 9]), "frequency_hybrid(cold='row_wise', row_bounds=[0, 5, 9]) for a 10 x 8 table on 2 "
+                                 "ranks: row bounds must run from 0 to 10, got 0 .. 9"),
+    (dict(cold="table_wise", rank=3), "frequency_hybrid(cold='table_wise', rank=3) for a 10 x 8 table: rank(s) [3] "
+                                      "outside [0, 2)"),
+    (dict(cold="column_wise", ranks=[0, 5]), "rank(s) [0, 5] outside [0, 2)"),
+])
+def test_hand_written_hybrid_plans_with_bad_arguments_name_the_call(kwargs, words):
+    import torchrec
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+
+    from torchrec_hybrid import frequency_hybrid
+
+    ebc = torchrec.EmbeddingBagCollection(tables=planner_tables({"t": 10}, dim=8), device=torch.device("meta"))
+    with pytest.raises(ValueError) as e:
+        construct_module_sharding_plan(ebc, {"t": frequency_hybrid(**kwargs)},
+                                       sharder=HybridEmbeddingBagCollectionSharder(), local_size=2, world_size=2,
+                                       device_type="cpu")
+    assert words in str(e.value)

@@ -127,3 +127,31 @@ def test_dcp_between_hybrid_and_table_wise(tmp_path, layout, world):
     """Every cold layout (even / table-wise / uneven row blocks) to stock table_wise and back; column
     slices to stock column_wise and back; a table with fewer rows than ranks, table-wise cold."""
     run_ranks(dcp_round_trip, world, path=str(tmp_path), layout=layout)
+
+
+def wrong_shapes_refused(rank, world):
+    configs, ref, hot_t, mh, _ = _models(world)
+    before = {k: full_weight(v).clone() for k, v in mh.state_dict().items()}
+    out = {}
+    for case, shape in (("fewer rows", (36, 8)), ("more rows", (50, 8)), ("wider", (41, 16))):
+        full = {k: full_weight(v) for k, v in mh.state_dict().items()}  # the logical tables, as plain tensors
+        full["embedding_bags.t0.weight"] = torch.zeros(shape)
+        try:
+            mh.load_state_dict(full)
+            out[case] = "loaded"
+        except ValueError as e:
+            out[case] = str(e)
+    out["unchanged"] = all(torch.equal(before[k], full_weight(v)) for k, v in mh.state_dict().items())
+    full = {k: full_weight(v) * 0 + 1 for k, v in mh.state_dict().items()}  # the right shapes still load
+    mh.load_state_dict(full)
+    out["loads"] = all(bool((full_weight(v) == 1).all()) for v in mh.state_dict().values())
+    return out
+
+
+def test_a_table_of_the_wrong_shape_is_refused_on_every_rank_before_any_loads():
+    """TorchRec slices a whole table into each rank's shard; a wrong-sized one loaded on one rank and failed on
+    another (or loaded a corner of it everywhere). Now every rank refuses it first, naming the key."""
+    for out in run_ranks(wrong_shapes_refused, 2):
+        for case, shape in (("fewer rows", (36, 8)), ("more rows", (50, 8)), ("wider", (41, 16))):
+            assert f"'embedding_bags.t0.weight' has shape {shape}, the table is (41, 8)" in out[case], out[case]
+        assert out["unchanged"] is True and out["loads"] is True

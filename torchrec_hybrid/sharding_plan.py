@@ -1,6 +1,7 @@
 """Hand-written plans: a ``frequency_hybrid()`` generator for ``construct_module_sharding_plan``,
 and ``check_hot_ids``: user-given hot ids against the tables and the plan."""
 
+import numbers
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
@@ -48,13 +49,23 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         raise ValueError("ranks= is for cold='column_wise'")
     if cold == row_blocks.ROW_WISE and rank is not None:
         raise ValueError("rank= is for cold='table_wise'; a row-wise cold layout spans every rank")
+    for what, values in (("rank", [] if rank is None else [rank]), ("ranks", list(ranks or [])),
+                         ("row_bounds", list(row_bounds or []))):
+        if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0 for v in values):
+            raise ValueError(f"frequency_hybrid({what}={rank if what == 'rank' else values!r}): expected "
+                             f"{'an int' if what == 'rank' else 'ints'} >= 0")
+    given = (("rank", rank), ("ranks", ranks), ("row_bounds", row_bounds))
+    call = f"frequency_hybrid(cold={cold!r}" + "".join(f", {k}={v!r}" for k, v in given if v is not None) + ")"
     stock = row_wise(compute_kernel=compute_kernel)
 
     def _generator(param, local_size, world_size, device_type, sharder, placements: Optional[List] = None
                    ) -> ParameterSharding:
+        rows, cols = param.shape
+        owners = [rank] if rank is not None else list(ranks or [])
+        if any(r >= world_size for r in owners):
+            raise ValueError(f"{call} for a {rows} x {cols} table: rank(s) {owners} outside [0, {world_size})")
         ps = stock(param, local_size, world_size, device_type, sharder)
         ps.sharding_type = FREQUENCY_HYBRID
-        rows, cols = param.shape
         if cold == row_blocks.TABLE_WISE and rows < world_size:  # stock table_wise's spec: one shard
             assert rank is not None  # checked above: cold='table_wise' needs rank=
             ps = table_wise(rank=rank, compute_kernel=compute_kernel)(param, local_size, world_size, device_type,
@@ -70,7 +81,12 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
             ps.sharding_type = FREQUENCY_HYBRID
             return ps
         elif row_bounds is not None:
-            slices = [row_blocks.ColumnSlice(0, cols, row_blocks.check_bounds("?", row_bounds, rows, world_size))]
+            try:
+                bounds = row_blocks.check_bounds("?", row_bounds, rows, world_size)
+            except ValueError as e:  # the generator does not know the table's name: name the call and shape
+                raise ValueError(f"{call} for a {rows} x {cols} table on {world_size} ranks: "
+                                 + str(e).replace("table '?': ", "")) from None
+            slices = [row_blocks.ColumnSlice(0, cols, bounds)]
         else:
             return ps
         ps.sharding_spec = hybrid_spec(slices, [s.placement for s in ps.sharding_spec.shards])
