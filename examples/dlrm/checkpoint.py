@@ -132,11 +132,15 @@ def embedding_optimizer_state(opt: Optimizers, fused_sd: Optional[Dict[str, Any]
 
 
 def _state(model: torch.nn.Module, opt: Optimizers, step: int, data_position: int,
-           with_optimizer: bool = True, fused_sd: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+           with_optimizer: bool = True, fused_sd: Optional[Dict[str, Any]] = None,
+           global_batch: int = 0) -> Dict[str, Any]:
     state: Dict[str, Any] = {
         "model": model.state_dict(),
         "progress": {"step": torch.tensor(step, dtype=torch.int64),
-                     "data_position": torch.tensor(data_position, dtype=torch.int64)},
+                     "data_position": torch.tensor(data_position, dtype=torch.int64),
+                     # samples per global batch (0: unknown): a resume with another world size or
+                     # batch size finds its data position from the samples read, or refuses
+                     "global_batch": torch.tensor(global_batch, dtype=torch.int64)},
     }
     if with_optimizer:
         state["optim"] = {"embedding": embedding_optimizer_state(opt, fused_sd), "dense": opt.dense.state_dict(),
@@ -299,7 +303,7 @@ def verify(path: str, group: Optional[dist.ProcessGroup] = None) -> bool:
 
 def save(directory: str, step: int, model: torch.nn.Module, opt: Optimizers, data_position: int,
          group: Optional[dist.ProcessGroup] = None, keep_last: int = 0,
-         extra: Optional[Dict[str, Callable[[str], None]]] = None) -> str:
+         extra: Optional[Dict[str, Callable[[str], None]]] = None, global_batch: int = 0) -> str:
     """Collective: every rank writes its shards; rank 0 publishes ``step_<step>`` atomically.
 
     ``extra``: optional files beside the DCP shards, ``name -> writer(path)``, run by rank 0
@@ -312,7 +316,8 @@ def save(directory: str, step: int, model: torch.nn.Module, opt: Optimizers, dat
     if rank == 0 and os.path.exists(tmp):
         shutil.rmtree(tmp)
     dist.barrier(group=group)
-    dcp.save(_state(model, opt, step, data_position), checkpoint_id=tmp, process_group=group)
+    dcp.save(_state(model, opt, step, data_position, global_batch=global_batch), checkpoint_id=tmp,
+             process_group=group)
     dist.barrier(group=group)  # every rank's files are written
     if rank == 0:
         for name, write in (extra or {}).items():
@@ -380,7 +385,7 @@ def _prune_unmappable(state: Dict[str, Any], saved: Dict[str, Any]) -> List[str]
 
 
 def load(path: str, model: torch.nn.Module, opt: Optimizers, group: Optional[dist.ProcessGroup] = None,
-         with_optimizer: bool = True) -> Dict[str, int]:
+         with_optimizer: bool = True, global_batch: int = 0) -> Dict[str, int]:
     """Collective: restores model, optimizer and progress from ``path``; returns the progress.
 
     The checkpoint may come from any plan. ``with_optimizer=False`` loads only weights and
@@ -390,8 +395,10 @@ def load(path: str, model: torch.nn.Module, opt: Optimizers, group: Optional[dis
     verify(path, group)
     fused_sd = opt.fused.state_dict() if with_optimizer else None
     state = _state(model, opt, 0, 0, with_optimizer=with_optimizer, fused_sd=fused_sd)
+    saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
+    if "progress.global_batch" not in saved:  # written before it was recorded
+        del state["progress"]["global_batch"]
     if with_optimizer:
-        saved = dcp.FileSystemReader(path).read_metadata().state_dict_metadata
         for problem in _prune_unmappable(state, saved):
             logger.warning("%s: %s", path, problem)
     dcp.load(state, checkpoint_id=path, process_group=group)
@@ -407,6 +414,22 @@ def load(path: str, model: torch.nn.Module, opt: Optimizers, group: Optional[dis
             opt.dense.load_state_dict(optim["dense"])
     model.load_state_dict(state["model"])
     progress = {k: int(v) for k, v in state["progress"].items()}
+    progress["data_position"] = _data_position(path, progress, global_batch)
     logger.info("resumed from %s (step %d, data position %d)", path, progress["step"],
                 progress["data_position"])
     return progress
+
+
+def _data_position(path: str, progress: Dict[str, int], global_batch: int) -> int:
+    """The next global batch to read at ``global_batch`` samples each: the samples the checkpoint's
+    run read, in this run's batches (its world size or batch size may differ); ValueError when they
+    do not divide, naming both (the same on every rank: every rank read the same progress)."""
+    theirs, position = progress.get("global_batch", 0), progress["data_position"]
+    if not theirs or not global_batch or theirs == global_batch:
+        return position
+    samples = position * theirs
+    if samples % global_batch:
+        raise ValueError(f"checkpoint {path} read {samples} samples in global batches of {theirs}; this run's global "
+                         f"batches of {global_batch} (data.batch_size x world size) cannot continue at that sample: "
+                         "resume with a global batch that divides it, or the checkpoint's")
+    return samples // global_batch

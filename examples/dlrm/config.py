@@ -339,6 +339,39 @@ def _validate(cfg: Config) -> None:
         raise ConfigError("data.paths: data.source 'criteo_tsv' needs at least one file")
     if cfg.data.source == "criteo_npy" and not cfg.data.dir:
         raise ConfigError("data.dir: data.source 'criteo_npy' needs a directory")
+    _validate_more(cfg)
+
+
+SPARSE_FEATURES = 26  # Criteo's categorical features: one table each
+
+
+def _validate_more(cfg: Config) -> None:
+    """Values the types allow but the run cannot honour, and settings that would be ignored."""
+    if not 0 <= cfg.seed < 2 ** 63:
+        raise ConfigError(f"seed: expected an integer in [0, 2**63), got {cfg.seed!r}")
+    d = cfg.data
+    for key, sizes in (("multi_hot", d.multi_hot), ("cardinalities", d.cardinalities)):
+        if isinstance(sizes, list) and (len(sizes) != SPARSE_FEATURES or min(sizes) < 1):
+            raise ConfigError(f"data.{key}: expected {SPARSE_FEATURES} integers >= 1 (one per Criteo feature), got "
+                              f"{sizes!r}")
+    if d.source != "synthetic":
+        default = DataConfig()
+        ignored = [f"data.{k}" for k in ("multi_hot", "alpha", "label") if getattr(d, k) != getattr(default, k)]
+        if ignored:
+            raise ConfigError(f"{', '.join(ignored)}: only for data.source 'synthetic' (real data brings its own ids "
+                              f"and labels), got data.source {d.source!r}")
+    o = cfg.optim.dense
+    if o.optimizer == "sgd" and o.eps != DenseOptimConfig().eps:
+        raise ConfigError(f"optim.dense.eps: SGD has no eps, got {o.eps!r} (with optim.dense.optimizer 'sgd')")
+    m = cfg.metrics
+    if m.validation_every and not m.validation_batches:
+        raise ConfigError(f"metrics.validation_every: {m.validation_every} needs metrics.validation_batches > 0 "
+                          "(the batches each validation pass scores), got 0")
+    c = cfg.checkpoint
+    if not c.dir and (c.every or c.stats):
+        keys = [k for k in ("every", "stats") if getattr(c, k)]
+        raise ConfigError(f"checkpoint.{'/'.join(keys)}: set without checkpoint.dir (--checkpoint-dir), so nothing "
+                          "would be saved")
 
 
 def config_from_dict(raw: Dict[str, Any]) -> Config:

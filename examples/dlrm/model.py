@@ -196,7 +196,7 @@ def build_optimizer(cfg, model: DistributedModelParallel) -> Optimizers:
     mlp = {n: p for n, p in params.items() if "embedding_bag_collection" not in n}
     tables = {n: p for n, p in params.items() if "embedding_bag_collection" in n}
     kwargs: Dict[str, Any] = {"lr": float(o.lr)}
-    if o.optimizer == "adagrad":
+    if o.optimizer in ("adagrad", "adam"):
         kwargs["eps"] = float(o.eps)
     opt_cls = DENSE_OPTIMIZERS[o.optimizer]
     dense_opt = KeyedOptimizerWrapper(mlp, lambda ps: opt_cls(ps, **kwargs))

@@ -293,7 +293,8 @@ class Training:
                         "decay %g per batch", rc.every or "-", rc.min_coverage, rc.window, rc.decay)
         if resume_from is not None:
             progress = checkpoint.load(resume_from, self.dmp, self.opt, group=self.side_group,
-                                       with_optimizer=cfg.checkpoint.load_optimizer)
+                                       with_optimizer=cfg.checkpoint.load_optimizer,
+                                       global_batch=cfg.data.batch_size * self.world)
             self.start, self.data_position = progress["step"], progress["data_position"]
             self.tracker.restore(resume_from)  # the hot sets (and statistics) in use when it was written
 
@@ -343,7 +344,8 @@ class Training:
             checkpoint.save(cfg.checkpoint.dir, at, self.dmp, self.opt,
                             data_position=self.data_position + at - self.start,
                             extra=self.tracker.checkpoint_files(cfg.checkpoint.stats),
-                            group=self.side_group, keep_last=int(cfg.checkpoint.keep_last))
+                            group=self.side_group, keep_last=int(cfg.checkpoint.keep_last),
+                            global_batch=cfg.data.batch_size * self.world)
 
     def run(self, stop: StopRequest) -> Dict[str, Any]:
         """The training loop, then the last checkpoint and validation: the final figures."""

@@ -138,6 +138,14 @@ def test_config_files_validate_and_share_the_planner_keys():
     ("sharding: {manual_hot_set: {coverage: 0.5, rows_per_table: 3}}\n", ["sharding.manual_hot_set", "exactly one"]),
     ("sharding: {hot_set: {min_saving: 2}}\n", ["sharding.hot_set.min_saving"]),
     ("- 1\n", ["mapping"]),
+    ("seed: -1\n", ["seed: expected an integer in [0, 2**63), got -1"]),
+    ("data: {multi_hot: [1, 2]}\n", ["data.multi_hot: expected 26 integers >= 1", "[1, 2]"]),
+    ("data: {cardinalities: [0, 5]}\n", ["data.cardinalities: expected 26 integers >= 1"]),
+    ("data: {source: criteo_tsv, paths: [x.tsv], alpha: 0.5}\n",
+     ["data.alpha: only for data.source 'synthetic'", "'criteo_tsv'"]),
+    ("optim: {dense: {optimizer: sgd, eps: 0.1}}\n", ["optim.dense.eps: SGD has no eps, got 0.1"]),
+    ("metrics: {validation_every: 5, validation_batches: 0}\n", ["metrics.validation_every: 5 needs"]),
+    ("checkpoint: {every: 10}\n", ["checkpoint.every: set without checkpoint.dir"]),
 ])
 def test_bad_config_file_names_the_key(tmp_path, text, words):
     p = tmp_path / "c.yaml"
@@ -148,3 +156,17 @@ def test_bad_config_file_names_the_key(tmp_path, text, words):
         assert w in str(e.value), (w, str(e.value))
     if "hot_set" not in text:  # the planner's own sections raise PlannerConfigError (a ValueError)
         assert isinstance(e.value, ConfigError)
+
+
+def test_resume_with_another_global_batch_continues_at_the_same_sample():
+    """A checkpoint records its global batch: a run with another world size or batch size resumes at the sample
+    where it stopped (real data would otherwise skip or repeat lines), or refuses when no batch starts there."""
+    from examples.dlrm.checkpoint import _data_position
+
+    saved = {"step": 10, "data_position": 12, "global_batch": 4096}  # 12 x 4096 samples read
+    assert _data_position("ck", saved, 4096) == 12
+    assert _data_position("ck", saved, 8192) == 6 and _data_position("ck", saved, 2048) == 24
+    assert _data_position("ck", {"step": 10, "data_position": 12}, 8192) == 12  # written before it was recorded
+    with pytest.raises(ValueError) as e:
+        _data_position("ck", saved, 5000)
+    assert "checkpoint ck read 49152 samples in global batches of 4096" in str(e.value) and "5000" in str(e.value)
