@@ -173,13 +173,38 @@ class SyntheticCriteoBatches:
             yield self.batch(i)
 
 
-def _rows_to_batch(rows: List[List[str]], table_sizes: np.ndarray) -> Batch:
-    """Criteo TSV rows (label, 13 ints, 26 hex) -> Batch; dense = log(1 + max(x, 0))."""
-    arr = np.asarray(rows, dtype=object)
-    if arr.ndim != 2 or arr.shape[1] != 1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT:
-        raise ValueError(f"Criteo TSV lines need {1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT} columns")
-    ints = np.vectorize(lambda v: int(v) if v else 0, otypes=[np.int64])(arr[:, : 1 + INT_FEATURE_COUNT])
-    cats = np.vectorize(lambda v: int(v, 16) if v else 0, otypes=[np.int64])(arr[:, 1 + INT_FEATURE_COUNT:])
+_TSV_COLUMNS = 1 + INT_FEATURE_COUNT + CAT_FEATURE_COUNT
+
+
+def _tsv_row_problem(row: List[str]) -> Optional[str]:
+    """What is wrong with one Criteo TSV line (the error path's search; None: nothing)."""
+    if len(row) != _TSV_COLUMNS:
+        return f"{len(row)} columns, not {_TSV_COLUMNS}"
+    for j, v in enumerate(row):
+        try:
+            x = (int(v, 16) if j > INT_FEATURE_COUNT else int(v)) if v else 0
+        except ValueError:
+            kind = "a hexadecimal id" if j > INT_FEATURE_COUNT else "an integer"
+            return f"column {j + 1} is {v!r}, not {kind}"
+        if j == 0 and x not in (0, 1):
+            return f"label {v!r}, not 0 or 1"
+    return None
+
+
+def _rows_to_batch(rows: List[List[str]], table_sizes: np.ndarray, first_line: int = 1, where: str = "") -> Batch:
+    """Criteo TSV rows (label, 13 ints, 26 hex) -> Batch; dense = log(1 + max(x, 0)). A bad line
+    raises ValueError naming it (``first_line``: the number of the first row; ``where``: the files)."""
+    try:
+        arr = np.asarray(rows, dtype=object)
+        if arr.ndim != 2 or arr.shape[1] != _TSV_COLUMNS:
+            raise ValueError("ragged")
+        ints = np.vectorize(lambda v: int(v) if v else 0, otypes=[np.int64])(arr[:, : 1 + INT_FEATURE_COUNT])
+        cats = np.vectorize(lambda v: int(v, 16) if v else 0, otypes=[np.int64])(arr[:, 1 + INT_FEATURE_COUNT:])
+        if not np.isin(ints[:, 0], (0, 1)).all():
+            raise ValueError("label")
+    except ValueError:  # find the line (a loop over the rows, on the error path only)
+        bad = next(((i, p) for i, r in enumerate(rows) for p in [_tsv_row_problem(r)] if p), (0, "unreadable"))
+        raise ValueError(f"{where}Criteo TSV line {first_line + bad[0]}: {bad[1]}") from None
     return _arrays_to_batch(np.log1p(np.maximum(ints[:, 1:], 0)).astype(np.float32),
                             cats % table_sizes, ints[:, 0].astype(np.float32))
 
@@ -216,11 +241,13 @@ class CriteoTSVBatches:
         lines = criteo_terabyte(self.paths, row_mapper=None)
         lo, hi = self.rank * self.batch_size, (self.rank + 1) * self.batch_size
         lines = itertools.islice(lines, start * per_global, None)  # skip without parsing
-        while True:
+        where = f"data.paths {self.paths}: "
+        for i in itertools.count(start):
             chunk = list(itertools.islice(lines, per_global))
             if len(chunk) < per_global:
                 return
-            yield _rows_to_batch(chunk[lo:hi], self.table_sizes)
+            # line numbers count from 1 over the files one after another
+            yield _rows_to_batch(chunk[lo:hi], self.table_sizes, i * per_global + lo + 1, where)
 
 
 def npy_day_stems(directory: str) -> List[str]:

@@ -170,3 +170,22 @@ def test_resume_with_another_global_batch_continues_at_the_same_sample():
     with pytest.raises(ValueError) as e:
         _data_position("ck", saved, 5000)
     assert "checkpoint ck read 49152 samples in global batches of 4096" in str(e.value) and "5000" in str(e.value)
+
+
+@pytest.mark.parametrize("damage, words", [
+    (lambda cols: cols[:37], "37 columns, not 40"),
+    (lambda cols: cols[:5] + ["zz6"] + cols[6:], "column 6 is 'zz6', not an integer"),
+    (lambda cols: cols[:20] + ["xyz"] + cols[21:], "column 21 is 'xyz', not a hexadecimal id"),
+    (lambda cols: ["7"] + cols[1:], "label '7', not 0 or 1"),
+])
+def test_a_bad_tsv_line_is_named(tmp_path, damage, words):
+    labels, dense, cats = _rows(8)
+    path = tmp_path / "day_0"
+    _write_tsv(path, labels, dense, cats)
+    lines = path.read_text().splitlines()
+    lines[6] = "\t".join(damage(lines[6].split("\t")))  # line 7: global batch 1 (lines 5-8), rank 1's second line
+    path.write_text("\n".join(lines) + "\n")
+    src = CriteoTSVBatches([str(path)], SIZES, batch_size=2, rank=1, world_size=2)
+    with pytest.raises(ValueError) as e:
+        list(src.batches())
+    assert str(e.value) == f"data.paths {[str(path)]}: Criteo TSV line 7: {words}"
