@@ -307,16 +307,30 @@ def main(argv=None) -> None:
                     help="fit again from the measurements of earlier runs (their .json files), measuring nothing")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    measuring = ("world", "workloads", "rows_cap", "batch", "warmup", "steps")
+    for name, low in (("world", 1), ("rows_cap", 1), ("warmup", 0), ("steps", 1), ("batch", 1)):
+        value = getattr(args, name)
+        if value is not None and value < low:
+            ap.error(f"--{name.replace('_', '-')} must be >= {low}, got {value}")
     if args.refit:
-        results = []
+        given = [f"--{k.replace('_', '-')}" for k in measuring if getattr(args, k) != ap.get_default(k)]
+        if given:
+            ap.error(f"{', '.join(given)}: set how to measure, but --refit measures nothing (the files' runs set them)")
+        results, worlds = [], set()
         for path in args.refit:  # several runs: the fit averages their noise
-            with open(path) as f:
-                results += json.load(f)["measurements"]
+            try:
+                with open(path) as f:
+                    run = json.load(f)
+                results += run["measurements"]
+                worlds.add(run["args"]["world"])
+            except (OSError, ValueError, KeyError, TypeError) as e:
+                ap.error(f"--refit {path}: not a calibration results file of benchmarks.calibrate ({e!r})")
+        if len(worlds) != 1:
+            ap.error(f"--refit: the files were measured at different world sizes {sorted(worlds)}; fit one at a time")
+        args.world = worlds.pop()  # the report's world: the runs', not the default
     else:
         from tqdm import tqdm
 
-        if args.batch is not None and args.batch < 1:
-            ap.error(f"--batch must be >= 1, got {args.batch}")
         results = [measure(w, args.world, args.rows_cap, args.warmup, args.steps, args.batch)
                    for w in tqdm(args.workloads, desc="workloads")]
     fitted = fit(results)

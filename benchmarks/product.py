@@ -252,6 +252,10 @@ def main(argv=None) -> List[Dict[str, Any]]:
                          "bytes ('fit_error': the prices' RMS error; default 'auto', the planner's: their relative "
                          "error where they carry one, else 0)")
     a = ap.parse_args(argv)
+    for name, value, low in (("world", min(a.world), 2), ("rows-cap", a.rows_cap, 1), ("stats-batches",
+                             a.stats_batches, 1), ("warmup", a.warmup, 0), ("steps", a.steps, 1)):
+        if value < low:  # one rank has nothing to compare; no steps, no median
+            ap.error(f"--{name} must be >= {low}, got {value}")
     from torchrec_hybrid.planner.config import PlannerConfigError, parse_hot_set
 
     try:  # the YAML's rule for the same key, so a bad value fails here, not in every rank

@@ -167,7 +167,10 @@ def _reference(results: List[Dict], sweep: List[Dict]) -> Dict:
 
 
 def main(argv=None) -> Dict:
-    a = build_parser().parse_args(argv)
+    parser = build_parser()
+    a = parser.parse_args(argv)
+    if a.no_simulate and a.mode in ("tiny", "headline"):
+        parser.error(f"--no-simulate: the {a.mode} mode runs no projection (only --quick and the full run do)")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: no orphaned ranks
     mode = a.mode or "full"
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")
@@ -191,8 +194,12 @@ def main(argv=None) -> Dict:
         md += "\n" + _projection(mode, a.out, files)
     doc = _document(mode, overrides, time.time() - t0, cuda, results, sweep, files)
     headline = [r for r in results if r["workload"] == HEADLINE.as_dict()]  # every field, not just the name
+    if mode == "headline":  # its one configuration, overrides and all (they are recorded beside it)
+        headline = results[:1]
     if headline:
         doc["headline"] = _headline(headline[0])
+        if mode == "headline" and overrides:
+            doc["headline"]["overrides"] = overrides
     _write(a.out, mode, doc, md)
     if headline:
         print(json.dumps(doc["headline"], indent=1))

@@ -157,6 +157,10 @@ def main(argv=None) -> Dict:
     p.add_argument("--prefix", default=None, help="file name prefix (default: projected[_multihot])")
     p.add_argument("--multi-hot", action="store_true", help="MLPerf DLRMv2 bag sizes instead of one id")
     a = p.parse_args(argv)
+    if a.samples < 1:
+        p.error(f"--samples must be >= 1, got {a.samples}")
+    if not 0 <= a.alpha < float("inf"):  # NaN fails this too
+        p.error(f"--alpha must be a finite Zipf exponent >= 0, got {a.alpha}")
     a.prefix = a.prefix or ("projected_multihot" if a.multi_hot else "projected")
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(message)s")
     logger.setLevel(logging.INFO)

@@ -32,3 +32,35 @@ def test_runs_without_step_times_fit_neither():
     results, per_plan = _measured(1.0, 1.0, 3.0, 10.0)
     del results[0]["plans"]["p0"]["step_ms"]
     assert calibrate.fit_step(results, per_plan) is None
+
+
+@pytest.mark.parametrize("extra, words", [
+    (["--steps", "5"], "--steps: set how to measure, but --refit measures nothing"),
+    (["--world", "2"], "--world: set how to measure"),
+])
+def test_refit_refuses_measuring_flags(tmp_path, capsys, extra, words):
+    from benchmarks.calibrate import main
+
+    with pytest.raises(SystemExit):
+        main(["--refit", "benchmarks/results/calibration.json", "--out", str(tmp_path / "c")] + extra)
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "c.json").exists()
+
+
+def test_refit_of_a_file_without_measurements_names_it(tmp_path, capsys):
+    from benchmarks.calibrate import main
+
+    with pytest.raises(SystemExit):
+        main(["--refit", "benchmarks/results/product_w4.json", "--out", str(tmp_path / "c")])
+    assert "--refit benchmarks/results/product_w4.json: not a calibration results file" in capsys.readouterr().err
+
+
+def test_refit_reports_the_runs_world(tmp_path):
+    import json
+
+    from benchmarks.calibrate import main
+
+    main(["--refit", "benchmarks/results/calibration.json", "--out", str(tmp_path / "c")])
+    with open("benchmarks/results/calibration.json") as f:
+        world = json.load(f)["args"]["world"]
+    assert f"({world} gloo ranks" in (tmp_path / "c.md").read_text()

@@ -97,3 +97,22 @@ def test_the_product_benchmark_refuses_a_bad_prices_file_before_starting_ranks(t
     with pytest.raises(ValueError, match="prices.json: not a calibration file"):
         product.main(["--prices", str(bad), "--out", str(tmp_path / "out")])
     assert not (tmp_path / "out" / "product.json").exists()
+
+
+@pytest.mark.parametrize("module, args, words", [
+    ("product", ["--steps", "0"], "--steps must be >= 1, got 0"),
+    ("product", ["--world", "4", "1"], "--world must be >= 2, got 1"),
+    ("product", ["--rows-cap", "0"], "--rows-cap must be >= 1, got 0"),
+    ("simulate", ["--alpha", "nan"], "--alpha must be a finite Zipf exponent >= 0, got nan"),
+    ("simulate", ["--samples", "-5"], "--samples must be >= 1, got -5"),
+    ("run", ["--tiny", "--no-simulate"], "--no-simulate: the tiny mode runs no projection"),
+    ("run", ["--headline", "--no-simulate"], "--no-simulate: the headline mode runs no projection"),
+])
+def test_benchmark_flags_that_cannot_apply_are_refused_before_anything_runs(tmp_path, capsys, module, args, words):
+    import importlib
+
+    main = importlib.import_module(f"benchmarks.{module}").main
+    with pytest.raises(SystemExit):
+        main(args + ["--out", str(tmp_path / "out")])
+    assert words in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
