@@ -277,3 +277,19 @@ def grouped_lookup_forward(lookup, features_by_group: list) -> list:
     with its own batch (``_forward``: the stock ``forward`` splits one KJT, one batch for all;
     checked against torchrec 1.8.0)."""
     return lookup._forward(features_by_group)
+
+
+# --- PyTorch: a load_state_dict pre-hook that runs before the module's own ------------------
+
+
+def add_first_load_state_dict_pre_hook(module: torch.nn.Module, hook: Callable) -> None:
+    """Registers ``hook(module, state_dict, prefix, ...)`` (``Module.register_load_state_dict_pre_hook``)
+    and moves it ahead of the hooks already there (TorchRec's SEBC slices full tables into its
+    shards in one; torch runs pre-hooks in registration order and offers no public ``prepend``)."""
+    handle = module.register_load_state_dict_pre_hook(hook)
+    hooks = module._load_state_dict_pre_hooks  # an ordered dict: re-inserted with ours first
+    others = {k: v for k, v in hooks.items() if k != handle.id}
+    ours = hooks[handle.id]
+    hooks.clear()
+    hooks[handle.id] = ours
+    hooks.update(others)

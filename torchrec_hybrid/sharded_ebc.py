@@ -319,16 +319,17 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._no_report = torch.zeros(3, dtype=torch.int64)
         self._no_report_words = torch.zeros(ID_REPORT_WORDS, dtype=torch.int32)
         self._table_shapes = {c.name: (c.num_embeddings, c.embedding_dim) for c in configs}
+        _compat.add_first_load_state_dict_pre_hook(self, self._check_table_shapes)
         for c in hybrid:
             logger.info("table %s: frequency_hybrid with %d hot rows of %d", c.name,
                         checked[c.name].numel(), c.num_embeddings)
 
-    def _load_from_state_dict(self, state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                              error_msgs) -> None:
+    def _check_table_shapes(self, module, state_dict, prefix, *args) -> None:
         """Refuses a whole (plain tensor) table of another shape before any rank slices it into its
         shards: TorchRec's pre-hook would cut its own block out of it, so one rank would load a
         wrong-sized table silently and another fail, or every rank load a corner of it. Every rank
-        holds the same full tensor, so every rank raises (``ValueError``), nothing loaded."""
+        holds the same full tensor, so every rank raises (``ValueError``), nothing loaded. Runs
+        as the first load_state_dict pre-hook (``__init__``)."""
         bad = [f"'{prefix}embedding_bags.{name}.weight' has shape {tuple(t.shape)}, the table is {shape}"
                for name, shape in self._table_shapes.items()
                for t in [state_dict.get(f"{prefix}embedding_bags.{name}.weight")]
@@ -336,8 +337,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         if bad:
             raise ValueError("load_state_dict: " + "; ".join(bad) + " (rows x dim of its EmbeddingBagConfig); no "
                              "table was loaded")
-        super()._load_from_state_dict(state_dict, prefix, local_metadata, strict, missing_keys, unexpected_keys,
-                                      error_msgs)
 
     def create_embedding_bag_sharding(self, sharding_infos: List[EmbeddingShardingInfo], env: ShardingEnv,
                                       device: Optional[torch.device] = None, permute_embeddings: bool = False,
