@@ -116,3 +116,28 @@ def test_benchmark_flags_that_cannot_apply_are_refused_before_anything_runs(tmp_
         main(args + ["--out", str(tmp_path / "out")])
     assert words in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_headline_with_overrides_keeps_its_ratios_and_records_the_overrides(tmp_path, monkeypatch):
+    """--headline measures one configuration; with an override it is no longer the acceptance one, but its ratios
+    still come out, with the overrides beside them (the committed run's measurement stands in for a new one)."""
+    import copy
+    import json
+
+    from benchmarks import run
+
+    with open("benchmarks/results/headline.json") as f:
+        committed = json.load(f)["configurations"][0]
+
+    def measure(workloads):  # the run's own configuration, with the committed measurement
+        assert len(workloads) == 1 and workloads[0].steps == 10
+        r = copy.deepcopy(committed)
+        r["workload"] = workloads[0].as_dict()
+        return [r]
+
+    monkeypatch.setattr(run, "measure", measure)
+    monkeypatch.setattr(run, "_plots", lambda *a, **k: {})
+    doc = run.main(["--headline", "--steps", "10", "--out", str(tmp_path)])
+    assert doc["headline"]["overrides"] == {"steps": 10}
+    assert doc["headline"]["time_hybrid_over_fastest_stock"] == committed["ratios"]["time_hybrid_over_fastest_stock"]
+    assert json.loads((tmp_path / "headline.json").read_text())["headline"]["overrides"] == {"steps": 10}
