@@ -209,3 +209,16 @@ def test_hand_written_hybrid_plans_with_bad_arguments_name_the_call(kwargs, word
                                        sharder=HybridEmbeddingBagCollectionSharder(), local_size=2, world_size=2,
                                        device_type="cpu")
     assert words in str(e.value)
+
+
+def test_hand_written_row_bounds_may_be_an_integer_tensor():
+    import torchrec
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+
+    from torchrec_hybrid import frequency_hybrid
+
+    ebc = torchrec.EmbeddingBagCollection(tables=planner_tables({"t": 10}, dim=8), device=torch.device("meta"))
+    plan = construct_module_sharding_plan(ebc, {"t": frequency_hybrid(row_bounds=torch.tensor([0, 3, 10]))},
+                                          sharder=HybridEmbeddingBagCollectionSharder(), local_size=2, world_size=2,
+                                          device_type="cpu")
+    assert [s.shard_sizes[0] for s in plan["t"].sharding_spec.shards] == [3, 7]

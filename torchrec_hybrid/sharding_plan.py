@@ -5,6 +5,8 @@ import numbers
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
+import torch
+
 from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan, ShardMetadata
 
@@ -49,6 +51,8 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         raise ValueError("ranks= is for cold='column_wise'")
     if cold == row_blocks.ROW_WISE and rank is not None:
         raise ValueError("rank= is for cold='table_wise'; a row-wise cold layout spans every rank")
+    if isinstance(row_bounds, torch.Tensor) and not row_bounds.is_floating_point():
+        row_bounds = row_bounds.tolist()  # e.g. from row_blocks.balanced_bounds' tensors
     for what, values in (("rank", [] if rank is None else [rank]), ("ranks", list(ranks or [])),
                          ("row_bounds", list(row_bounds or []))):
         if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0 for v in values):

@@ -385,7 +385,7 @@ def _prune_unmappable(state: Dict[str, Any], saved: Dict[str, Any]) -> List[str]
 
 
 def load(path: str, model: torch.nn.Module, opt: Optimizers, group: Optional[dist.ProcessGroup] = None,
-         with_optimizer: bool = True, global_batch: int = 0) -> Dict[str, int]:
+         with_optimizer: bool = True, global_batch: int = 0, source: str = "synthetic") -> Dict[str, int]:
     """Collective: restores model, optimizer and progress from ``path``; returns the progress.
 
     The checkpoint may come from any plan. ``with_optimizer=False`` loads only weights and
@@ -414,20 +414,27 @@ def load(path: str, model: torch.nn.Module, opt: Optimizers, group: Optional[dis
             opt.dense.load_state_dict(optim["dense"])
     model.load_state_dict(state["model"])
     progress = {k: int(v) for k, v in state["progress"].items()}
-    progress["data_position"] = _data_position(path, progress, global_batch)
+    progress["data_position"] = _data_position(path, progress, global_batch, source)
     logger.info("resumed from %s (step %d, data position %d)", path, progress["step"],
                 progress["data_position"])
     return progress
 
 
-def _data_position(path: str, progress: Dict[str, int], global_batch: int) -> int:
-    """The next global batch to read at ``global_batch`` samples each: the samples the checkpoint's
-    run read, in this run's batches (its world size or batch size may differ); ValueError when they
-    do not divide, naming both (the same on every rank: every rank read the same progress)."""
+def _data_position(path: str, progress: Dict[str, int], global_batch: int, source: str = "criteo_tsv") -> int:
+    """The next global batch to read in a run of ``global_batch`` samples per step. Synthetic
+    batch i is generated for the run's own world size, so its index carries over as it is;
+    Criteo TSV lines are read in order, so the position becomes the samples already read, in
+    this run's batches (ValueError when they do not divide); ``criteo_npy`` gives each rank a
+    contiguous block of every day, which another world size or batch size would reshuffle
+    (ValueError). The same verdict on every rank: every rank read the same progress."""
     theirs, position = progress.get("global_batch", 0), progress["data_position"]
-    if not theirs or not global_batch or theirs == global_batch:
+    if not theirs or not global_batch or theirs == global_batch or source == "synthetic":
         return position
     samples = position * theirs
+    if source != "criteo_tsv":
+        raise ValueError(f"checkpoint {path} read {position} global batches of {theirs} samples from {source}, whose "
+                         f"rows are split among the ranks by world size and batch size; this run's global batch is "
+                         f"{global_batch}: resume with the checkpoint's world size and data.batch_size")
     if samples % global_batch:
         raise ValueError(f"checkpoint {path} read {samples} samples in global batches of {theirs}; this run's global "
                          f"batches of {global_batch} (data.batch_size x world size) cannot continue at that sample: "

@@ -356,10 +356,12 @@ def _validate_more(cfg: Config) -> None:
                               f"{sizes!r}")
     if d.source != "synthetic":
         default = DataConfig()
-        ignored = [f"data.{k}" for k in ("multi_hot", "alpha", "label") if getattr(d, k) != getattr(default, k)]
+        # (data.label, the synthetic labels' model, is left alone: the shipped configs set it for their default
+        # synthetic source, and a run on real data reads the files' labels whatever it says)
+        ignored = [f"data.{k}" for k in ("multi_hot", "alpha") if getattr(d, k) != getattr(default, k)]
         if ignored:
-            raise ConfigError(f"{', '.join(ignored)}: only for data.source 'synthetic' (real data brings its own ids "
-                              f"and labels), got data.source {d.source!r}")
+            raise ConfigError(f"{', '.join(ignored)}: only for data.source 'synthetic' (real data brings its own "
+                              f"ids), got data.source {d.source!r}")
     o = cfg.optim.dense
     if o.optimizer == "sgd" and o.eps != DenseOptimConfig().eps:
         raise ConfigError(f"optim.dense.eps: SGD has no eps, got {o.eps!r} (with optim.dense.optimizer 'sgd')")

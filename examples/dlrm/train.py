@@ -294,7 +294,7 @@ class Training:
         if resume_from is not None:
             progress = checkpoint.load(resume_from, self.dmp, self.opt, group=self.side_group,
                                        with_optimizer=cfg.checkpoint.load_optimizer,
-                                       global_batch=cfg.data.batch_size * self.world)
+                                       global_batch=cfg.data.batch_size * self.world, source=cfg.data.source)
             self.start, self.data_position = progress["step"], progress["data_position"]
             self.tracker.restore(resume_from)  # the hot sets (and statistics) in use when it was written
 
@@ -317,7 +317,7 @@ class Training:
         validation, metrics, logs and the step watchdog."""
         cfg, world = self.cfg, self.world
         if self.source.num_batches is not None:  # finite files: every rank must run the same steps
-            n = torch.tensor(self.data_position + self.source.num_batches - self.start)
+            n = torch.tensor(self.source.num_batches - self.data_position)  # batches left to read
             dist.all_reduce(n, op=dist.ReduceOp.MIN, group=self.side_group)
             self.steps = min(self.steps, self.start + int(n))
         self.batches = self.tracker.wrap(itertools.islice(self.source.batches(self.data_position),

@@ -143,6 +143,7 @@ def test_config_files_validate_and_share_the_planner_keys():
     ("data: {cardinalities: [0, 5]}\n", ["data.cardinalities: expected 26 integers >= 1"]),
     ("data: {source: criteo_tsv, paths: [x.tsv], alpha: 0.5}\n",
      ["data.alpha: only for data.source 'synthetic'", "'criteo_tsv'"]),
+    ("data: {source: criteo_npy, dir: d, multi_hot: true}\n", ["data.multi_hot: only for data.source 'synthetic'"]),
     ("optim: {dense: {optimizer: sgd, eps: 0.1}}\n", ["optim.dense.eps: SGD has no eps, got 0.1"]),
     ("metrics: {validation_every: 5, validation_batches: 0}\n", ["metrics.validation_every: 5 needs"]),
     ("checkpoint: {every: 10}\n", ["checkpoint.every: set without checkpoint.dir"]),
@@ -167,9 +168,13 @@ def test_resume_with_another_global_batch_continues_at_the_same_sample():
     assert _data_position("ck", saved, 4096) == 12
     assert _data_position("ck", saved, 8192) == 6 and _data_position("ck", saved, 2048) == 24
     assert _data_position("ck", {"step": 10, "data_position": 12}, 8192) == 12  # written before it was recorded
+    assert _data_position("ck", saved, 5000, "synthetic") == 12  # batch i is generated for the run's own world
     with pytest.raises(ValueError) as e:
         _data_position("ck", saved, 5000)
     assert "checkpoint ck read 49152 samples in global batches of 4096" in str(e.value) and "5000" in str(e.value)
+    with pytest.raises(ValueError, match="resume with the checkpoint's world size and data.batch_size"):
+        _data_position("ck", saved, 8192, "criteo_npy")
+    assert _data_position("ck", saved, 4096, "criteo_npy") == 12
 
 
 @pytest.mark.parametrize("damage, words", [
@@ -189,3 +194,13 @@ def test_a_bad_tsv_line_is_named(tmp_path, damage, words):
     with pytest.raises(ValueError) as e:
         list(src.batches())
     assert str(e.value) == f"data.paths {[str(path)]}: Criteo TSV line 7: {words}"
+
+
+@pytest.mark.parametrize("path", ["configs/dlrm.yaml", "configs/dlrm_tiny.yaml"])
+@pytest.mark.parametrize("source", [["data.source=criteo_tsv", "data.paths=[x.tsv]"],
+                                    ["data.source=criteo_npy", "data.dir=d"]])
+def test_shipped_configs_load_with_real_data(path, source):
+    """The README's way to real Criteo data: the shipped config with its source switched (its synthetic label
+    settings do not stand in the way)."""
+    cfg = load_config(path, source)
+    assert cfg.data.source == source[0].split("=")[1]

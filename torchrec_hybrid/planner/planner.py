@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import numbers
+import pickle
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -98,7 +99,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     Args: those of ``EmbeddingShardingPlanner`` - the search settings (``storage_reservation``,
     ``proposer``, ``partitioner``, ``performance_model``, ``callbacks``, ``timeout_seconds``)
-    apply to every candidate plan below, TorchRec's included; ``enumerator`` must be a
+    apply to every candidate plan below, TorchRec's included (so callbacks see each candidate,
+    and each candidate's search may take ``timeout_seconds``); ``enumerator`` must be a
     :class:`HybridEnumerator`; ``plan_loader`` needs ``compare_plans=False`` (the loaded plan
     is not compared); constraints naming no table of the module raise - and
         stats: as in TorchRec (``Stats`` loggers), or a ``FrequencyStats`` (then taken as
@@ -226,7 +228,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         broadcast instead and raised on every rank (TorchRec's would leave the others waiting
         in the broadcast until the group's timeout)."""
         _check_sharder_hot_ids(module, sharders)  # the checks every rank can make: before the broadcast
-        _check_constraint_tables(module, self._user_constraints)
+        _check_constraint_tables(module, self._user_constraints, sharders)
         if pg is None:
             if not dist.is_initialized():
                 raise RuntimeError("collective_plan needs an initialised default process group (or pg); "
@@ -242,18 +244,28 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             except Exception as e:  # noqa: BLE001 - sent to every rank, re-raised here below
                 error = e
                 base = next(c for c in type(e).__mro__ if c in _BROADCAST_ERRORS)
-                result = [("error", base.__name__, f"planning on rank 0 failed: {type(e).__name__}: {e}")]
+                cls: Any = type(e)
+                try:  # sent by reference; a class the others cannot import is not sent
+                    pickle.dumps(cls)
+                except Exception:  # noqa: BLE001
+                    cls = base
+                result = [("error", base.__name__, cls, f"planning on rank 0 failed: {type(e).__name__}: {e}")]
         if pg.size() > 1:
             dist.broadcast_object_list(result, 0, group=pg)
         if error is not None:
             raise error
         if result[0][0] == "error":
-            raise _BROADCAST_ERRORS_BY_NAME[result[0][1]](result[0][2])
+            _, base_name, cls, message = result[0]
+            try:  # the same class as rank 0's where it takes a message alone, else its nearest listed base
+                exc = cls(message)
+            except Exception:  # noqa: BLE001 - a class with other arguments
+                exc = _BROADCAST_ERRORS_BY_NAME[base_name](message)
+            raise exc
         return result[0][1]
 
     def plan(self, module, sharders) -> ShardingPlan:
         _check_sharder_hot_ids(module, sharders)
-        _check_constraint_tables(module, self._user_constraints)
+        _check_constraint_tables(module, self._user_constraints, sharders)
         self._comms = sharder_comms(sharders or [])
         mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
                                 _compat.planner_best_plan(self))
@@ -421,22 +433,28 @@ def _check_planner_numbers(max_hot_rows: Any, min_saving: Any, hot_budget_bytes:
         raise ValueError(f"collective_ms must be None or a finite number of ms >= 0, got {collective_ms!r}")
 
 
-def _table_names(module: Any) -> List[str]:
-    """Every embedding table of ``module`` (EmbeddingBagCollection- and EmbeddingCollection-like parts)."""
+def _table_names(module: Any, sharders: Optional[List[Any]] = None) -> List[str]:
+    """Every table of ``module`` a constraint may name: what the sharders declare shardable in
+    the submodules they shard (TorchRec's own rule), and every EmbeddingBagCollection- and
+    EmbeddingCollection-like part's tables."""
     names: Dict[str, None] = {}
     for _, m in module.named_modules():
         for attr in ("embedding_bag_configs", "embedding_configs"):
             configs = getattr(m, attr, None)
             if callable(configs):
                 names.update((c.name, None) for c in configs())
+        for s in sharders or []:
+            if isinstance(m, getattr(s, "module_type", ())):
+                names.update((n, None) for n in s.shardable_parameters(m))
     return list(names)
 
 
-def _check_constraint_tables(module: Any, constraints: Optional[Dict[str, ParameterConstraints]]) -> None:
+def _check_constraint_tables(module: Any, constraints: Optional[Dict[str, ParameterConstraints]],
+                             sharders: Optional[List[Any]] = None) -> None:
     """Constraints that name no table of ``module`` raise (a misspelt name would constrain nothing)."""
     if not constraints:
         return
-    tables = _table_names(module)
+    tables = _table_names(module, sharders)
     unknown = sorted(set(constraints) - set(tables))
     if unknown:
         shown = tables if len(tables) <= 30 else tables[:30] + [f"... {len(tables) - 30} more"]
