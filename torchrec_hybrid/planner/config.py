@@ -129,6 +129,16 @@ def _float_list(value: Any, where: str) -> List[float]:
     return [float(v) for v in value]
 
 
+def _known_names(value: Any, known: AbstractSet[str], where: str) -> List[str]:
+    """A non-empty list of names out of ``known``, or PlannerConfigError naming ``where``."""
+    if not isinstance(value, list) or not value:
+        raise PlannerConfigError(f"{where}: expected a non-empty list, got {value!r}")
+    bad = [v for v in value if v not in known]
+    if bad:
+        raise PlannerConfigError(f"{where}: unknown {bad}; known: {sorted(known)}")
+    return list(value)
+
+
 def parse_table_constraints(sec: Any, where: str = "tables") -> Dict[str, ParameterConstraints]:
     """``{table: {sharding_types: [...], ...}}`` -> ``{table: ParameterConstraints}``."""
     return _constraints(_mapping(sec, where), where)
@@ -141,24 +151,9 @@ def _constraints(sec: Dict[str, Any], prefix: str = "tables") -> Dict[str, Param
         spec = _mapping(spec, where)
         _check_keys(spec, _TABLE_KEYS, where)
         kw: Dict[str, Any] = {}
-        if "sharding_types" in spec:
-            types = spec["sharding_types"]
-            if not isinstance(types, list) or not types:
-                raise PlannerConfigError(f"{where}.sharding_types: expected a non-empty list")
-            bad = [t for t in types if t not in KNOWN_SHARDING_TYPES]
-            if bad:
-                raise PlannerConfigError(f"{where}.sharding_types: unknown {bad}; known: "
-                                         f"{sorted(KNOWN_SHARDING_TYPES)}")
-            kw["sharding_types"] = list(types)
-        if "compute_kernels" in spec:
-            kernels = spec["compute_kernels"]
-            if not isinstance(kernels, list) or not kernels:
-                raise PlannerConfigError(f"{where}.compute_kernels: expected a non-empty list, got {kernels!r}")
-            bad = [k for k in kernels if k not in KNOWN_COMPUTE_KERNELS]
-            if bad:
-                raise PlannerConfigError(f"{where}.compute_kernels: unknown {bad}; known: "
-                                         f"{sorted(KNOWN_COMPUTE_KERNELS)}")
-            kw["compute_kernels"] = list(kernels)
+        for key, known in (("sharding_types", KNOWN_SHARDING_TYPES), ("compute_kernels", KNOWN_COMPUTE_KERNELS)):
+            if key in spec:
+                kw[key] = _known_names(spec[key], known, f"{where}.{key}")
         for key in ("pooling_factors", "num_poolings"):
             if key in spec:
                 kw[key] = _float_list(spec[key], f"{where}.{key}")

@@ -437,12 +437,13 @@ def _table_names(module: Any, sharders: Optional[List[Any]] = None) -> List[str]
     """Every table of ``module`` a constraint may name: what the sharders declare shardable in
     the submodules they shard (TorchRec's own rule), and every EmbeddingBagCollection- and
     EmbeddingCollection-like part's tables."""
-    names: Dict[str, None] = {}
+    from torchrec_hybrid.sharding_plan import embedding_table_names
+
+    names: Dict[str, None] = dict.fromkeys(embedding_table_names(module))
     for _, m in module.named_modules():
-        for attr in ("embedding_bag_configs", "embedding_configs"):
-            configs = getattr(m, attr, None)
-            if callable(configs):
-                names.update((c.name, None) for c in configs())
+        configs = getattr(m, "embedding_configs", None)  # EmbeddingCollection-like parts
+        if callable(configs):
+            names.update((c.name, None) for c in configs())
         for s in sharders or []:
             if isinstance(m, getattr(s, "module_type", ())):
                 names.update((n, None) for n in s.shardable_parameters(m))
