@@ -3,9 +3,11 @@
     .venv/bin/python -m examples.dlrm.results            # writes examples/dlrm/results/default_w2.json
     .venv/bin/python -m examples.dlrm.results --out /tmp/r.json --set train.steps=100
 
-Runs ``train.py`` under torchrun (2 ranks, gloo on CPU) once per planner, one after the
-other - or ``--repeats N`` rounds, the planners alternating with the order rotated each round,
-so a busy machine slows them alike - and stores each planner's median run (by samples/s; its
+Runs ``train.py`` under torchrun (2 ranks, gloo on CPU) once per planner - ``hybrid`` (the
+config's prices: this device's), ``hybrid-network`` (the hybrid planner priced for a
+network-bound cluster) and ``stock`` by default - one after the other, or ``--repeats N``
+rounds, the planners alternating with the order rotated each round, so a busy machine slows
+them alike - and stores each planner's median run (by samples/s; its
 final JSON line, wall time with start-up, command) and every run's samples/s, plus the
 commit. ``examples/dlrm/README.md`` quotes this file; the test
 ``tests/examples/test_dlrm_readme.py`` fails when a quoted figure drifts from it.
@@ -22,19 +24,36 @@ import subprocess
 import sys
 import time
 from statistics import median
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "examples", "dlrm", "results", "default_w2.json")
 logger = logging.getLogger("examples.dlrm.results")
 
 
-def run_once(planner: str, config: str, nproc: int, overrides: List[str], timeout: float) -> Dict[str, Any]:
+# what each row of the table runs: train.py's --planner, plus the overrides that make the row
+# (hybrid-network: the hybrid planner priced for a network-bound cluster on any device)
+PLANNERS: Dict[str, Tuple[str, List[str]]] = {
+    "hybrid": ("hybrid", []),
+    "hybrid-network": ("hybrid", ["sharding.hot_set.compute_costs=network"]),
+    "stock": ("stock", []),
+    "manual": ("manual", []),
+}
+
+
+def command(planner: str, config: str, nproc: int, overrides: List[str]) -> List[str]:
+    """The torchrun command line of one run of row ``planner`` (the user's overrides last)."""
     torchrun = os.path.join(os.path.dirname(sys.executable), "torchrun")
+    train_planner, own = PLANNERS[planner]
     cmd = [torchrun, "--nproc_per_node", str(nproc), "examples/dlrm/train.py", "--config", config,
-           "--planner", planner, "--set", "train.progress_bar=false"]
-    for o in overrides:
+           "--planner", train_planner, "--set", "train.progress_bar=false"]
+    for o in own + overrides:
         cmd += ["--set", o]
+    return cmd
+
+
+def run_once(planner: str, config: str, nproc: int, overrides: List[str], timeout: float) -> Dict[str, Any]:
+    cmd = command(planner, config, nproc, overrides)
     t0 = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
     wall = time.perf_counter() - t0
@@ -117,7 +136,7 @@ def commit() -> Optional[str]:
 def main(argv: Optional[List[str]] = None) -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default="configs/dlrm.yaml")
-    p.add_argument("--planners", nargs="+", default=["hybrid", "stock"], choices=["hybrid", "stock", "manual"])
+    p.add_argument("--planners", nargs="+", default=["hybrid", "hybrid-network", "stock"], choices=list(PLANNERS))
     p.add_argument("--nproc", type=int, default=2)
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--out", default=DEFAULT_OUT)

@@ -14,7 +14,7 @@ def test_readme_table_is_the_results_file():
         text = f.read()
     table = text.split(START, 1)[1].split(END, 1)[0].strip()
     assert table == readme_table(results), "README table drifted: run python -m examples.dlrm.results --readme"
-    assert set(results["runs"]) >= {"hybrid", "stock"}
+    assert set(results["runs"]) >= {"hybrid", "hybrid-network", "stock"}
 
 
 def test_readme_has_no_stale_figures():
@@ -29,3 +29,19 @@ def test_readme_has_no_stale_figures():
     for m in re.finditer(r"(\d+) s wall", outside):
         assert m.group(1) in walls, m.group(0)
     assert os.path.exists(DEFAULT_OUT)
+
+
+def test_results_rows_run_the_planner_they_name():
+    from examples.dlrm.results import command
+
+    def sets(cmd):
+        return [cmd[i + 1] for i, a in enumerate(cmd) if a == "--set"]
+
+    hybrid = command("hybrid", "configs/dlrm.yaml", 2, ["train.steps=5"])
+    network = command("hybrid-network", "configs/dlrm.yaml", 2, ["train.steps=5"])
+    stock = command("stock", "configs/dlrm.yaml", 2, [])
+    assert hybrid[hybrid.index("--planner") + 1] == network[network.index("--planner") + 1] == "hybrid"
+    assert stock[stock.index("--planner") + 1] == "stock"
+    assert "sharding.hot_set.compute_costs=network" not in sets(hybrid)
+    # the row's own override first, so a user's --set of the same key still wins
+    assert sets(network) == ["train.progress_bar=false", "sharding.hot_set.compute_costs=network", "train.steps=5"]
