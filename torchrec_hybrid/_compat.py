@@ -43,6 +43,19 @@ class SplitsRows:
         self.rows, self.pg = rows, pg
         self.attached = False
         self.received: Optional[List[List[int]]] = None
+        self._exchange: Optional["_SplitsAllToAllWithRows"] = None  # the exchange that took them
+
+    def wait(self) -> List[List[int]]:
+        """The received rows, waiting for the exchange that carries them where TorchRec has
+        not: ``TrainPipelineSparseDist.attach`` re-runs the in-flight batch's input dists and
+        then computes on the tensors of their first run, so the re-run's split sizes are
+        never waited for by TorchRec (every rank started that exchange: waiting is safe)."""
+        if self.received is None:
+            if self._exchange is None:
+                raise RuntimeError("no split-size exchange took these rows (attached is False)")
+            self._exchange.wait()
+        assert self.received is not None  # set by the exchange's _wait_impl
+        return self.received
 
 
 _pending_rows: List[SplitsRows] = []
@@ -63,6 +76,7 @@ class _SplitsAllToAllWithRows(_tr_dist_data.SplitsAllToAllAwaitable):
                 and not torch.compiler.is_compiling()):
             carried = pending
             carried.attached = True
+            carried._exchange = self
             like = input_tensors[0]
             input_tensors = [r.to(device=like.device, dtype=like.dtype) for r in carried.rows] + list(input_tensors)
         self._carried = carried

@@ -142,7 +142,8 @@ class IdCheck:
     carried: every rank's report rides the hybrid cold metadata and arrives in the lookup
         input (:attr:`HybridLookupInput.id_reports`).
     rider: otherwise, every rank's report as extra rows of a stock input dist's split-size
-        all-to-all (``_compat.splits_exchange_with_rows``), read when TorchRec reads the splits.
+        all-to-all (``_compat.splits_exchange_with_rows``), read when TorchRec reads the splits
+        (or, where it never does - a pipeline's ``attach`` re-runs the input dists - here).
     gathered / work: else (no exchange took the rows, :meth:`input_dist`) the async
         exchange of every rank's report (an all-to-all of its own; None on one rank).
     batch: the batch as this rank got it, where a bad id or weight is searched for when
@@ -164,11 +165,7 @@ class IdCheck:
             assert words is not None  # carried: the cold metadata brought every rank's report
             return id_reports_from_words(words)
         if self.rider is not None:
-            received = self.rider.received
-            if received is None:
-                raise RuntimeError("the id check's reports ride the input dist's split sizes, which were not "
-                                   "waited for before the lookups")
-            codes, index, value = received
+            codes, index, value = self.rider.wait()  # host ints already, unless TorchRec never waited them
             if not any(codes):  # every step but a rejected one: no per-rank work
                 return [[0, 0, 0]] * len(codes)
             return [list(r) for r in zip(codes, index, value)]
