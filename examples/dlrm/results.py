@@ -78,8 +78,8 @@ def _fmt(v: Any, spec: str) -> str:
 def readme_table(results: Dict[str, Any]) -> str:
     """The README's comparison table, rendered from a results file."""
     rows = ["| planner | plan | hot rows | embedding bytes / rank / step | final loss | AUC | NE "
-            "| validation AUC / NE | samples/s | wall |",
-            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+            "| validation AUC / NE | samples/s | vs stock (per round) | wall |",
+            "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
     for planner, run in results["runs"].items():
         r = run["result"]
         types: Dict[str, int] = {}
@@ -91,8 +91,20 @@ def readme_table(results: Dict[str, Any]) -> str:
         rows.append(f"| {planner} | {plan} | {r.get('hot_rows', 0):,} | {_fmt(r.get('bytes_per_step'), ',.0f')} "
                     f"| {_fmt(r.get('loss'), '.4f')} | {_fmt(r.get('auc'), '.4f')} | {_fmt(r.get('ne'), '.4f')} "
                     f"| {_fmt(r.get('val_auc'), '.4f')} / {_fmt(r.get('val_ne'), '.4f')} "
-                    f"| {_speed(r, results.get('repeats', {}).get(planner))} | {run['wall_s']:.0f} s |")
+                    f"| {_speed(r, results.get('repeats', {}).get(planner))} "
+                    f"| {_versus_stock(results, planner)} | {run['wall_s']:.0f} s |")
     return "\n".join(rows)
+
+
+def _versus_stock(results: Dict[str, Any], planner: str) -> str:
+    """This row's samples/s over the stock row's: the medians', then round by round (each
+    round runs every planner once, so a round's ratio compares runs made close in time)."""
+    repeats = results.get("repeats", {})
+    mine, stock = repeats.get(planner), repeats.get("stock")
+    if planner == "stock" or not mine or not stock:
+        return "-"
+    rounds = ", ".join(f"{a / b:.2f}x" for a, b in zip(mine, stock))
+    return f"{median(mine) / median(stock):.2f}x ({rounds})"
 
 
 def _speed(result: Dict[str, Any], repeats: Optional[List[float]]) -> str:
