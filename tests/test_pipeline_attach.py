@@ -17,10 +17,10 @@ from torch.distributed._shard.sharded_tensor import ShardedTensor
 
 from tests.models import OPTIMIZERS, full_weight
 from tests.multiprocess import run_ranks
-from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
+from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, InvalidIdError, frequency_hybrid
 
 
-def detach_attach_losses(rank, world, kind):
+def detach_attach_losses(rank, world, kind, bad_batch=None):
     from torchrec.datasets.utils import Batch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -48,9 +48,11 @@ def detach_attach_losses(rank, world, kind):
 
     def batches(seed):
         g = torch.Generator().manual_seed(seed)
-        for _ in itertools.count():
-            sparse = torchrec.KeyedJaggedTensor(keys=keys, values=torch.randint(0, 20, (6 * len(keys),), generator=g),
-                                                lengths=torch.full((3 * len(keys),), 2))
+        for i in itertools.count():
+            values = torch.randint(0, 20, (6 * len(keys),), generator=g)
+            if i == bad_batch and seed == 100 + world - 1:  # the last rank's training batch: an id of no row
+                values[0] = 10**6
+            sparse = torchrec.KeyedJaggedTensor(keys=keys, values=values, lengths=torch.full((3 * len(keys),), 2))
             yield Batch(dense_features=torch.rand(3, 4, generator=g), sparse_features=sparse,
                         labels=torch.randint(0, 2, (3,), generator=g).float())
 
@@ -66,7 +68,7 @@ def detach_attach_losses(rank, world, kind):
             if not isinstance(v, ShardedTensor):
                 v.copy_(full[k])
     out = {}
-    for name, dmp in (("ours", ours), ("stock", stock)):
+    for name, dmp in (("ours", ours),) if bad_batch is not None else (("ours", ours), ("stock", stock)):
         opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1)
         pipeline = TrainPipelineSparseDist(dmp, opt, torch.device("cpu"))
         train, held_out = batches(100 + rank), batches(200 + rank)
@@ -77,6 +79,10 @@ def detach_attach_losses(rank, world, kind):
             val = [model(next(held_out))[0].item() for _ in range(2)]
         model.train()
         pipeline.attach(model)
+        if bad_batch is not None:  # the in-flight batch, whose verdict rides the re-run's split sizes
+            with pytest.raises(InvalidIdError) as err:
+                pipeline.progress(train)
+            return str(err.value)
         losses += [pipeline.progress(train)[0].item() for _ in range(3)]
         out[name] = (losses, val)
     return out
@@ -87,3 +93,11 @@ def test_validation_between_pipeline_steps_matches_stock(kind):
     for got in run_ranks(detach_attach_losses, 2, timeout=120, kind=kind):
         assert got["ours"][0] == pytest.approx(got["stock"][0], rel=1e-5, abs=1e-6)
         assert got["ours"][1] == pytest.approx(got["stock"][1], rel=1e-5, abs=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["tw", "fh+tw"])
+def test_bad_id_in_flight_at_attach_fails_on_every_rank(kind):
+    """The verdict the module reads after ``attach`` is the in-flight batch's own: a bad id
+    there fails every rank with the same error, naming the rank that had it."""
+    messages = run_ranks(detach_attach_losses, 2, timeout=120, kind=kind, bad_batch=3)
+    assert messages[0] == messages[1] and "rank 1" in messages[0] and "'f0'" in messages[0], messages

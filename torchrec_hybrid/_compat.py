@@ -88,6 +88,7 @@ class _SplitsAllToAllWithRows(_tr_dist_data.SplitsAllToAllAwaitable):
             return ret
         n = len(self._carried.rows)
         self._carried.received = ret[:n]
+        self._carried._exchange = None  # received: no cycle between the rows and this exchange
         return ret[n:]
 
 
