@@ -13,9 +13,7 @@ import pytest
 import torch
 import torchrec
 
-from torch.distributed._shard.sharded_tensor import ShardedTensor
-
-from tests.models import OPTIMIZERS, full_weight
+from tests.models import OPTIMIZERS
 from tests.multiprocess import run_ranks
 from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, InvalidIdError, frequency_hybrid
 
@@ -34,11 +32,14 @@ def detach_attach_losses(rank, world, kind, bad_batch=None):
     keys = [c.feature_names[0] for c in configs]
     path = "model.sparse_arch.embedding_bag_collection"
 
+    def dlrm(device):
+        ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device(device))
+        return DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=4, dense_arch_layer_sizes=[8],
+                              over_arch_layer_sizes=[4, 1], dense_device=torch.device("cpu")))
+
     def build(sharder, hybrid):
-        torch.manual_seed(0)
-        ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
-        model = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=4, dense_arch_layer_sizes=[8],
-                               over_arch_layer_sizes=[4, 1], dense_device=torch.device("cpu")))
+        model = dlrm("meta")
+        ebc = model.model.sparse_arch.embedding_bag_collection
         first = {"tw": table_wise(rank=0), "tw+dp": data_parallel(),
                  "fh+tw": frequency_hybrid() if hybrid else table_wise(rank=0)}[kind]
         spec = {c.name: (first if i == 0 else table_wise(rank=i % world)) for i, c in enumerate(configs)}
@@ -59,14 +60,10 @@ def detach_attach_losses(rank, world, kind, bad_batch=None):
     hot = {"t0": torch.tensor([0, 1, 2])} if kind == "fh+tw" else None
     ours = build(HybridEmbeddingBagCollectionSharder(hot_ids=hot, fused_params=OPTIMIZERS["sgd"]), hybrid=True)
     stock = build(EmbeddingBagCollectionSharder(fused_params=OPTIMIZERS["sgd"]), hybrid=False)
-    full = {k: full_weight(v) for k, v in ours.state_dict().items()}  # same keys and order on every rank
-    with torch.no_grad():  # the stock model starts from our weights, whatever either plan's layout
-        for k, v in stock.state_dict().items():
-            for s in v.local_shards() if isinstance(v, ShardedTensor) else []:
-                s.tensor.copy_(full[k][tuple(slice(a, a + n) for a, n in zip(s.metadata.shard_offsets,
-                                                                              s.metadata.shard_sizes))])
-            if not isinstance(v, ShardedTensor):
-                v.copy_(full[k])
+    torch.manual_seed(0)
+    reference = dlrm("cpu").state_dict()  # both start from one unsharded model's weights
+    ours.load_state_dict(reference.copy())  # DMP renames the dense keys of the dict it gets in place
+    stock.load_state_dict(reference.copy())
     out = {}
     for name, dmp in (("ours", ours),) if bad_batch is not None else (("ours", ours), ("stock", stock)):
         opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1)
