@@ -43,7 +43,8 @@ def hot_ids(spec: Optional[Dict[str, List[int]]] = None) -> Dict[str, torch.Tens
 
 def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = False):
     """DMP over an EBC with the given per-table plan kinds: 'tw', 'rw', 'cw', 'dp' (stock), 'hybrid'
-    (even row-wise cold blocks), 'hybrid_tw' (every cold row on one rank), 'hybrid_uneven' (uneven
+    (even row-wise cold blocks), 'hybrid_tw' (every cold row on one rank; 'hybrid_tw_mh': planned as
+    multi-hot, so its owner looks it up in a TBE call of its own), 'hybrid_uneven' (uneven
     row blocks), 'hybrid_cw' (two column slices, each on one rank: the ranks of 'cw'))."""
     from torchrec.distributed.sharding_plan import column_wise, data_parallel, row_wise
 
@@ -54,6 +55,7 @@ def build(configs, world: int, kinds: Dict[str, str], sharder, weighted: bool = 
         gens[c.name] = {
             "hybrid": lambda: frequency_hybrid(),
             "hybrid_tw": lambda: frequency_hybrid(cold="table_wise", rank=(i + 1) % world),
+            "hybrid_tw_mh": lambda: frequency_hybrid(cold="table_wise", rank=(i + 1) % world, pooling_factor=4.0),
             "hybrid_uneven": lambda: frequency_hybrid(row_bounds=uneven_bounds(c.num_embeddings, world)),
             "hybrid_cw": lambda: frequency_hybrid(cold="column_wise", ranks=[i % world, (i + 1) % world]),
             "tw": lambda: table_wise(rank=i % world, compute_kernel="fused"),

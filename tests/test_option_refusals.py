@@ -196,6 +196,8 @@ def test_an_error_planning_on_rank_0_is_raised_on_every_rank():
     (dict(cold="table_wise", rank=3), "frequency_hybrid(cold='table_wise', rank=3) for a 10 x 8 table: rank(s) [3] "
                                       "outside [0, 2)"),
     (dict(cold="column_wise", ranks=[0, 5]), "rank(s) [0, 5] outside [0, 2)"),
+    (dict(cold="table_wise", rank=0, pooling_factor=0), "frequency_hybrid(pooling_factor=0): expected a number > 0"),
+    (dict(pooling_factor="3"), "frequency_hybrid(pooling_factor='3'): expected a number > 0"),
 ])
 def test_hand_written_hybrid_plans_with_bad_arguments_name_the_call(kwargs, words):
     import torchrec

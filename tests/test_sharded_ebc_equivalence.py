@@ -232,7 +232,7 @@ def test_refreshed_hot_sets_train_like_table_wise(world, opt, in_flight, kinds):
 
 
 @pytest.mark.parametrize("world", [1, 2, 4])
-@pytest.mark.parametrize("layout", ["hybrid_tw", "hybrid_uneven", "hybrid_cw"])
+@pytest.mark.parametrize("layout", ["hybrid_tw", "hybrid_tw_mh", "hybrid_uneven", "hybrid_cw"])
 def test_cold_layouts_train_like_table_wise(world, layout):
     """Table-wise cold (every cold row on one owner), uneven row blocks and column slices, multi-hot bags
     (column slices against stock column_wise: row-wise Adagrad keeps an accumulator per slice)."""
@@ -261,6 +261,41 @@ def test_mixed_cold_layouts_match_table_wise(case):
     else:
         sliced = {"t0": "hybrid_cw", "t1": "hybrid_uneven", "t2": "hybrid_tw", "t3": "tw"}
     run_ranks(train_pair, 3, kinds=sliced, **case)
+
+
+def _owner_lanes(rank, world):
+    """A table-wise cold table planned multi-hot is looked up in a TBE call of its own (one feature
+    per feature), a one-hot one as W virtual features beside the light tables."""
+    from torchrec_hybrid.sharding.lookup import HybridLookup
+
+    configs = tables()
+    kinds = {"t0": "hybrid_tw_mh", "t1": "hybrid_tw", "t2": "hybrid_tw", "t3": "hybrid_tw_mh"}
+    mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=dict(OPTIMIZERS["sgd"])))
+    (lookup,) = [m for m in mh.module._lookups if isinstance(m, HybridLookup)]
+    owned = [c for i, c in enumerate(configs) if (i + 1) % world == rank]
+    multi = [f for c in owned if kinds[c.name] == "hybrid_tw_mh" for f in c.feature_names]
+    virtual = [f"{f}@{v}" for c in owned if kinds[c.name] == "hybrid_tw" for f in c.feature_names for v in range(world)]
+    keys = lookup._lane_keys
+    if multi:
+        assert keys[1:] == [multi], keys
+    else:
+        assert len(keys) == 1, keys
+    assert set(virtual) <= set(keys[0]) and not any("@" in k for k in keys[0] if k not in virtual), keys
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_multi_hot_heavy_tables_get_a_tbe_call_of_their_own(world):
+    run_ranks(_owner_lanes, world)
+
+
+@pytest.mark.parametrize("case", [dict(opt="rowwise_adagrad"), dict(opt="sgd", weighted=True), dict(opt="rowwise_adagrad",
+                                                                                                 mean=True)],
+                         ids=["rowwise-adagrad", "weighted-sgd", "mean"])
+def test_one_hot_and_multi_hot_heavy_tables_train_like_table_wise(case):
+    """Virtual features and a lane of its own in one owner's lookup, on 2 and 3 ranks."""
+    kinds = {"t0": "hybrid_tw_mh", "t1": "hybrid_tw", "t2": "hybrid_tw", "t3": "hybrid_tw_mh"}
+    for world in (2, 3):
+        run_ranks(train_pair, world, kinds=kinds, **case)
 
 
 def _without_key_maps(rank, world, **case):

@@ -1,6 +1,7 @@
 """Hand-written plans: a ``frequency_hybrid()`` generator for ``construct_module_sharding_plan``,
 and ``check_hot_ids``: user-given hot ids against the tables and the plan."""
 
+import dataclasses
 import numbers
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
@@ -10,6 +11,7 @@ import torch
 from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan, ShardMetadata
 
+from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError
 
@@ -26,7 +28,8 @@ def hybrid_spec(slices: Sequence[row_blocks.ColumnSlice], placements: Sequence[A
 
 
 def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_WISE, rank: Optional[int] = None,
-                     row_bounds: Optional[Sequence[int]] = None, ranks: Optional[Sequence[int]] = None):
+                     row_bounds: Optional[Sequence[int]] = None, ranks: Optional[Sequence[int]] = None,
+                     pooling_factor: Optional[float] = None):
     """Like TorchRec's ``row_wise()`` / ``table_wise(rank)`` / ``column_wise(ranks)``, for
     frequency_hybrid tables.
 
@@ -40,6 +43,11 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
     - ``cold="column_wise", ranks=[k_0, ...]``: the columns cut in ``len(ranks)`` slices as
       stock column_wise cuts them, slice s laid out table-wise on rank ``k_s`` (for tables
       too big or too hot for one rank).
+
+    ``pooling_factor``: ids per sample of the table's bags, as TorchRec's
+    ``ParameterConstraints.pooling_factors`` give it (the planner writes the measured one).
+    With 2 or more, the owner of a table-wise cold layout looks the table up in a TBE call of
+    its own, which FBGEMM's CPU backward runs far faster on multi-hot bags (lookup.py).
     """
     if cold not in row_blocks.COLD_LAYOUTS:
         raise ValueError(f"cold layout {cold!r} is not one of {list(row_blocks.COLD_LAYOUTS)}")
@@ -51,6 +59,9 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         raise ValueError("ranks= is for cold='column_wise'")
     if cold == row_blocks.ROW_WISE and rank is not None:
         raise ValueError("rank= is for cold='table_wise'; a row-wise cold layout spans every rank")
+    if pooling_factor is not None and (isinstance(pooling_factor, bool) or not isinstance(pooling_factor, numbers.Real)
+                                       or not pooling_factor > 0):
+        raise ValueError(f"frequency_hybrid(pooling_factor={pooling_factor!r}): expected a number > 0")
     if isinstance(row_bounds, torch.Tensor) and not row_bounds.is_floating_point():
         row_bounds = row_bounds.tolist()  # e.g. from row_blocks.balanced_bounds' tensors
     for what, values in (("rank", [] if rank is None else [rank]), ("ranks", list(ranks or [])),
@@ -64,6 +75,13 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
 
     def _generator(param, local_size, world_size, device_type, sharder, placements: Optional[List] = None
                    ) -> ParameterSharding:
+        ps = _sharding(param, local_size, world_size, device_type, sharder)
+        if pooling_factor is None:
+            return ps
+        return HybridParameterSharding(**{f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)},
+                                       pooling_factor=float(pooling_factor))
+
+    def _sharding(param, local_size, world_size, device_type, sharder) -> ParameterSharding:
         rows, cols = param.shape
         owners = [rank] if rank is not None else list(ranks or [])
         if any(r >= world_size for r in owners):

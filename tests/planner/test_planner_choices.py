@@ -109,6 +109,8 @@ def test_multi_hot_bags_pick_table_wise_cold():
     cons = {c.name: ParameterConstraints(pooling_factors=[30.0]) for c in cfg}
     planner, plan = plan_for(cfg, st, constraints=cons, batch=512, compute_costs=None)
     assert all(ps.sharding_type == FREQUENCY_HYBRID and ps.cold_layout == "table_wise" for ps in plan.values())
+    # the plan says how many ids a bag holds, so the owners look these tables up in a TBE call of their own
+    assert all(ps.pooling_factor == 30.0 for ps in plan.values())
     owners = {max(range(4), key=lambda r: ps.sharding_spec.shards[r].shard_sizes[0]) for ps in plan.values()}
     assert owners == {0, 1, 2, 3}  # identical tables spread over the ranks
     # one-hot, the same tables: both layouts cost the same bytes, and every table gets the same choice

@@ -365,7 +365,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             base = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
             base.update(sharding_spec=spec, ranks=list(range(topo.world_size)))
             module_plan[so.name] = HybridParameterSharding(**base, hot_ids=ids.clone(), hot_rows=int(ids.numel()),
-                                                           cold_layout=choice.cold_layout)
+                                                           cold_layout=choice.cold_layout,
+                                                           pooling_factor=max(so.input_lengths, default=None))
             logger.info("table %s: frequency_hybrid, %s cold, %d hot rows (coverage %.3f, %s)", so.name,
                         choice.cold_layout, ids.numel(), choice.coverage, choice.source)
         return plan

@@ -19,11 +19,17 @@ class HybridParameterSharding(ParameterSharding):
 
     hot_ids: sorted distinct int64 row ids replicated on every rank (None: the sharder's).
     hot_rows: number of hot rows the planner priced (== hot_ids.numel() when ids are known).
+    cold_layout: where the cold rows live (row_blocks.py).
+    pooling_factor: the planner's ids per sample of the table's busiest feature (its sharding
+        option's ``input_lengths``: measured, or the constraints'); None when unknown. The
+        owner of a table-wise cold multi-hot table looks it up in a TBE call of its own
+        (lookup.py: ``_lanes``).
     """
 
     hot_ids: Optional[torch.Tensor] = None
     hot_rows: int = 0
     cold_layout: str = "row_wise"
+    pooling_factor: Optional[float] = None
 
     def __eq__(self, other: object) -> bool:  # dataclass eq would call bool() on a tensor
         if not isinstance(other, HybridParameterSharding):

@@ -84,28 +84,40 @@ def _decays(config: GroupedEmbeddingConfig) -> bool:
     return bool((config.fused_params or {}).get("weight_decay", 0.0))
 
 
-def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int], world: int):
+# A heavy table whose bags hold at least this many ids on average (the plan's pooling factor)
+# gets a TBE call of its own instead of virtual features: FBGEMM's CPU backward takes its
+# vectorised path (fbgemm's SpMDM + rowwise-AdaGrad kernels) only for a table looked up by
+# one feature, and a shared table's scalar path cost the owner of the DLRMv2 multi-hot
+# tables' heaviest bags ~2x its backward; a second call and the concatenation of the two
+# outputs cost more than that path with one id per bag (docs/architecture.md §2, step 3).
+MULTI_HOT_POOLING = 2.0
+
+
+def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int], world: int, own_lane: Optional[Set[int]] = None):
     """The lanes of the groups (cells.LaneLayout): per group, its tables with rows here as
     one lane, each feature of a heavy table (``heavy``: indices in the sharding's table
-    order) as ``world`` virtual features of the same table; with weight decay, two lanes
-    instead, the light tables and the heavy ones (no virtual features, :func:`_decays`).
-    Empty lanes are dropped. Returns the lanes' configs, per lane its features' indices in
-    the sharding's order, and per feature its slots (set-up time loops)."""
+    order) as ``world`` virtual features of the same table, except the heavy tables in
+    ``own_lane`` (multi-hot bags, :data:`MULTI_HOT_POOLING`), which form a second lane of
+    their own, one feature each; with weight decay every heavy table goes to that lane
+    (:func:`_decays`). Empty lanes are dropped. Returns the lanes' configs, per lane its
+    features' indices in the sharding's order, and per feature its slots (set-up time loops)."""
+    own_lane = own_lane or set()
     out: list = []
     features: List[List[int]] = []
     slots: List[int] = []
     t0 = f0 = 0
     for c in configs:
-        split = _decays(c)
-        n_slots = [1 if split or t0 + i not in heavy else world for i in range(len(c.embedding_tables))]
-        lanes = [(False,), (True,)] if split else [(False, True)]  # which tables (heavy or not) each lane holds
-        for kinds in lanes:
+        decays = _decays(c)
+        # per table: its lane (0: the group's, 1: the heavy tables' own) and its virtual features
+        lane = [int(t0 + i in heavy and (decays or t0 + i in own_lane)) for i in range(len(c.embedding_tables))]
+        n_slots = [world if t0 + i in heavy and not lane[i] else 1 for i in range(len(c.embedding_tables))]
+        for g in (0, 1):
             tables: list = []
             fs: List[int] = []
             f = f0
             for i, t in enumerate(c.embedding_tables):
                 nf = t.num_features()
-                if (t0 + i in heavy) in kinds and t.local_rows > 0:  # a 0-row column slice: no TBE
+                if lane[i] == g and t.local_rows > 0:  # a 0-row column slice: no TBE
                     n = n_slots[i]
                     names = [f"{name}@{v}" for name in t.feature_names for v in range(n)] if n > 1 else t.feature_names
                     tables.append(dataclasses.replace(t, feature_names=names))
@@ -130,6 +142,8 @@ class HybridLookup(nn.Module):
         pg / device / env: as for stock lookups.
         heavy_tables: tables (indices in the groups' table order) whose cold rows are mostly on
             this rank: each of their features looked up as W virtual features (cells.LaneLayout).
+        own_lane_tables: the heavy tables with multi-hot bags: looked up in a TBE call of their
+            own instead, one feature each (:func:`_lanes`).
     """
 
     def __init__(
@@ -139,11 +153,13 @@ class HybridLookup(nn.Module):
         device: torch.device,
         env: Optional[ShardingEnv] = None,
         heavy_tables: Optional[Set[int]] = None,
+        own_lane_tables: Optional[Set[int]] = None,
     ) -> None:
         super().__init__()
         self._feature_splits = [c.num_features() for c in grouped_configs]
         self._num_features = sum(self._feature_splits)
-        lane_configs, lane_features, slots = _lanes(grouped_configs, set(heavy_tables or ()), pg.size())
+        lane_configs, lane_features, slots = _lanes(grouped_configs, set(heavy_tables or ()), pg.size(),
+                                                      set(own_lane_tables or ()))
         self.cold = GroupedPooledEmbeddingsLookup(
             lane_configs, pg=pg, device=device, sharding_type=ShardingType.ROW_WISE, env=env
         )
