@@ -270,7 +270,8 @@ def _owner_lanes(rank, world):
 
     configs = tables()
     kinds = {"t0": "hybrid_tw_mh", "t1": "hybrid_tw", "t2": "hybrid_tw", "t3": "hybrid_tw_mh"}
-    mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=dict(OPTIMIZERS["sgd"])))
+    sharder = HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=dict(OPTIMIZERS["sgd"]))
+    mh = build(configs, world, kinds, sharder)
     (lookup,) = [m for m in mh.module._lookups if isinstance(m, HybridLookup)]
     owned = [c for i, c in enumerate(configs) if (i + 1) % world == rank]
     multi = [f for c in owned if kinds[c.name] == "hybrid_tw_mh" for f in c.feature_names]
@@ -288,8 +289,8 @@ def test_multi_hot_heavy_tables_get_a_tbe_call_of_their_own(world):
     run_ranks(_owner_lanes, world)
 
 
-@pytest.mark.parametrize("case", [dict(opt="rowwise_adagrad"), dict(opt="sgd", weighted=True), dict(opt="rowwise_adagrad",
-                                                                                                 mean=True)],
+@pytest.mark.parametrize("case", [dict(opt="rowwise_adagrad"), dict(opt="sgd", weighted=True),
+                                  dict(opt="rowwise_adagrad", mean=True)],
                          ids=["rowwise-adagrad", "weighted-sgd", "mean"])
 def test_one_hot_and_multi_hot_heavy_tables_train_like_table_wise(case):
     """Virtual features and a lane of its own in one owner's lookup, on 2 and 3 ranks."""
