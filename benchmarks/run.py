@@ -6,7 +6,7 @@
 --quick     < 5 min on a 2-core CPU box: a subset of the sweep (SUBSETS), the hot-row sweep,
             the simulator
 --headline  the core issue's acceptance configuration alone; prints its ratios
-(default)   < 15 min: headline + W in {2, 4} x {ebc, dlrm} x {one-hot, multi-hot} x
+(default)   ~20 min: headline + W in {2, 4} x {ebc, dlrm} x {one-hot, multi-hot} x
             {Zipf 1.05, 1.1, 1.2, uniform} at a smaller table cap, hot-row sweep, simulator
 
 Overrides (--world, --batch, --rows-cap, --dim, --alpha, --multi-hot/--one-hot, --model,
@@ -54,7 +54,7 @@ SUBSETS = {
              "rank, 500 hot rows, 6 timed steps after 1 warm-up; the headline is not part of quick "
              "(python benchmarks/run.py --headline)",
     "full": "the headline, plus all of W in {2,4} x {ebc,dlrm} x {one-hot,multi-hot} x {Zipf 1.05,1.1,1.2,"
-            "uniform} at the quick sizes (cap 10,000 rows, B=256, 500 hot rows, 6 timed steps)",
+            "uniform} at the quick sizes (cap 10,000 rows, B=256, 500 hot rows), 40 timed steps after 2 warm-up",
     "headline": "the acceptance configuration only",
 }
 
