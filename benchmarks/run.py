@@ -6,7 +6,7 @@
 --quick     < 5 min on a 2-core CPU box: a subset of the sweep (SUBSETS), the hot-row sweep,
             the simulator
 --headline  the core issue's acceptance configuration alone; prints its ratios
-(default)   ~20 min: headline + W in {2, 4} x {ebc, dlrm} x {one-hot, multi-hot} x
+(default)   < 15 min: headline + W in {2, 4} x {ebc, dlrm} x {one-hot, multi-hot} x
             {Zipf 1.05, 1.1, 1.2, uniform} at a smaller table cap, hot-row sweep, simulator
 
 Overrides (--world, --batch, --rows-cap, --dim, --alpha, --multi-hot/--one-hot, --model,
