@@ -48,7 +48,7 @@ def heaviest_table(plan, stats) -> str:
 
 def with_cold_layout(plan, tables, name: str, layout: str, world: int):
     """``plan`` with table ``name`` switched to ``layout`` cold (table-wise: on the rank after its
-    current owner's; column-wise: one slice per rank), its hot ids kept."""
+    current owner's; column-wise: one slice per rank), its hot ids and pooling factor kept."""
     from torchrec_hybrid.planner.types import HybridParameterSharding
     from torchrec_hybrid.sharding_plan import frequency_hybrid
 
@@ -66,7 +66,7 @@ def with_cold_layout(plan, tables, name: str, layout: str, world: int):
     fields = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
     fields["ranks"] = list(range(world))
     module_plan[name] = HybridParameterSharding(**fields, hot_ids=old.hot_ids.clone(), hot_rows=old.hot_rows,
-                                                cold_layout=layout)
+                                                cold_layout=layout, pooling_factor=old.pooling_factor)
     return out
 
 

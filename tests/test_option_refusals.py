@@ -224,3 +224,23 @@ def test_hand_written_row_bounds_may_be_an_integer_tensor():
                                           sharder=HybridEmbeddingBagCollectionSharder(), local_size=2, world_size=2,
                                           device_type="cpu")
     assert [s.shard_sizes[0] for s in plan["t"].sharding_spec.shards] == [3, 7]
+
+
+@pytest.mark.parametrize("cold, kw", [("table_wise", dict(rank=1)), ("column_wise", dict(ranks=[0, 1])),
+                                      ("row_wise", {})])
+def test_a_hand_written_pooling_factor_keeps_the_rest_of_the_entry(cold, kw):
+    """``frequency_hybrid(..., pooling_factor=)`` gives the same entry as without it, plus the factor."""
+    import torchrec
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+
+    from torchrec_hybrid import frequency_hybrid
+
+    ebc = torchrec.EmbeddingBagCollection(tables=planner_tables({"t": 10}, dim=8), device=torch.device("meta"))
+    entries = [construct_module_sharding_plan(ebc, {"t": frequency_hybrid(cold=cold, **kw, **extra)},
+                                              sharder=HybridEmbeddingBagCollectionSharder(), local_size=2,
+                                              world_size=2, device_type="cpu")["t"]
+               for extra in ({}, dict(pooling_factor=3.0))]
+    plain, with_factor = entries
+    assert with_factor.pooling_factor == 3.0 and with_factor.cold_layout == cold
+    assert with_factor.sharding_spec == plain.sharding_spec and with_factor.ranks == plain.ranks
+    assert with_factor.sharding_type == plain.sharding_type and with_factor.compute_kernel == plain.compute_kernel

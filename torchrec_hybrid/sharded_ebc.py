@@ -251,7 +251,7 @@ def _with_hot_ids(plan: Mapping[str, ParameterSharding], hot_ids: Mapping[str, t
     for name, ids in hot_ids.items():
         ps = plan[name]
         if isinstance(ps, HybridParameterSharding):
-            out[name] = dataclasses.replace(ps, hot_ids=ids)
+            out[name] = dataclasses.replace(ps, hot_ids=ids, hot_rows=int(ids.numel()))
         else:
             base = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
             out[name] = HybridParameterSharding(**base, hot_ids=ids, hot_rows=int(ids.numel()))

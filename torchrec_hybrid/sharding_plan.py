@@ -45,9 +45,11 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
       too big or too hot for one rank).
 
     ``pooling_factor``: ids per sample of the table's bags, as TorchRec's
-    ``ParameterConstraints.pooling_factors`` give it (the planner writes the measured one).
-    With 2 or more, the owner of a table-wise cold layout looks the table up in a TBE call of
-    its own, which FBGEMM's CPU backward runs far faster on multi-hot bags (lookup.py).
+    ``ParameterConstraints.pooling_factors`` give it (the planner writes its own: the
+    constraints', else measured from the statistics). With 2 or more, a rank holding most of
+    the table's cold rows (table-wise cold, a column slice, a large uneven block) looks it up
+    in a TBE call of its own, which FBGEMM's CPU backward runs far faster on multi-hot bags
+    (on the CPU, with row-wise AdaGrad and one feature: lookup.py ``own_lane_pays``).
     """
     if cold not in row_blocks.COLD_LAYOUTS:
         raise ValueError(f"cold layout {cold!r} is not one of {list(row_blocks.COLD_LAYOUTS)}")
@@ -79,7 +81,7 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         if pooling_factor is None:
             return ps
         return HybridParameterSharding(**{f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)},
-                                       pooling_factor=float(pooling_factor))
+                                       cold_layout=cold, pooling_factor=float(pooling_factor))
 
     def _sharding(param, local_size, world_size, device_type, sharder) -> ParameterSharding:
         rows, cols = param.shape

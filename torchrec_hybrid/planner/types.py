@@ -20,10 +20,11 @@ class HybridParameterSharding(ParameterSharding):
     hot_ids: sorted distinct int64 row ids replicated on every rank (None: the sharder's).
     hot_rows: number of hot rows the planner priced (== hot_ids.numel() when ids are known).
     cold_layout: where the cold rows live (row_blocks.py).
-    pooling_factor: the planner's ids per sample of the table's busiest feature (its sharding
-        option's ``input_lengths``: measured, or the constraints'); None when unknown. The
-        owner of a table-wise cold multi-hot table looks it up in a TBE call of its own
-        (lookup.py: ``_lanes``).
+    pooling_factor: ids per sample of the table's bags, the largest over its features of its
+        sharding option's ``input_lengths`` (the constraints', else measured from the
+        statistics, else TorchRec's default 1.0); None in a hand-written plan that gives none.
+        A rank holding most of a multi-hot table's cold rows looks it up in a TBE call of its
+        own (lookup.py: ``own_lane_pays``).
     """
 
     hot_ids: Optional[torch.Tensor] = None

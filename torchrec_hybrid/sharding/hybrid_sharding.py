@@ -34,7 +34,7 @@ from torchrec_hybrid.sharding.cells import heavy_tables
 from torchrec_hybrid.sharding.hot_replica import zero_grad_is_noop
 from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
-from torchrec_hybrid.sharding.lookup import MULTI_HOT_POOLING, HybridLookup
+from torchrec_hybrid.sharding.lookup import HybridLookup, own_lane_pays
 from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, HybridPooledEmbeddingDist, describe_codec_problems
 from torchrec_hybrid.sharding.row_blocks import is_row_layout, slices_of
 
@@ -228,8 +228,11 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
         # a table's column slices share one TBE (its fused optimizer holds all of the table's local shards)
         heavy_names = {t.name for t, h in zip(self._tables, heavy) if h}
         lanes = {i for i, t in enumerate(self._tables) if t.name in heavy_names}
-        multi_hot = {i for i in lanes if (self._pooling.get(self._tables[i].name) or 0.0) >= MULTI_HOT_POOLING}
-        return HybridLookup(_compat.sharding_grouped_configs(self), pg=self.hybrid_pg, device=device,
+        groups = _compat.sharding_grouped_configs(self)
+        group_of = [g for g in groups for _ in g.embedding_tables]  # per table (self._tables order)
+        multi_hot = {i for i in lanes if own_lane_pays(group_of[i], self._tables[i].num_features(),
+                                                       self._pooling.get(self._tables[i].name), torch.device(device))}
+        return HybridLookup(groups, pg=self.hybrid_pg, device=device,
                             env=setup.env, heavy_tables=lanes, own_lane_tables=multi_hot)
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:

@@ -15,6 +15,7 @@ from typing import Callable, List, Optional, Set
 import torch
 import torch.distributed as dist
 from torch import nn
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
@@ -85,20 +86,32 @@ def _decays(config: GroupedEmbeddingConfig) -> bool:
 
 
 # A heavy table whose bags hold at least this many ids on average (the plan's pooling factor)
-# gets a TBE call of its own instead of virtual features: FBGEMM's CPU backward takes its
-# vectorised path (fbgemm's SpMDM + rowwise-AdaGrad kernels) only for a table looked up by
-# one feature, and a shared table's scalar path cost the owner of the DLRMv2 multi-hot
-# tables' heaviest bags ~2x its backward; a second call and the concatenation of the two
-# outputs cost more than that path with one id per bag (docs/architecture.md §2, step 3).
+# gets a TBE call of its own instead of virtual features (:func:`own_lane_pays`): FBGEMM's CPU
+# backward takes its vectorised path (fbgemm's SpMDM + rowwise-AdaGrad kernels) only for
+# EXACT_ROWWISE_ADAGRAD on a table looked up by one feature, and a shared table's scalar path
+# cost the owner of the DLRMv2 multi-hot tables' heaviest bags ~2x its backward; a second call
+# and the concatenation of the two outputs cost more than that path with one id per bag
+# (docs/architecture.md §2, step 3).
 MULTI_HOT_POOLING = 2.0
+
+
+def own_lane_pays(config: GroupedEmbeddingConfig, num_features: int, pooling_factor: Optional[float],
+                  device: torch.device) -> bool:
+    """Whether a heavy table of group ``config`` is better looked up in a TBE call of its own
+    than as virtual features: only where that call reaches FBGEMM's fast CPU backward - on the
+    CPU, with row-wise AdaGrad, one feature - and its bags are multi-hot (the plan's pooling
+    factor; None, unknown: no)."""
+    optimizer = (config.fused_params or {}).get("optimizer")
+    return (device.type == "cpu" and num_features == 1 and optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD
+            and (pooling_factor or 0.0) >= MULTI_HOT_POOLING)
 
 
 def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int], world: int, own_lane: Optional[Set[int]] = None):
     """The lanes of the groups (cells.LaneLayout): per group, its tables with rows here as
     one lane, each feature of a heavy table (``heavy``: indices in the sharding's table
     order) as ``world`` virtual features of the same table, except the heavy tables in
-    ``own_lane`` (multi-hot bags, :data:`MULTI_HOT_POOLING`), which form a second lane of
-    their own, one feature each; with weight decay every heavy table goes to that lane
+    ``own_lane`` (multi-hot bags, :func:`own_lane_pays`), which form a second lane of
+    their own, without virtual features; with weight decay every heavy table goes to that lane
     (:func:`_decays`). Empty lanes are dropped. Returns the lanes' configs, per lane its
     features' indices in the sharding's order, and per feature its slots (set-up time loops)."""
     own_lane = own_lane or set()
@@ -142,8 +155,8 @@ class HybridLookup(nn.Module):
         pg / device / env: as for stock lookups.
         heavy_tables: tables (indices in the groups' table order) whose cold rows are mostly on
             this rank: each of their features looked up as W virtual features (cells.LaneLayout).
-        own_lane_tables: the heavy tables with multi-hot bags: looked up in a TBE call of their
-            own instead, one feature each (:func:`_lanes`).
+        own_lane_tables: the heavy tables with multi-hot bags (:func:`own_lane_pays`): looked up in
+            a TBE call of their own instead, without virtual features (:func:`_lanes`).
     """
 
     def __init__(
