@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import argparse
 import copy
-import dataclasses
 import json
 import logging
 import os
@@ -63,10 +62,9 @@ def with_cold_layout(plan, tables, name: str, layout: str, world: int):
     elif layout == "column_wise":
         kw["ranks"] = list(range(world))
     ps = frequency_hybrid(**kw)(torch.empty(cfg.num_embeddings, cfg.embedding_dim), 1, world, "cpu", None)
-    fields = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
-    fields["ranks"] = list(range(world))
-    module_plan[name] = HybridParameterSharding(**fields, hot_ids=old.hot_ids.clone(), hot_rows=old.hot_rows,
-                                                cold_layout=layout, pooling_factor=old.pooling_factor)
+    module_plan[name] = HybridParameterSharding.from_stock(ps, ranks=list(range(world)), hot_ids=old.hot_ids.clone(),
+                                                           hot_rows=old.hot_rows, cold_layout=layout,
+                                                           pooling_factor=old.pooling_factor)
     return out
 
 

@@ -253,8 +253,7 @@ def _with_hot_ids(plan: Mapping[str, ParameterSharding], hot_ids: Mapping[str, t
         if isinstance(ps, HybridParameterSharding):
             out[name] = dataclasses.replace(ps, hot_ids=ids, hot_rows=int(ids.numel()))
         else:
-            base = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
-            out[name] = HybridParameterSharding(**base, hot_ids=ids, hot_rows=int(ids.numel()))
+            out[name] = HybridParameterSharding.from_stock(ps, hot_ids=ids, hot_rows=int(ids.numel()))
     return out
 
 

@@ -1,7 +1,6 @@
 """Hand-written plans: a ``frequency_hybrid()`` generator for ``construct_module_sharding_plan``,
 and ``check_hot_ids``: user-given hot ids against the tables and the plan."""
 
-import dataclasses
 import numbers
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
@@ -80,8 +79,7 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
         ps = _sharding(param, local_size, world_size, device_type, sharder)
         if pooling_factor is None:
             return ps
-        return HybridParameterSharding(**{f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)},
-                                       cold_layout=cold, pooling_factor=float(pooling_factor))
+        return HybridParameterSharding.from_stock(ps, cold_layout=cold, pooling_factor=float(pooling_factor))
 
     def _sharding(param, local_size, world_size, device_type, sharder) -> ParameterSharding:
         rows, cols = param.shape

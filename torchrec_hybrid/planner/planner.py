@@ -362,11 +362,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                     ShardMetadata(shard_offsets=[bounds[r], 0], shard_sizes=[bounds[r + 1] - bounds[r], cols],
                                   placement=placement(topo.compute_device, r, topo.local_world_size))
                     for r in range(topo.world_size)])
-            base = {f.name: getattr(ps, f.name) for f in dataclasses.fields(ps)}
-            base.update(sharding_spec=spec, ranks=list(range(topo.world_size)))
-            module_plan[so.name] = HybridParameterSharding(**base, hot_ids=ids.clone(), hot_rows=int(ids.numel()),
-                                                           cold_layout=choice.cold_layout,
-                                                           pooling_factor=max(so.input_lengths, default=None))
+            module_plan[so.name] = HybridParameterSharding.from_stock(
+                ps, sharding_spec=spec, ranks=list(range(topo.world_size)), hot_ids=ids.clone(),
+                hot_rows=int(ids.numel()), cold_layout=choice.cold_layout,
+                pooling_factor=max(so.input_lengths, default=None))
             logger.info("table %s: frequency_hybrid, %s cold, %d hot rows (coverage %.3f, %s)", so.name,
                         choice.cold_layout, ids.numel(), choice.coverage, choice.source)
         return plan

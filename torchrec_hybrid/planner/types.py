@@ -32,6 +32,12 @@ class HybridParameterSharding(ParameterSharding):
     cold_layout: str = "row_wise"
     pooling_factor: Optional[float] = None
 
+    @classmethod
+    def from_stock(cls, ps: ParameterSharding, **changes: Any) -> "HybridParameterSharding":
+        """A stock entry's fields (those of ``ParameterSharding``) with ``changes`` applied."""
+        base = {f.name: getattr(ps, f.name) for f in fields(ParameterSharding)}
+        return cls(**{**base, **changes})
+
     def __eq__(self, other: object) -> bool:  # dataclass eq would call bool() on a tensor
         if not isinstance(other, HybridParameterSharding):
             return False

@@ -40,10 +40,10 @@ class LaneLayout:
     call and no concatenation of lane outputs. A heavy table whose bags are multi-hot gets a
     lane of its own instead, without virtual features (FBGEMM's CPU backward runs a table looked
     up by several features on a slow scalar path; lookup.py ``own_lane_pays`` says where the
-    second call pays), and so does every heavy table with weight decay,
-    which FBGEMM's CPU kernels apply once per feature that looks a row up (lookup.py). A
-    lane's output is ``[batch_g, widths of its slots]``; the lane
-    outputs, flattened and put one after another, are the owner's cold output, and a bag's
+    second call pays), and so does every heavy table with weight decay, which FBGEMM's CPU
+    kernels apply once per feature that looks a row up (lookup.py). A lane's output is
+    ``[batch_g, widths of its slots]``; the lane outputs, flattened and put one after
+    another, are the owner's cold output, and a bag's
     position there follows from its lane, its feature's first slot, its row q and the
     lane's batch.
 

@@ -14,8 +14,8 @@ from typing import Callable, List, Optional, Set
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_lookup import GroupedPooledEmbeddingsLookup
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
@@ -106,7 +106,7 @@ def own_lane_pays(config: GroupedEmbeddingConfig, num_features: int, pooling_fac
             and (pooling_factor or 0.0) >= MULTI_HOT_POOLING)
 
 
-def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int], world: int, own_lane: Optional[Set[int]] = None):
+def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int], world: int, own_lane: Set[int]):
     """The lanes of the groups (cells.LaneLayout): per group, its tables with rows here as
     one lane, each feature of a heavy table (``heavy``: indices in the sharding's table
     order) as ``world`` virtual features of the same table, except the heavy tables in
@@ -114,7 +114,6 @@ def _lanes(configs: List[GroupedEmbeddingConfig], heavy: Set[int], world: int, o
     their own, without virtual features; with weight decay every heavy table goes to that lane
     (:func:`_decays`). Empty lanes are dropped. Returns the lanes' configs, per lane its
     features' indices in the sharding's order, and per feature its slots (set-up time loops)."""
-    own_lane = own_lane or set()
     out: list = []
     features: List[List[int]] = []
     slots: List[int] = []
