@@ -15,7 +15,7 @@ priced by the default calibration for the device, or bytes and collectives only,
 """
 
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 import torch.distributed as dist
@@ -42,15 +42,28 @@ FUSED = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": LR}
 EBC_PATH = {"ebc": "", "dlrm": "sparse_arch.embedding_bag_collection"}
 
 
-def training_loss(pooled: torch.Tensor) -> torch.Tensor:
-    """The loss every EBC benchmark trains on: the mean square of the pooled embeddings.
+_LOSS_WEIGHTS: Dict[Tuple[Tuple[int, ...], torch.dtype, torch.device], torch.Tensor] = {}
 
-    Its gradient is a dense tensor of the output's shape, as a real model's is. A plain
-    ``sum()`` has a stride-0 gradient (one value, expanded), which the backward's gathers
-    read from cache: it made a hybrid step cheaper than a real gradient does, and a stock
-    step (whose output all-to-all copies the gradient once) far less so.
+
+def training_loss(pooled: torch.Tensor) -> torch.Tensor:
+    """The loss every EBC benchmark trains on: a fixed random linear function of the pooled embeddings.
+
+    Its gradient is one dense tensor of the output's shape (the same random values every
+    step, seed 0), what a real model's backward hands the EBC, and the loss adds no other
+    work (a dot product forward, one multiply backward). The mean square used before also
+    computed, and page-faulted in, three more tensors of the output's size per step: work
+    common to every plan, a sizeable share of a step, that pulled every ratio towards 1.
+    A plain ``sum()`` has a stride-0 gradient (one value, expanded), which the backward's
+    gathers read from cache: it made a hybrid step cheaper than a real gradient does, and a
+    stock step (whose output all-to-all copies the gradient once) far less so.
     """
-    return pooled.pow(2).mean()
+    key = (tuple(pooled.shape), pooled.dtype, pooled.device)
+    weights = _LOSS_WEIGHTS.get(key)
+    if weights is None:
+        gen = torch.Generator().manual_seed(0)
+        weights = torch.randn(pooled.numel(), generator=gen).div_(max(pooled.numel(), 1))
+        weights = _LOSS_WEIGHTS[key] = weights.to(device=pooled.device, dtype=pooled.dtype)
+    return torch.dot(pooled.reshape(-1), weights)
 
 
 @dataclass
