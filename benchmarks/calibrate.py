@@ -26,9 +26,10 @@ committed fit (a test checks they match ``benchmarks/results/calibration.json``)
 The committed fit pools three runs at the product's sizes and two at the sweep's (10k-row
 tables, B=256): at one size the fixed per-group terms and the per-unit ones move together,
 and the fit that sees only large batches prices a hybrid group's fixed work too low for
-small ones. Its steps trained on a plain sum (a broadcast gradient); the runs now train on
-``benchmarks.models.training_loss`` and ``calibration_dense.json`` is their re-fit (two
-rounds of five, the second at the first round's prices), not the default (docs/architecture.md).
+small ones. Its steps trained on a plain sum (a broadcast gradient); ``calibration_dense.json``
+is the re-fit of runs on the mean square (two rounds of five, the second at the first round's
+prices), not the default (docs/architecture.md). The runs now train on
+``benchmarks.models.training_loss`` (a fixed random linear function: a dense gradient, no other work).
 """
 
 from __future__ import annotations
