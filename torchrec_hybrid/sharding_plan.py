@@ -74,8 +74,7 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
     call = f"frequency_hybrid(cold={cold!r}" + "".join(f", {k}={v!r}" for k, v in given if v is not None) + ")"
     stock = row_wise(compute_kernel=compute_kernel)
 
-    def _generator(param, local_size, world_size, device_type, sharder, placements: Optional[List] = None
-                   ) -> ParameterSharding:
+    def _generator(param, local_size, world_size, device_type, sharder) -> ParameterSharding:
         ps = _sharding(param, local_size, world_size, device_type, sharder)
         if pooling_factor is None:
             return ps
