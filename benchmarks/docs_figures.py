@@ -309,6 +309,12 @@ def table_results_cold_layouts() -> str:
     return "\n".join(markdown(load("cold_layouts"))[2:])  # the table, without its title
 
 
+def table_results_same_plan() -> str:
+    from benchmarks.same_plan import markdown
+
+    return "\n".join(markdown(load("same_plan")["results"]))
+
+
 # ---------------------------------------------------------------- our dist code on a GPU (benchmarks.device_check)
 
 
@@ -329,6 +335,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_projection": ("docs/results.md", table_results_projection),
     "results_qcomms": ("docs/results.md", table_results_qcomms),
     "results_cold_layouts": ("docs/results.md", table_results_cold_layouts),
+    "results_same_plan": ("docs/results.md", table_results_same_plan),
     "results_device_check": ("docs/results.md", table_results_device_check),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
 }
@@ -361,6 +368,31 @@ def facts() -> Dict[str, str]:
     f.update(_drift_facts())
     f.update(_headline_and_sweep_facts())
     f.update(_device_check_facts())
+    f.update(_same_plan_facts())
+    return f
+
+
+def _same_plan_facts() -> Dict[str, str]:
+    """TorchRec's plan under TorchRec's sharder, ours and ours without the id check (benchmarks.same_plan)."""
+    d = load("same_plan")
+    res = {r["workload"]: r for r in d["results"]}
+    if set(res) != {"onehot", "multihot"}:
+        raise ValueError(f"same_plan.json covers {sorted(res)}; the docs quote onehot and multihot: reword them")
+    f = {"sp_world": str(unique((r["world"] for r in res.values()), "same_plan world")),
+         "sp_steps": str(unique((r["steps"] for r in res.values()), "same_plan steps"))}
+    for wl, key in (("onehot", "oh"), ("multihot", "mh")):
+        m = res[wl]["models"]
+        f[f"sp_{key}_step"] = f"{m['our sharder']['step_vs_stock']:.3f}x"
+        f[f"sp_{key}_cpu"] = f"{m['our sharder']['cpu_vs_stock']:.3f}x"
+        f[f"sp_{key}_unchecked"] = f"{m['our sharder, validate_ids=False']['step_vs_stock']:.3f}x"
+        extra = {m["our sharder"]["busiest_bytes"] - m["stock sharder"]["busiest_bytes"],
+                 m["our sharder, validate_ids=False"]["busiest_bytes"] - m["stock sharder"]["busiest_bytes"]}
+        if extra != {0, 3 * 8 * (res[wl]["world"] - 1)}:
+            raise ValueError(f"same_plan {wl}: our sharder sends {sorted(extra)} bytes more than TorchRec's; the "
+                             "docs say the id check's report words and nothing else: reword them")
+    quartiles = [q for r in res.values() for m in r["models"].values() for q in m["paired_ratio_quartiles"]]
+    f["sp_quartiles"] = f"{min(quartiles):.2f}-{max(quartiles):.2f}x"
+    f["sp_report_bytes"] = str(3 * 8 * (int(f["sp_world"]) - 1))
     return f
 
 
@@ -620,6 +652,7 @@ def _sweep_facts(full: Dict[str, Any], quick: Dict[str, Any], headline_rows_cap:
                              "reword the docs")
     same = [x["ratios"]["planners"]["hybrid_planner"]["time_over_planner"] for x in small]
     f["sweep_cpu_same_plan"] = span(same, x2)
+    f["sweep_steps"] = str(unique((x["workload"]["steps"] for x in small), "sweep steps"))
     f["sweep_cpu_same_plan_median"] = x2(statistics.median(same))
     f["sweep_cpu_types"] = unique((types_text(x["results"]["hybrid_planner"]["planned_types"]) for x in small),
                                   "sweep CPU-priced plan types")
@@ -666,6 +699,15 @@ def _run_time_facts(hd: Dict[str, Any], full: Dict[str, Any], quick: Dict[str, A
 
 # (doc, template): the filled template must stand in the doc, whitespace folded
 SNIPPETS: List[Tuple[str, str]] = [
+    # docs/results.md: TorchRec's plan under our sharder (benchmarks.same_plan)
+    ("docs/results.md", "{sp_steps} interleaved steps at W={sp_world}"),
+    ("docs/results.md", "plus each rank's 3-word id-check report to every other rank ({sp_report_bytes} bytes per "
+                        "rank per step at W={sp_world})"),
+    ("docs/results.md", "{sp_oh_step} and {sp_mh_step} the stock step with one id per feature and DLRMv2 multi-hot "
+                        "bags (process CPU {sp_oh_cpu} and {sp_mh_cpu}), and without the id check {sp_oh_unchecked} "
+                        "and {sp_mh_unchecked}"),
+    ("docs/results.md", "the quartiles of the per-step ratios span {sp_quartiles}"),
+    ("docs/results.md", "measured over {sweep_steps} steps the same plan under our sharder ran {sweep_cpu_time} it"),
     # README.md: the product
     ("README.md", "python -m benchmarks.product {w4_cmd}"),
     ("README.md", "{w4_setup}"),

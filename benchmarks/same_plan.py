@@ -1,0 +1,159 @@
+"""TorchRec's own plan under our sharder: what the product costs where the planner keeps stock types.
+
+On these CPU machines the CPU-priced hybrid planner returns TorchRec's planner's plan for DLRMv2
+multi-hot bags and uniform ids (``benchmarks/product.py``) and at every sweep configuration
+(``python -m benchmarks``), so there the hybrid planner's step against the stock planner's is our
+sharder's cost on an identical plan: its per-step check of every id on every rank
+(``HybridEmbeddingBagCollectionSharder(validate_ids=True)``, the default) and nothing else. With
+the sweep's 40 steps that comparison swings by +-15% on noise alone, and the "fastest stock plan"
+it is held against is the faster of two runs of that same plan (``table_wise`` and ``planner``).
+This benchmark measures it on its own, with many steps: the stock planner's plan for the product
+benchmark's tables (26 Criteo-Kaggle tables capped at ``--rows-cap``, dim 64, row-wise Adagrad)
+under TorchRec's ``EmbeddingBagCollectionSharder``, under ours, and under ours with
+``validate_ids=False``; one gloo process group, the same batches, one step of each per round in a
+balanced order (a Williams design, ``measure.balanced_orders``) behind a barrier. Per model: the
+median over steps of the slowest rank's step, the median and quartiles over steps of its paired
+ratio to the stock step of the same round, the median summed process CPU of the ranks per step,
+and the bytes each rank sends (``/proc/self/io``).
+
+    python -m benchmarks.same_plan                          # W=4, onehot + multihot, ~2 min here
+    python -m benchmarks.same_plan --out benchmarks/results # the committed run
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import statistics
+import time
+from typing import Any, Dict, List
+
+import torch
+
+from benchmarks.product import WORKLOADS, _data
+from torchrec_hybrid.spawn import spawn_ranks
+
+logger = logging.getLogger(__name__)
+
+# model name -> the sharder it is built with (the plan is the stock planner's for all three)
+MODELS = {"stock sharder": "stock", "our sharder": "ours", "our sharder, validate_ids=False": "ours_unchecked"}
+
+
+def _quartiles(xs: List[float]) -> List[float]:
+    q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
+    return [q[0], statistics.median(xs), q[2]]
+
+
+def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup: int, steps: int) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    import torchrec
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+
+    from benchmarks.measure import balanced_orders
+    from benchmarks.models import training_loss
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+    from torchrec_hybrid.comm_bytes import sent_bytes
+
+    spec = WORKLOADS[workload]
+    tables, _, batches = _data(spec, world, rank, rows_cap, 8, warmup + steps)
+    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    sharders = {"stock": EmbeddingBagCollectionSharder(fused_params=dict(fused)),
+                "ours": HybridEmbeddingBagCollectionSharder(fused_params=dict(fused)),
+                "ours_unchecked": HybridEmbeddingBagCollectionSharder(fused_params=dict(fused), validate_ids=False)}
+
+    def ebc():
+        return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
+
+    plan = EmbeddingShardingPlanner(topology=Topology(world_size=world, compute_device="cpu"),
+                                    batch_size=spec["batch"]).collective_plan(ebc(), [sharders["stock"]],
+                                                                              dist.GroupMember.WORLD)
+    models = {n: DistributedModelParallel(ebc(), device=torch.device("cpu"), plan=plan, sharders=[sharders[s]])
+              for n, s in MODELS.items()}
+    names = list(MODELS)
+    orders = balanced_orders(len(names))
+    logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
+    wall: Dict[str, List[float]] = {n: [] for n in names}
+    cpu: Dict[str, List[float]] = {n: [] for n in names}
+    sent: Dict[str, List[int]] = {n: [] for n in names}
+    for i, kjt in enumerate(batches):
+        for n in (names[j] for j in orders[i % len(orders)]):
+            dist.barrier()
+            b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
+            training_loss(models[n](kjt).wait().values()).backward()
+            t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
+            if i >= warmup:
+                wall[n].append(t1 - t0)
+                cpu[n].append(c1 - c0)
+                sent[n].append(b1 - b0)
+    types = sorted({ps.sharding_type for mp in plan.plan.values() for ps in mp.values()})
+    emit({"wall": wall, "cpu": cpu, "sent": sent, "types": types})
+
+
+def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
+    outs = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload, rows_cap=rows_cap,
+                                              warmup=warmup, steps=steps)]
+    slowest = {n: [max(o["wall"][n][i] for o in outs) for i in range(steps)] for n in MODELS}
+    cpu_sum = {n: [sum(o["cpu"][n][i] for o in outs) for i in range(steps)] for n in MODELS}
+    stock = slowest["stock sharder"]
+    models = {}
+    for n in MODELS:
+        sent = [sum(o["sent"][n]) / steps for o in outs]
+        models[n] = {"median_step_ms": statistics.median(slowest[n]) * 1e3,
+                     "step_vs_stock": statistics.median(slowest[n]) / statistics.median(stock),
+                     "paired_ratio_quartiles": _quartiles([a / b for a, b in zip(slowest[n], stock)]),
+                     "cpu_ms_sum": statistics.median(cpu_sum[n]) * 1e3,
+                     "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent)}
+    s = models["stock sharder"]
+    for m in models.values():
+        m["cpu_vs_stock"] = m["cpu_ms_sum"] / s["cpu_ms_sum"]
+    return {"workload": workload, "world": world, "batch": WORKLOADS[workload]["batch"], "rows_cap": rows_cap,
+            "warmup": warmup, "steps": steps, "plan_types": outs[0]["types"], "models": models}
+
+
+def markdown(results: List[Dict[str, Any]]) -> List[str]:
+    lines = ["| workload | W | sharder (TorchRec's planner's plan) | median step, ms | vs stock "
+             "| per-step ratio: quartiles | process CPU / step, ms (all ranks) | vs stock | MB / rank (busiest) |",
+             "|---|---:|---|---:|---:|---|---:|---:|---:|"]
+    for r in results:
+        for n, m in r["models"].items():
+            q = m["paired_ratio_quartiles"]
+            lines.append(f"| {r['workload']} | {r['world']} | {n} | {m['median_step_ms']:.1f} | "
+                         f"{m['step_vs_stock']:.3f}x | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | {m['cpu_ms_sum']:.1f} | "
+                         f"{m['cpu_vs_stock']:.3f}x | {m['busiest_bytes'] / 1e6:.2f} |")
+    return lines
+
+
+def main(argv=None) -> List[Dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--workloads", nargs="+", default=["onehot", "multihot"], choices=list(WORKLOADS))
+    ap.add_argument("--rows-cap", type=int, default=100_000)
+    ap.add_argument("--warmup", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=180)
+    ap.add_argument("--out", default="out/same_plan")
+    a = ap.parse_args(argv)
+    if a.world < 2 or a.steps < 2 or a.warmup < 0:
+        ap.error(f"--world must be >= 2, --steps >= 2 and --warmup >= 0 (got {a.world}, {a.steps}, {a.warmup})")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    os.makedirs(a.out, exist_ok=True)
+    results = []
+    for w in a.workloads:
+        logger.info("same plan, three sharders: %s, W=%d, %d steps", w, a.world, a.steps)
+        results.append(run(w, a.world, a.rows_cap, a.warmup, a.steps))
+    with open(os.path.join(a.out, "same_plan.json"), "w") as f:
+        json.dump({"args": vars(a), "results": results}, f, indent=1)
+    text = "\n".join(markdown(results)) + "\n"
+    with open(os.path.join(a.out, "same_plan.md"), "w") as f:
+        f.write(text)
+    print(text)
+    return results
+
+
+if __name__ == "__main__":
+    main()
