@@ -379,19 +379,22 @@ def _same_plan_facts() -> Dict[str, str]:
     if set(res) != {"onehot", "multihot"}:
         raise ValueError(f"same_plan.json covers {sorted(res)}; the docs quote onehot and multihot: reword them")
     f = {"sp_world": str(unique((r["world"] for r in res.values()), "same_plan world")),
-         "sp_steps": str(unique((r["steps"] for r in res.values()), "same_plan steps"))}
+         "sp_steps": str(unique((r["steps"] for r in res.values()), "same_plan steps")),
+         "sp_plan": unique((types_text(r["plan_types"]) for r in res.values()), "same_plan plan")}
+    ci = lambda c: f"{c[1]:.2f}x [{c[0]:.2f}, {c[2]:.2f}]"  # noqa: E731
     for wl, key in (("onehot", "oh"), ("multihot", "mh")):
-        m = res[wl]["models"]
+        r, m = res[wl], res[wl]["models"]
         f[f"sp_{key}_step"] = f"{m['our sharder']['step_vs_stock']:.3f}x"
         f[f"sp_{key}_cpu"] = f"{m['our sharder']['cpu_vs_stock']:.3f}x"
         f[f"sp_{key}_unchecked"] = f"{m['our sharder, validate_ids=False']['step_vs_stock']:.3f}x"
-        extra = {m["our sharder"]["busiest_bytes"] - m["stock sharder"]["busiest_bytes"],
-                 m["our sharder, validate_ids=False"]["busiest_bytes"] - m["stock sharder"]["busiest_bytes"]}
-        if extra != {0, 3 * 8 * (res[wl]["world"] - 1)}:
-            raise ValueError(f"same_plan {wl}: our sharder sends {sorted(extra)} bytes more than TorchRec's; the "
-                             "docs say the id check's report words and nothing else: reword them")
-    quartiles = [q for r in res.values() for m in r["models"].values() for q in m["paired_ratio_quartiles"]]
-    f["sp_quartiles"] = f"{min(quartiles):.2f}-{max(quartiles):.2f}x"
+        f[f"sp_{key}_paired"] = ci(m["our sharder"]["paired_ratio_median_ci"])
+        f[f"sp_{key}_check"] = ci(m["our sharder"]["paired_vs_unchecked_median_ci"])
+        stock = m["stock sharder"]["sent_bytes_total_per_rank"]
+        report = 3 * 8 * (r["world"] - 1) * r["steps"]
+        if (m["our sharder, validate_ids=False"]["sent_bytes_total_per_rank"] != stock
+                or m["our sharder"]["sent_bytes_total_per_rank"] != [b + report for b in stock]):
+            raise ValueError(f"same_plan {wl}: our sharder's bytes are not TorchRec's plus the id check's report "
+                             "words, as the docs say: reword them")
     f["sp_report_bytes"] = str(3 * 8 * (int(f["sp_world"]) - 1))
     return f
 
@@ -701,13 +704,18 @@ def _run_time_facts(hd: Dict[str, Any], full: Dict[str, Any], quick: Dict[str, A
 SNIPPETS: List[Tuple[str, str]] = [
     # docs/results.md: TorchRec's plan under our sharder (benchmarks.same_plan)
     ("docs/results.md", "{sp_steps} interleaved steps at W={sp_world}"),
+    ("docs/results.md", "The stock planner's plan for the product benchmark's tables ({sp_plan})"),
     ("docs/results.md", "plus each rank's 3-word id-check report to every other rank ({sp_report_bytes} bytes per "
                         "rank per step at W={sp_world})"),
     ("docs/results.md", "{sp_oh_step} and {sp_mh_step} the stock step with one id per feature and DLRMv2 multi-hot "
                         "bags (process CPU {sp_oh_cpu} and {sp_mh_cpu}), and without the id check {sp_oh_unchecked} "
                         "and {sp_mh_unchecked}"),
-    ("docs/results.md", "the quartiles of the per-step ratios span {sp_quartiles}"),
-    ("docs/results.md", "measured over {sweep_steps} steps the same plan under our sharder ran {sweep_cpu_time} it"),
+    ("docs/results.md", "Paired round by round (95% confidence intervals of the median, order statistics), the median "
+                        "per-step ratio to the stock step is {sp_oh_paired} and {sp_mh_paired}"),
+    ("docs/results.md", "to our sharder without the check {sp_oh_check} and {sp_mh_check}"),
+    ("docs/results.md", "over {sweep_steps} steps the same plan under our sharder ran {sweep_cpu_time} the fastest "
+                        "stock plan and {sweep_cpu_same_plan} (median {sweep_cpu_same_plan_median}) the stock "
+                        "planner's run of it"),
     # README.md: the product
     ("README.md", "python -m benchmarks.product {w4_cmd}"),
     ("README.md", "{w4_setup}"),

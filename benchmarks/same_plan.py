@@ -4,17 +4,19 @@ On these CPU machines the CPU-priced hybrid planner returns TorchRec's planner's
 multi-hot bags and uniform ids (``benchmarks/product.py``) and at every sweep configuration
 (``python -m benchmarks``), so there the hybrid planner's step against the stock planner's is our
 sharder's cost on an identical plan: its per-step check of every id on every rank
-(``HybridEmbeddingBagCollectionSharder(validate_ids=True)``, the default) and nothing else. With
-the sweep's 40 steps that comparison swings by +-15% on noise alone, and the "fastest stock plan"
-it is held against is the faster of two runs of that same plan (``table_wise`` and ``planner``).
-This benchmark measures it on its own, with many steps: the stock planner's plan for the product
+(``HybridEmbeddingBagCollectionSharder(validate_ids=True)``, the default) and nothing else. The
+sweep's few steps resolve that comparison coarsely, and the "fastest stock plan" it is held
+against is the faster of two runs of that same plan (``table_wise`` and ``planner``). This
+benchmark measures it on its own, with many steps: the stock planner's plan for the product
 benchmark's tables (26 Criteo-Kaggle tables capped at ``--rows-cap``, dim 64, row-wise Adagrad)
 under TorchRec's ``EmbeddingBagCollectionSharder``, under ours, and under ours with
 ``validate_ids=False``; one gloo process group, the same batches, one step of each per round in a
 balanced order (a Williams design, ``measure.balanced_orders``) behind a barrier. Per model: the
-median over steps of the slowest rank's step, the median and quartiles over steps of its paired
-ratio to the stock step of the same round, the median summed process CPU of the ranks per step,
-and the bytes each rank sends (``/proc/self/io``).
+median over steps of the slowest rank's step; over steps, the quartiles of its paired ratio to
+the stock step of the same round, and the median of that ratio with a distribution-free 95%
+confidence interval (order statistics); the same against our sharder without the id check (the
+check's own cost); the median over steps of the ranks' summed process CPU; and the bytes each
+rank sends (``/proc/self/io``, integer totals over the timed steps).
 
     python -m benchmarks.same_plan                          # W=4, onehot + multihot, ~2 min here
     python -m benchmarks.same_plan --out benchmarks/results # the committed run
@@ -25,6 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import math
 import os
 import statistics
 import time
@@ -44,6 +47,19 @@ MODELS = {"stock sharder": "stock", "our sharder": "ours", "our sharder, validat
 def _quartiles(xs: List[float]) -> List[float]:
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
     return [q[0], statistics.median(xs), q[2]]
+
+
+def median_ci(xs: List[float]) -> List[float]:
+    """``[low, median, high]``: the median of ``xs`` and a distribution-free 95% confidence interval
+    for it, the order statistics ``n/2 -+ 0.98 sqrt(n)`` (normal approximation of the binomial; the
+    whole range for fewer than 6 values)."""
+    s, n = sorted(xs), len(xs)
+    k = int(n / 2 - 0.98 * math.sqrt(n)) if n >= 6 else 0
+    return [s[k], statistics.median(s), s[n - 1 - k]]
+
+
+def _ratios(a: List[float], b: List[float]) -> List[float]:
+    return [x / y for x, y in zip(a, b)]
 
 
 def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup: int, steps: int) -> None:
@@ -82,7 +98,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     cpu: Dict[str, List[float]] = {n: [] for n in names}
     sent: Dict[str, List[int]] = {n: [] for n in names}
     for i, kjt in enumerate(batches):
-        for n in (names[j] for j in orders[i % len(orders)]):
+        for n in (names[j] for j in orders[(i - warmup) % len(orders)]):  # balanced over the timed steps
             dist.barrier()
             b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
             training_loss(models[n](kjt).wait().values()).backward()
@@ -91,7 +107,10 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
                 wall[n].append(t1 - t0)
                 cpu[n].append(c1 - c0)
                 sent[n].append(b1 - b0)
-    types = sorted({ps.sharding_type for mp in plan.plan.values() for ps in mp.values()})
+    types: Dict[str, int] = {}
+    for mp in plan.plan.values():
+        for ps in mp.values():
+            types[ps.sharding_type] = types.get(ps.sharding_type, 0) + 1
     emit({"wall": wall, "cpu": cpu, "sent": sent, "types": types})
 
 
@@ -100,31 +119,36 @@ def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Di
                                               warmup=warmup, steps=steps)]
     slowest = {n: [max(o["wall"][n][i] for o in outs) for i in range(steps)] for n in MODELS}
     cpu_sum = {n: [sum(o["cpu"][n][i] for o in outs) for i in range(steps)] for n in MODELS}
-    stock = slowest["stock sharder"]
+    stock, unchecked = slowest["stock sharder"], slowest["our sharder, validate_ids=False"]
     models = {}
     for n in MODELS:
-        sent = [sum(o["sent"][n]) / steps for o in outs]
+        total = [int(sum(o["sent"][n])) for o in outs]  # bytes per rank over the timed steps
         models[n] = {"median_step_ms": statistics.median(slowest[n]) * 1e3,
                      "step_vs_stock": statistics.median(slowest[n]) / statistics.median(stock),
-                     "paired_ratio_quartiles": _quartiles([a / b for a, b in zip(slowest[n], stock)]),
-                     "cpu_ms_sum": statistics.median(cpu_sum[n]) * 1e3,
-                     "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent)}
+                     "paired_ratio_quartiles": _quartiles(_ratios(slowest[n], stock)),
+                     "paired_ratio_median_ci": median_ci(_ratios(slowest[n], stock)),
+                     "paired_vs_unchecked_median_ci": median_ci(_ratios(slowest[n], unchecked)),
+                     "cpu_ms_per_step_all_ranks": statistics.median(cpu_sum[n]) * 1e3,
+                     "sent_bytes_total_per_rank": total,
+                     "mean_bytes": sum(total) / world / steps, "busiest_bytes": max(total) / steps}
     s = models["stock sharder"]
     for m in models.values():
-        m["cpu_vs_stock"] = m["cpu_ms_sum"] / s["cpu_ms_sum"]
+        m["cpu_vs_stock"] = m["cpu_ms_per_step_all_ranks"] / s["cpu_ms_per_step_all_ranks"]
     return {"workload": workload, "world": world, "batch": WORKLOADS[workload]["batch"], "rows_cap": rows_cap,
             "warmup": warmup, "steps": steps, "plan_types": outs[0]["types"], "models": models}
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
     lines = ["| workload | W | sharder (TorchRec's planner's plan) | median step, ms | vs stock "
-             "| per-step ratio: quartiles | process CPU / step, ms (all ranks) | vs stock | MB / rank (busiest) |",
-             "|---|---:|---|---:|---:|---|---:|---:|---:|"]
+             "| per-step ratio to stock: quartiles | its median [95% CI] | process CPU / step, ms (all ranks) "
+             "| vs stock | MB / rank (busiest) |",
+             "|---|---:|---|---:|---:|---|---|---:|---:|---:|"]
     for r in results:
         for n, m in r["models"].items():
-            q = m["paired_ratio_quartiles"]
+            q, c = m["paired_ratio_quartiles"], m["paired_ratio_median_ci"]
             lines.append(f"| {r['workload']} | {r['world']} | {n} | {m['median_step_ms']:.1f} | "
-                         f"{m['step_vs_stock']:.3f}x | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | {m['cpu_ms_sum']:.1f} | "
+                         f"{m['step_vs_stock']:.3f}x | {q[0]:.2f} / {q[1]:.2f} / {q[2]:.2f} | "
+                         f"{c[1]:.3f} [{c[0]:.3f}, {c[2]:.3f}] | {m['cpu_ms_per_step_all_ranks']:.1f} | "
                          f"{m['cpu_vs_stock']:.3f}x | {m['busiest_bytes'] / 1e6:.2f} |")
     return lines
 
@@ -135,7 +159,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
     ap.add_argument("--workloads", nargs="+", default=["onehot", "multihot"], choices=list(WORKLOADS))
     ap.add_argument("--rows-cap", type=int, default=100_000)
     ap.add_argument("--warmup", type=int, default=6)
-    ap.add_argument("--steps", type=int, default=180)
+    ap.add_argument("--steps", type=int, default=180, help="timed steps per sharder (a multiple of 6 balances "
+                    "the three sharders' orders: each takes each position, and follows each other, equally often)")
     ap.add_argument("--out", default="out/same_plan")
     a = ap.parse_args(argv)
     if a.world < 2 or a.steps < 2 or a.warmup < 0:
@@ -147,7 +172,7 @@ def main(argv=None) -> List[Dict[str, Any]]:
         logger.info("same plan, three sharders: %s, W=%d, %d steps", w, a.world, a.steps)
         results.append(run(w, a.world, a.rows_cap, a.warmup, a.steps))
     with open(os.path.join(a.out, "same_plan.json"), "w") as f:
-        json.dump({"args": vars(a), "results": results}, f, indent=1)
+        json.dump({"args": {k: v for k, v in vars(a).items() if k != "out"}, "results": results}, f, indent=1)
     text = "\n".join(markdown(results)) + "\n"
     with open(os.path.join(a.out, "same_plan.md"), "w") as f:
         f.write(text)
