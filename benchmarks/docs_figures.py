@@ -702,7 +702,9 @@ def _run_time_facts(hd: Dict[str, Any], full: Dict[str, Any], quick: Dict[str, A
 
 # (doc, template): the filled template must stand in the doc, whitespace folded
 SNIPPETS: List[Tuple[str, str]] = [
-    # docs/results.md: TorchRec's plan under our sharder (benchmarks.same_plan)
+    # README.md and docs/results.md: TorchRec's plan under our sharder (benchmarks.same_plan)
+    ("README.md", "measured on its own over {sp_steps} interleaved steps, {sp_oh_step} and {sp_mh_step} the stock step "
+                  "with one id per feature and with multi-hot bags"),
     ("docs/results.md", "{sp_steps} interleaved steps at W={sp_world}"),
     ("docs/results.md", "The stock planner's plan for the product benchmark's tables ({sp_plan})"),
     ("docs/results.md", "plus each rank's 3-word id-check report to every other rank ({sp_report_bytes} bytes per "
