@@ -374,8 +374,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def comparison_table(self) -> List[str]:
         """Lines comparing the candidate plans (logged by ``plan``)."""
         cheapest = min((c.cost["cost_ms"] for c in self.candidates), default=0.0)
-        lines = [f"plan candidates (busiest-rank / mean bytes per step, collectives, cost; ties within "
-                 f"{self.tie_ms + self.tie_rel * cheapest:.2f} ms go to the fewest bytes):"]
+        band = self.tie_ms + self.tie_rel * cheapest
+        ties = (f"ties within {band:.2f} ms go to the fewest bytes" if band > 0 else
+                "no tie band: the cheapest wins")
+        lines = [f"plan candidates (busiest-rank / mean bytes per step, collectives, cost; {ties}):"]
         for c in self.candidates:
             types: Dict[str, int] = {}
             for so in c.options:
