@@ -293,3 +293,14 @@ def test_the_choice_rule_on_its_own():
     # no stock plan to compare with: the cheapest, ties by bytes
     assert choose_plan([mixed, hybrid], None, tie_ms=0, min_saving=0.05) is mixed
     assert choose_plan([mixed, hybrid], None, tie_ms=6, min_saving=0.05) is hybrid
+
+
+def test_the_comparison_says_whether_ties_go_to_the_fewest_bytes():
+    """The logged comparison names the tie band it applied, or says there was none (not "within 0.00 ms")."""
+    cfg, st = _skewed()
+    dear = cm.ComputeCosts(vector_hybrid=50.0, ids_hybrid=50.0)
+    strict, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=0.0)
+    assert "no tie band: the cheapest wins" in strict.comparison_table()[0]
+    banded, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=2.5)
+    head = banded.comparison_table()[0]
+    assert "ties within 2.50 ms go to the fewest bytes" in head and "no tie band" not in head
