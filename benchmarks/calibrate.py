@@ -45,7 +45,7 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from benchmarks.product import WORKLOADS, _data
+from benchmarks.product import WORKLOADS, fused_params, workload_data
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -58,7 +58,6 @@ SMALL_ROWS = 10_000  # "small_data_parallel": tables below this many rows data_p
 def _plans(tables, stats, spec, world: int, pg):
     """Every plan of :data:`PLANS` with its sharding options and the traffic it was priced on."""
     import torchrec
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 
@@ -67,7 +66,7 @@ def _plans(tables, stats, spec, world: int, pg):
     from torchrec_hybrid.planner import cost_model as cm
     from torchrec_hybrid.types import FREQUENCY_HYBRID
 
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    fused = fused_params()
     topo = Topology(world_size=world, compute_device="cpu")
     hyb = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
     stock = EmbeddingBagCollectionSharder(fused_params=dict(fused))
@@ -116,7 +115,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     from torchrec_hybrid.planner.estimators import bandwidths
     from torchrec_hybrid.planner.plan_cost import plan_rank_bytes, plan_rank_work
 
-    tables, stats, batches = _data(spec, world, rank, rows_cap, 8, warmup + steps)
+    tables, stats, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
     plans, traffic, topo = _plans(tables, stats, spec, world, dist.GroupMember.WORLD)
     models = {n: DistributedModelParallel(torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
                                           device=torch.device("cpu"), plan=p, sharders=[s])

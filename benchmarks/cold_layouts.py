@@ -19,16 +19,15 @@ from __future__ import annotations
 
 import argparse
 import copy
-import json
 import logging
-import os
 import statistics
 import time
 from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, _data, _plan_models
+from benchmarks.product import WORKLOADS, _plan_models, fused_params, workload_data
+from benchmarks.report import write_results
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -72,7 +71,6 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     torch.set_num_threads(1)
     import torch.distributed as dist
     import torchrec
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
     from benchmarks.models import training_loss
@@ -80,11 +78,11 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     from torchrec_hybrid.comm_bytes import sent_bytes
 
     spec = WORKLOADS[workload]
-    tables, stats, batches = _data(spec, world, rank, rows_cap, 8, warmup + steps)
+    tables, stats, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
     _, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
     name = heaviest_table(plans[BASE], stats)
     current = next(mp[name] for mp in plans[BASE].plan.values() if name in mp).cold_layout
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    fused = fused_params()
     sharder = HybridEmbeddingBagCollectionSharder(fused_params=fused)
     names = [f"{BASE} ({current} cold)", "stock_planner"]
     models = {names[0]: models[BASE], "stock_planner": models["stock_planner"]}
@@ -155,14 +153,8 @@ def main(argv=None) -> Dict[str, Any]:
     if a.world < 2 or a.steps < 1 or a.warmup < 0:
         ap.error(f"--world must be >= 2 and --steps >= 1, --warmup >= 0 (got {a.world}, {a.steps}, {a.warmup})")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    os.makedirs(a.out, exist_ok=True)
     res = run(a.workload, a.world, a.rows_cap, a.warmup, a.steps)
-    with open(os.path.join(a.out, "cold_layouts.json"), "w") as f:
-        json.dump(res, f, indent=1)
-    text = "\n".join(markdown(res)) + "\n"
-    with open(os.path.join(a.out, "cold_layouts.md"), "w") as f:
-        f.write(text)
-    print(text)
+    print(write_results(a.out, "cold_layouts", res, markdown(res)))
     return res
 
 

@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.data import rank_slice  # one rank's part of a global batch
-from benchmarks.product import step_models
+from benchmarks.product import fused_params, step_models
 
 from torchrec_hybrid.comm_bytes import count_sent_bytes
 from torchrec_hybrid.spawn import spawn_ranks
@@ -101,7 +101,6 @@ def _build_models(tables, hot0, world: int, batch: int, pg):
     """The four models: three all-``frequency_hybrid`` DMPs starting from ``hot0`` and the stock planner's DMP;
     with the stock plan's table count per sharding type."""
     import torchrec
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
@@ -110,7 +109,7 @@ def _build_models(tables, hot0, world: int, batch: int, pg):
 
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, frequency_hybrid
 
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    fused = fused_params()
 
     def ebc():
         return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))

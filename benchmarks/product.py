@@ -48,7 +48,15 @@ MODELS = ("hybrid_planner", "hybrid_planner_bytes", "stock_planner")
 HYBRID_MODELS = {"hybrid_planner": "default", "hybrid_planner_bytes": None}
 
 
-def _data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batches: int, steps: int):
+def fused_params() -> Dict[str, Any]:
+    """The fused optimizer every benchmark of the product's sizes trains with: row-wise Adagrad, lr 0.01
+    (a fresh dict: sharders keep theirs)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+
+
+def workload_data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batches: int, steps: int):
     from benchmarks.data import rank_slice
     from torchrec_hybrid.stats import FrequencyStats, criteo_table_sizes, criteo_tables
     from torchrec_hybrid.stats.synthetic import SyntheticCriteo
@@ -74,7 +82,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
 
     from benchmarks.step_counts import count_training_step
 
-    tables, stats, batches = _data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
+    tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
     planners, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     sent, times = _train(models, batches, warmup)
@@ -97,14 +105,13 @@ def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Op
     CPU-priced planner's ``ComputeCosts`` instead of the machine's default (None: the default); ``tie_ms``: its
     tie band (the planner's argument; the network-priced planner has none)."""
     import torchrec
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
 
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    fused = fused_params()
     topo = Topology(world_size=world, compute_device="cpu")
 
     def ebc():
@@ -169,11 +176,12 @@ def _planner_report(planners: Dict[str, Any], plans: Dict[str, Any]) -> Dict[str
     out["chosen"] = {m: [c.name for c in p.candidates if c.plan is plans[m]][:1] or ["?"]
                      for m, p in planners.items()}
     out["comparison"] = {m: p.comparison_table() for m, p in planners.items()}
-    out["types"] = {m: _types(p) for m, p in plans.items()}
+    out["types"] = {m: plan_types(p) for m, p in plans.items()}
     return out
 
 
-def _types(plan) -> Dict[str, int]:
+def plan_types(plan) -> Dict[str, int]:
+    """How many tables of ``plan`` per sharding type (frequency_hybrid ones per cold layout)."""
     counts: Dict[str, int] = {}
     for module_plan in plan.plan.values():
         for ps in module_plan.values():

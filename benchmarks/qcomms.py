@@ -21,7 +21,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, _data, step_models
+from benchmarks.product import WORKLOADS, fused_params, step_models, workload_data
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -40,14 +40,13 @@ def _registry():
 def _models(tables, stats, spec: Dict[str, Any], world: int, pg) -> Dict[str, Any]:
     """A DistributedModelParallel per model of :data:`MODELS`, each planned by its own planner."""
     import torchrec
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
 
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    fused = fused_params()
     topo = Topology(world_size=world, compute_device="cpu")
     models = {}
     for name in MODELS:
@@ -69,7 +68,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     torch.set_num_threads(1)
     import torch.distributed as dist
 
-    tables, stats, batches = _data(spec, world, rank, rows_cap, 8, warmup + steps)
+    tables, stats, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
     models = _models(tables, stats, spec, world, dist.GroupMember.WORLD)
     logging.disable(logging.CRITICAL)
     sent: Dict[str, List[int]] = {m: [] for m in MODELS}

@@ -8,14 +8,28 @@ Definitions used in every output:
   (VmHWM reset via /proc/self/clear_refs); the max over ranks is reported.
 """
 
+import json
+import os
 import statistics
 from collections import Counter
-from typing import Dict, List
+from typing import Any, Dict, List
 
 from benchmarks.config import PLANNER_TYPES, STOCK_TYPES, Workload
 from benchmarks.estimate import expected_for
 
 MB = 1e6
+
+
+def write_results(out: str, name: str, payload: Any, lines: List[str]) -> str:
+    """Writes ``payload`` to ``out/name.json`` and the markdown ``lines`` to ``out/name.md``;
+    returns that markdown (what a benchmark's ``main`` prints)."""
+    os.makedirs(out, exist_ok=True)
+    with open(os.path.join(out, name + ".json"), "w") as f:
+        json.dump(payload, f, indent=1)
+    text = "\n".join(lines) + "\n"
+    with open(os.path.join(out, name + ".md"), "w") as f:
+        f.write(text)
+    return text
 
 
 def summarize(w: Workload, ranks: List[Dict]) -> Dict:

@@ -25,17 +25,16 @@ rank sends (``/proc/self/io``, integer totals over the timed steps).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import math
-import os
 import statistics
 import time
 from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, _data
+from benchmarks.product import WORKLOADS, fused_params, plan_types, workload_data
+from benchmarks.report import write_results
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -66,7 +65,6 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     torch.set_num_threads(1)
     import torch.distributed as dist
     import torchrec
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
@@ -77,8 +75,8 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     from torchrec_hybrid.comm_bytes import sent_bytes
 
     spec = WORKLOADS[workload]
-    tables, _, batches = _data(spec, world, rank, rows_cap, 8, warmup + steps)
-    fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
+    tables, _, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
+    fused = fused_params()
     sharders = {"stock": EmbeddingBagCollectionSharder(fused_params=dict(fused)),
                 "ours": HybridEmbeddingBagCollectionSharder(fused_params=dict(fused)),
                 "ours_unchecked": HybridEmbeddingBagCollectionSharder(fused_params=dict(fused), validate_ids=False)}
@@ -107,11 +105,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
                 wall[n].append(t1 - t0)
                 cpu[n].append(c1 - c0)
                 sent[n].append(b1 - b0)
-    types: Dict[str, int] = {}
-    for mp in plan.plan.values():
-        for ps in mp.values():
-            types[ps.sharding_type] = types.get(ps.sharding_type, 0) + 1
-    emit({"wall": wall, "cpu": cpu, "sent": sent, "types": types})
+    emit({"wall": wall, "cpu": cpu, "sent": sent, "types": plan_types(plan)})
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
@@ -166,17 +160,12 @@ def main(argv=None) -> List[Dict[str, Any]]:
     if a.world < 2 or a.steps < 2 or a.warmup < 0:
         ap.error(f"--world must be >= 2, --steps >= 2 and --warmup >= 0 (got {a.world}, {a.steps}, {a.warmup})")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    os.makedirs(a.out, exist_ok=True)
     results = []
     for w in a.workloads:
         logger.info("same plan, three sharders: %s, W=%d, %d steps", w, a.world, a.steps)
         results.append(run(w, a.world, a.rows_cap, a.warmup, a.steps))
-    with open(os.path.join(a.out, "same_plan.json"), "w") as f:
-        json.dump({"args": {k: v for k, v in vars(a).items() if k != "out"}, "results": results}, f, indent=1)
-    text = "\n".join(markdown(results)) + "\n"
-    with open(os.path.join(a.out, "same_plan.md"), "w") as f:
-        f.write(text)
-    print(text)
+    args = {k: v for k, v in vars(a).items() if k != "out"}
+    print(write_results(a.out, "same_plan", {"args": args, "results": results}, markdown(results)))
     return results
 
 
