@@ -202,3 +202,40 @@ def test_bad_id_fails_on_every_rank_under_train_pipeline(kind):
     exchanges outside the module): every rank still raises the same error, on the same step."""
     messages = run_ranks(bad_id_under_pipeline, 2, timeout=120, kind=kind, bad_step=3)
     assert messages[0] == messages[1]
+
+
+def bounds_check_modes(rank, world, validate_ids, fused_mode):
+    """Each fused TBE's bounds-check mode in a module of hybrid, table_wise and row_wise tables."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_training import SplitTableBatchedEmbeddingBagsCodegen
+
+    fused = dict(OPTIMIZERS["sgd"])
+    if fused_mode is not None:
+        fused["bounds_check_mode"] = fused_mode
+    sharder = HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=fused, validate_ids=validate_ids)
+    from torchrec_hybrid.sharded_ebc import HybridShardedEmbeddingBagCollection
+
+    model = build(tables(), world, {"t0": "hybrid", "t1": "hybrid_tw", "t2": "tw", "t3": "rw"}, sharder)
+    (sebc,) = [m for m in model.modules() if isinstance(m, HybridShardedEmbeddingBagCollection)]
+    # the sharded module hides its lookups from modules(); every TBE of every lookup (the hybrid one's
+    # cold TBEs included)
+    tbes = [m for lookup in sebc._lookups for m in lookup.modules()
+            if isinstance(m, SplitTableBatchedEmbeddingBagsCodegen)]
+    assert len(tbes) >= 2, tbes  # hybrid cold, row_wise (and table_wise on rank 0)
+    return sorted({m.bounds_check_mode_int for m in tbes}), "bounds_check_mode" in sharder.fused_params
+
+
+@pytest.mark.parametrize("validate_ids,fused_mode,expect", [(True, None, "NONE"), (False, None, "WARNING"),
+                                                            (True, "FATAL", "FATAL")],
+                         ids=["checked-replaces-fbgemm", "unchecked-keeps-fbgemm", "user-mode-wins"])
+def test_id_check_replaces_fbgemm_bounds_check(validate_ids, fused_mode, expect):
+    """With the input check on, every id reaching a TBE is in range (the check refuses a batch on every
+    rank before any lookup: the tests above), so the TBEs' own per-call bounds check is off - for
+    stock and hybrid tables alike; without the check FBGEMM's default stays, and a mode the user
+    sets is kept either way (the sharder's own fused params untouched)."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+
+    user = None if fused_mode is None else BoundsCheckMode[fused_mode]
+    for modes, sharder_has_mode in run_ranks(bounds_check_modes, 2, timeout=120, validate_ids=validate_ids,
+                                             fused_mode=user):
+        assert modes == [BoundsCheckMode[expect].value], modes
+        assert sharder_has_mode == (fused_mode is not None)

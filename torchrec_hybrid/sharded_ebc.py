@@ -243,6 +243,21 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
         raise ValueError("; ".join(problems))
 
 
+def without_redundant_bounds_check(fused_params: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``fused_params`` for the kernels of a module whose input check is on: FBGEMM's per-call
+    ``bounds_check_indices`` off (``BoundsCheckMode.NONE``) unless the user set a mode. The
+    check already refuses, on every rank before any lookup, every id outside its table and
+    every malformed batch, so the TBE's own pass over the ids and offsets could find nothing;
+    it is per-id work on every lookup (every rank's, and the hybrid cold lanes' per virtual
+    feature). A plan's per-table ``bounds_check_mode`` still wins (TorchRec's
+    ``add_params_from_parameter_sharding``)."""
+    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
+
+    params = dict(fused_params or {})
+    params.setdefault("bounds_check_mode", BoundsCheckMode.NONE)
+    return params
+
+
 def _with_hot_ids(plan: Mapping[str, ParameterSharding], hot_ids: Mapping[str, torch.Tensor]
                   ) -> Dict[str, ParameterSharding]:
     """``plan`` with each hybrid table's entry a :class:`HybridParameterSharding` carrying its
@@ -265,8 +280,9 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         validate_ids: check each rank's batch every step - its structure and every id
             against its table size - and raise on all ranks instead of crashing or hanging
             one (the verdicts ride the hybrid cold metadata, else a stock input dist's split
-            sizes, else one tiny all-to-all: see the module docstring). False turns off
-            every input check (the weights' too).
+            sizes, else one tiny all-to-all: see the module docstring); the module's TBEs
+            then skip FBGEMM's own bounds check (:func:`without_redundant_bounds_check`).
+            False turns off every input check (the weights' too).
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample
             weights (one pass over the weights; False skips it).
     """
@@ -286,6 +302,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             if planned is not None:
                 hot_ids[c.name] = planned
         checked = normalize_hot_ids(hot_ids, hybrid, env.process_group) if hybrid else {}
+        if validate_ids:
+            fused_params = without_redundant_bounds_check(fused_params)
         super().__init__(module, _with_hot_ids(table_name_to_parameter_sharding, checked), env,
                          fused_params=fused_params, device=device, qcomm_codecs_registry=qcomm_codecs_registry,
                          module_fqn=module_fqn)

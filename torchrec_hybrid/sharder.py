@@ -30,7 +30,9 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             (``HybridParameterSharding``) win over the sharder's; a hybrid table left with none
             while the sharder names tables the module lacks gets a ``UserWarning``.
         validate_ids: per-step input check on all ranks: batch structure and id ranges (see
-            the sharded module); False turns every input check off.
+            the sharded module); it replaces FBGEMM's per-call bounds check (the TBEs get
+            ``BoundsCheckMode.NONE`` unless ``fused_params`` or the plan set a mode). False
+            turns every input check off and keeps FBGEMM's default.
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample weights.
         sharding_types: restrict the types offered (e.g. ``["frequency_hybrid"]``: the planner
             then gives this sharder's tables frequency_hybrid or raises); default: every stock
