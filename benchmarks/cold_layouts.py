@@ -26,7 +26,7 @@ from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, _plan_models, fused_params, workload_data
+from benchmarks.product import WORKLOADS, plan_models, fused_params, workload_data
 from benchmarks.report import write_results
 from torchrec_hybrid.spawn import spawn_ranks
 
@@ -79,7 +79,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
 
     spec = WORKLOADS[workload]
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
-    _, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
+    _, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
     name = heaviest_table(plans[BASE], stats)
     current = next(mp[name] for mp in plans[BASE].plan.values() if name in mp).cold_layout
     fused = fused_params()

@@ -315,6 +315,12 @@ def table_results_same_plan() -> str:
     return "\n".join(markdown(load("same_plan")["results"]))
 
 
+def table_results_cpu_phases() -> str:
+    from benchmarks.cpu_phases import markdown
+
+    return "\n".join(markdown(load("cpu_phases"), title=False))
+
+
 # ---------------------------------------------------------------- our dist code on a GPU (benchmarks.device_check)
 
 
@@ -336,6 +342,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_qcomms": ("docs/results.md", table_results_qcomms),
     "results_cold_layouts": ("docs/results.md", table_results_cold_layouts),
     "results_same_plan": ("docs/results.md", table_results_same_plan),
+    "results_cpu_phases": ("docs/results.md", table_results_cpu_phases),
     "results_device_check": ("docs/results.md", table_results_device_check),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
 }

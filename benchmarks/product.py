@@ -83,7 +83,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     from benchmarks.step_counts import count_training_step
 
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
-    planners, plans, models = _plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms)
+    planners, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     sent, times = _train(models, batches, warmup)
     dist.barrier()
@@ -98,7 +98,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     emit(out)
 
 
-def _plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None,
+def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None,
                  tie_ms: Any = "auto"):
     """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
     hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: the
