@@ -7,9 +7,10 @@ This benchmark attributes it. The network-priced hybrid plan and TorchRec's plan
 in alternating order behind a barrier. Per step and rank it takes the main thread's CPU time
 (``time.thread_time``: the rank's own compute; gloo's threads do the copies) of the forward
 call, the output wait and the backward, the process's CPU time, and, inside the hybrid's step,
-the CPU time of each of its phases (timers around our own functions, :data:`PHASES`). It runs
-at the workload's batch and at a tiny one (B=8, by default): what the hybrid spends at the tiny
-batch is fixed per step (ops dispatched, Python, kernel calls), the rest grows with the ids.
+the CPU time of each of its phases (timers around our own functions, :data:`PHASES`). The same
+two plans (planned for the workload's batch) train at that batch and at a tiny one (B=8, by
+default): what the hybrid spends at the tiny batch is fixed per step (ops dispatched, Python,
+kernel calls), the rest grows with the ids.
 
     python -m benchmarks.cpu_phases                            # W=4, multihot, B=512 and 8, ~1 min
     python -m benchmarks.cpu_phases --out benchmarks/results   # the committed run
@@ -97,9 +98,10 @@ def _rank_main(rank: int, world: int, emit, workload: str, batch: int, rows_cap:
 
     from benchmarks.models import training_loss
 
-    spec = dict(WORKLOADS[workload], batch=batch)
-    tables, stats, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
+    spec = WORKLOADS[workload]  # the plans: the workload's, from statistics at its batch, whatever ``batch``
+    tables, stats, _ = workload_data(spec, world, rank, rows_cap, 8, 0)
     _, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
+    batches = workload_data(dict(spec, batch=batch), world, rank, rows_cap, 8, warmup + steps)[2]
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     parts: Dict[str, List[List[float]]] = {n: [] for n in PLANS}
     process: Dict[str, List[float]] = {n: [] for n in PLANS}

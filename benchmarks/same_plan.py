@@ -4,7 +4,8 @@ On these CPU machines the CPU-priced hybrid planner returns TorchRec's planner's
 multi-hot bags and uniform ids (``benchmarks/product.py``) and at every sweep configuration
 (``python -m benchmarks``), so there the hybrid planner's step against the stock planner's is our
 sharder's cost on an identical plan: its per-step check of every id on every rank
-(``HybridEmbeddingBagCollectionSharder(validate_ids=True)``, the default) and nothing else. The
+(``HybridEmbeddingBagCollectionSharder(validate_ids=True)``, the default), less FBGEMM's own
+per-call bounds check, which the module's TBEs skip while that check is on. The
 sweep's few steps resolve that comparison coarsely, and the "fastest stock plan" it is held
 against is the faster of two runs of that same plan (``table_wise`` and ``planner``). This
 benchmark measures it on its own, with many steps: the stock planner's plan for the product
@@ -15,8 +16,8 @@ balanced order (a Williams design, ``measure.balanced_orders``) behind a barrier
 median over steps of the slowest rank's step; over steps, the quartiles of its paired ratio to
 the stock step of the same round, and the median of that ratio with a distribution-free 95%
 confidence interval (order statistics); the same against our sharder without the id check (the
-check's own cost); the median over steps of the ranks' summed process CPU; and the bytes each
-rank sends (``/proc/self/io``, integer totals over the timed steps).
+check's net cost: that run keeps FBGEMM's bounds check); the median over steps of the ranks'
+summed process CPU; and the bytes each rank sends (``/proc/self/io``, integer totals over the timed steps).
 
     python -m benchmarks.same_plan                          # W=4, onehot + multihot, ~2 min here
     python -m benchmarks.same_plan --out benchmarks/results # the committed run

@@ -16,7 +16,15 @@ def _step(model, kjt, keys):
     torch.cat([d[k] for k in keys], dim=1).sum().backward()
 
 
-def bad_ids(rank, world, feature, value, kinds=KINDS, fused_only=True):
+def _as_tensordict(kjt):
+    """The batch as a TensorDict of jagged nested tensors, one per key (TorchRec's input_dist takes one)."""
+    from tensordict import TensorDict
+
+    return TensorDict({k: torch.nested.nested_tensor_from_jagged(jt.values(), lengths=jt.lengths())
+                       for k, jt in kjt.to_dict().items()}, batch_size=[kjt.stride()])
+
+
+def bad_ids(rank, world, feature, value, kinds=KINDS, fused_only=True, as_tensordict=False):
     configs = tables()
     hot_t = hot_ids()
     model = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"]))
@@ -30,7 +38,7 @@ def bad_ids(rank, world, feature, value, kinds=KINDS, fused_only=True):
         values[start] = value
         kjt = torchrec.KeyedJaggedTensor(keys=keys, values=values, lengths=kjt.lengths())
     with pytest.raises(InvalidIdError) as err:
-        _step(model, kjt, keys)
+        _step(model, _as_tensordict(kjt) if as_tensordict else kjt, keys)
     msg = str(err.value)
     assert f"'{feature}'" in msg and str(value) in msg and f"rank {world - 1}" in msg, msg
     for k, v in model.state_dict().items():
@@ -51,6 +59,14 @@ def bad_ids(rank, world, feature, value, kinds=KINDS, fused_only=True):
 def test_bad_id_fails_on_every_rank(feature, value):
     """The verdicts ride the hybrid cold all-to-all."""
     messages = run_ranks(bad_ids, 2, timeout=120, feature=feature, value=value)
+    assert messages[0] == messages[1]
+
+
+def test_bad_id_in_a_tensordict_batch_fails_on_every_rank():
+    """A TensorDict batch is checked like a KJT (converted as TorchRec converts it): no id reaches a TBE
+    unchecked, whose own bounds check is off while the input check is on."""
+    messages = run_ranks(bad_ids, 2, timeout=120, feature="f2", value=2**40 + 5, kinds={c: "tw" for c in KINDS},
+                         as_tensordict=True)
     assert messages[0] == messages[1]
 
 
@@ -225,8 +241,9 @@ def bounds_check_modes(rank, world, validate_ids, fused_mode):
 
 
 @pytest.mark.parametrize("validate_ids,fused_mode,expect", [(True, None, "NONE"), (False, None, "WARNING"),
-                                                            (True, "FATAL", "FATAL")],
-                         ids=["checked-replaces-fbgemm", "unchecked-keeps-fbgemm", "user-mode-wins"])
+                                                            (True, "FATAL", "FATAL"), (False, "FATAL", "FATAL")],
+                         ids=["checked-replaces-fbgemm", "unchecked-keeps-fbgemm", "user-mode-wins",
+                              "user-mode-wins-unchecked"])
 def test_id_check_replaces_fbgemm_bounds_check(validate_ids, fused_mode, expect):
     """With the input check on, every id reaching a TBE is in range (the check refuses a batch on every
     rank before any lookup: the tests above), so the TBEs' own per-call bounds check is off - for

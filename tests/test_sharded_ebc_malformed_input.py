@@ -1,7 +1,7 @@
 """Malformed batches, empty batches and non-finite weights (issue 20, items 2-4).
 
 A KJT malformed on one rank only (a feature missing, keys reordered, an unknown key, a key
-twice, sizes that do not add up, weights where the module takes none, NaN / inf weights)
+twice, sizes that do not add up, a negative bag length, weights where the module takes none, NaN / inf weights)
 raises the same clear error on every rank within seconds, before any lookup or update; the
 next good batch trains. Empty batches (0 samples on one rank or on all) train exactly like
 stock table_wise. Several cases share one spawned job to keep the suite short.
@@ -73,6 +73,15 @@ def _values_size(kjt, keys):
                              lengths=kjt.lengths(), stride=kjt.stride())
 
 
+def _negative_length(kjt, keys):
+    """A bag of length -1 in 'f1', the next one longer by as much: the lengths still add up to the values."""
+    lengths, b = kjt.lengths().clone(), kjt.stride()
+    i = keys.index("f1") * b
+    lengths[i + 1] += lengths[i] + 1
+    lengths[i] = -1
+    return KeyedJaggedTensor(keys=keys, values=kjt.values(), lengths=lengths, stride=b)
+
+
 def _weights_unexpected(kjt, keys):
     return KeyedJaggedTensor(keys=keys, values=kjt.values(), lengths=kjt.lengths(),
                              weights=torch.ones(kjt.values().numel()), stride=kjt.stride())
@@ -106,6 +115,7 @@ STRUCTURE_CASES: Dict[str, tuple] = {
     "unknown-key-bad-id": (_unknown_key_bad_id, MalformedBatchError, ["'user_hi...'", "no feature"]),
     "duplicate-key": (_duplicate, MalformedBatchError, ["'f2'", "more than once"]),
     "values-size": (_values_size, MalformedBatchError, ["values"]),
+    "negative-length": (_negative_length, MalformedBatchError, ["'f1'", "negative length -1"]),
     "weights-unexpected": (_weights_unexpected, MalformedBatchError, ["not weighted"]),
 }
 

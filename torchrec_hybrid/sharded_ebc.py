@@ -8,8 +8,8 @@ The input check (``validate_ids``, on by default) looks at each rank's batch bef
 collective: its structure (keys and their order against the first batch, which fixes the
 stock feature permutation; lengths, values and weights sizes; weights present exactly when
 the module is weighted; a variable batch per feature with hybrid tables is first expanded to
-one batch by its inverse indices, ``sharding/variable_batch.py``), every id against
-its table size, and (``validate_weights``) every per-sample weight for NaN / inf, on the
+one batch by its inverse indices, ``sharding/variable_batch.py``), every bag length for a
+negative one, every id against its table size, and (``validate_weights``) every per-sample weight for NaN / inf, on the
 device without a host sync. A rank never raises on its own: it records its first problem in
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
 harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
@@ -36,6 +36,7 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionContext, ShardedEmbeddingBagCollection
 from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv, ShardingType
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+from torchrec.sparse.tensor_dict import maybe_td_to_kjt
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.types import HybridParameterSharding
@@ -89,6 +90,7 @@ _WEIGHTS_UNEXPECTED = 12  # [0, 0]
 _WEIGHTS_SIZE = 13  # [values numel, weights numel]
 _INVERSE_KEYS = 14  # [0, rows of the inverse indices]
 _INVERSE_RANGE = 15  # [feature, the inverse index]
+_NEGATIVE_LENGTH = 16  # [feature (-1: a key that is no feature), the length]
 _VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch.INVERSE_KEYS: _INVERSE_KEYS,
                       variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _LENGTHS_SIZE}
 # stock types whose input dist only moves ids (no bucketing by id): no clamp needed there
@@ -117,6 +119,7 @@ _MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollec
     _WEIGHTS_MISSING: "its batch has no per-sample weights but the module is weighted",
     _WEIGHTS_UNEXPECTED: "its batch has per-sample weights but the module is not weighted (is_weighted=False)",
     _WEIGHTS_SIZE: "its batch has {value} per-sample weights for {index} values",
+    _NEGATIVE_LENGTH: "{feature} has a bag of negative length {value} in its batch",
 }
 
 
@@ -324,6 +327,9 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._reference_keys: Optional[Tuple[str, ...]] = None
         # per (keys, dtype, device): the id limits per key, and per id for the last lengths per key
         self._limit_cache: Dict[tuple, Tuple[tuple, Optional[Tuple[int, ...]], Optional[tuple]]] = {}
+        # per (bags per key, ids per key, dtype, device): the last bag of each key, and lengths that put
+        # each key's ids in its last bag (what a batch with a negative length goes on with)
+        self._length_cache: Tuple[tuple, Optional[Tuple[torch.Tensor, torch.Tensor]]] = ((), None)
         # input dists that index by id (row-wise bucketing, the hybrid's hot/cold split) and
         # caching kernels (a prefetch pipeline fills their caches before the verdict is read)
         # need ids in range even in a batch the check will reject; the others only move them
@@ -397,6 +403,10 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             s.refresh({n: ids for n, ids in checked.items() if n in mine})
 
     def input_dist(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor):
+        if self._validate_ids and not isinstance(features, KeyedJaggedTensor):
+            # a TensorDict batch (TorchRec's input_dist takes one): as TorchRec converts it, so the check
+            # sees its ids (the TBEs' own bounds check is off while the check is on)
+            features = maybe_td_to_kjt(features)
         problem = None
         if self._has_hybrid and isinstance(features, KeyedJaggedTensor) and features.variable_stride_per_key():
             keys, (features, found) = features.keys(), variable_batch.expand_variable_batch(features)
@@ -445,8 +455,51 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             check.report = torch.tensor(problem, dtype=torch.int64)
             features = self._placeholder(features)
         else:
+            features, length_report = self._check_lengths(features)
             features = self._check_values(features, check)
+            if length_report is not None:  # a malformed batch is reported before its ids
+                check.report = torch.where(length_report[0] != 0, length_report, check.report)
         return features, check
+
+    def _check_lengths(self, features: KeyedJaggedTensor) -> Tuple[KeyedJaggedTensor, Optional[torch.Tensor]]:
+        """Every bag length at least 0 (the structure check compares only their sum with the values;
+        a negative length makes a dist or a lookup read another bag's ids, past the batch's end, which
+        FBGEMM's own bounds check - off while this check is on, :func:`without_redundant_bounds_check`
+        - used to correct in the TBE). On the device, no host sync: a report ``[_NEGATIVE_LENGTH,
+        feature, length]`` of the first negative length, or zeros; and the batch with each key's ids
+        in its last bag instead when there is one (valid for every dist; never looked up: every rank
+        raises first), else as it is (a variable batch per key, which only stock dists move, goes on as
+        it is). Returns ``(features, report)``; None: no lengths to check."""
+        lengths = features.lengths()
+        if lengths.numel() == 0:
+            return features, None
+        keys = tuple(features.keys())
+        bags = tuple(features.stride_per_key()) if features.variable_stride_per_key() else \
+            (features.stride(),) * len(keys)
+        counts = tuple(features.length_per_key())
+        cache_key = (keys, bags, counts, lengths.dtype, lengths.device)
+        if self._length_cache[0] != cache_key:
+            ends = torch.tensor(bags, dtype=torch.int64).cumsum(0)
+            fallback = torch.zeros(lengths.numel(), dtype=lengths.dtype)
+            for end, n, c in zip(ends.tolist(), bags, counts):  # set-up work, per keys and counts
+                if n:
+                    fallback[end - 1] = c
+            self._length_cache = (cache_key, (ends.to(lengths.device), fallback.to(lengths.device)))
+        cached = self._length_cache[1]
+        assert cached is not None
+        ends_t, fallback = cached
+        found, first = (lengths < 0).max(0)  # the first negative one, and whether there is one
+        i = first.view(1)
+        feature_of_key = self._id_limits(features)[1]
+        feature = feature_of_key.index_select(0, torch.searchsorted(ends_t, i, right=True))
+        report = torch.cat([torch.full_like(feature, _NEGATIVE_LENGTH), feature,
+                            lengths.index_select(0, i).to(torch.int64)]) * found
+        if features.variable_stride_per_key():  # no hybrid table (else expanded): stock dists only move ids
+            return features, report
+        safe = torch.where(found, fallback, lengths)
+        return KeyedJaggedTensor(keys=list(keys), values=features.values(), weights=features.weights_or_none(),
+                                 lengths=safe, stride=features.stride(), length_per_key=list(counts),
+                                 offset_per_key=features.offset_per_key()), report
 
     def _stock_input_dist_with_reports(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor,
                                        check: IdCheck, pg: dist.ProcessGroup):

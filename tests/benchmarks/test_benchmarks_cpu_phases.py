@@ -16,6 +16,9 @@ def test_cpu_phases_tiny(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     r = json.loads((tmp_path / "cpu_phases.json").read_text())
     assert [run["batch"] for run in r["runs"]] == [32, 4]
+    # the same plans at both batches (planned for the workload's)
+    first, second = (run["plans"]["hybrid_planner_bytes"]["types"] for run in r["runs"])
+    assert first == second
     from benchmarks.cpu_phases import PARTS, PHASES, PLANS
 
     for run in r["runs"]:
