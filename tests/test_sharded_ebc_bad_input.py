@@ -256,3 +256,36 @@ def test_id_check_replaces_fbgemm_bounds_check(validate_ids, fused_mode, expect)
                                              fused_mode=user):
         assert modes == [BoundsCheckMode[expect].value], modes
         assert sharder_has_mode == (fused_mode is not None)
+
+
+def retried_rejected_step(rank, world):
+    """A rejected step's context, used again: raises the same error again, and still looks nothing up."""
+    from torchrec_hybrid.sharded_ebc import HybridShardedEmbeddingBagCollection
+
+    configs = tables()
+    model = build(configs, world, {c: "tw" for c in KINDS},
+                  HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=OPTIMIZERS["sgd"]))
+    keys = [f for c in configs for f in c.feature_names]
+    _step(model, skewed_batch(configs, keys, batch=4, seed=rank, hot=hot_ids()), keys)
+    (sebc,) = [m for m in model.modules() if isinstance(m, HybridShardedEmbeddingBagCollection)]
+    before = {k: full_weight(v) for k, v in model.state_dict().items()}
+    kjt = skewed_batch(configs, keys, batch=4, seed=10 + rank, hot=hot_ids())
+    if rank == world - 1:
+        values = kjt.values().clone()
+        values[0] = 2**40 + 5  # far outside its table: a lookup would read past the weights
+        kjt = torchrec.KeyedJaggedTensor(keys=keys, values=values, lengths=kjt.lengths())
+    ctx = sebc.create_context()
+    dist_input = sebc.input_dist(ctx, kjt).wait().wait()
+    messages = []
+    for _ in range(2):
+        with pytest.raises(InvalidIdError) as err:
+            sebc.compute_and_output_dist(ctx, dist_input).wait()
+        messages.append(str(err.value))
+    for k, v in model.state_dict().items():
+        assert torch.equal(full_weight(v), before[k]), f"{k} changed on a rejected batch"
+    return messages
+
+
+def test_rejected_step_stays_rejected_when_retried():
+    for first, second in run_ranks(retried_rejected_step, 2, timeout=120):
+        assert first == second and "rank 1:" in first

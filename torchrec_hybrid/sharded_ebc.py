@@ -182,6 +182,9 @@ class HybridEmbeddingBagCollectionContext(EmbeddingBagCollectionContext):
     """The stock context plus the step's id check (set in input_dist, settled before lookups)."""
 
     id_check: Optional[IdCheck] = None
+    # the error the step was rejected with: a second compute_and_output_dist on this context raises it
+    # again instead of looking up the batch (its ids may be out of range; the TBEs do not check them)
+    rejected: Optional[Exception] = None
 
     def record_stream(self, stream: torch.Stream) -> None:
         super().record_stream(stream)
@@ -733,6 +736,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                duplicate=duplicate, other=other)
 
     def _finish_id_check(self, ctx: HybridEmbeddingBagCollectionContext, input) -> None:
+        if ctx.rejected is not None:
+            raise ctx.rejected
         check, ctx.id_check = ctx.id_check, None
         if check is None:
             return
@@ -751,7 +756,9 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             cls, what = InvalidIdError, "invalid embedding ids"
         else:
             cls, what = InvalidWeightError, "non-finite per-sample weights"
-        raise cls(f"{what}; the batch was rejected on every rank before any lookup or update: " + "; ".join(msgs))
+        ctx.rejected = cls(f"{what}; the batch was rejected on every rank before any lookup or update: "
+                           + "; ".join(msgs))
+        raise ctx.rejected
 
 
 def refresh_hot_sets(model: torch.nn.Module, stats: Any = None, hot_ids: Optional[HotIds] = None) -> Dict[str, int]:
