@@ -21,12 +21,11 @@ import argparse
 import copy
 import logging
 import statistics
-import time
 from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, plan_models, fused_params, workload_data
+from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_models, workload_data
 from benchmarks.report import write_results
 from torchrec_hybrid.spawn import spawn_ranks
 
@@ -73,9 +72,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     import torchrec
     from torchrec.distributed.model_parallel import DistributedModelParallel
 
-    from benchmarks.models import training_loss
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
-    from torchrec_hybrid.comm_bytes import sent_bytes
 
     spec = WORKLOADS[workload]
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
@@ -93,21 +90,9 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
                 torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta")), device=torch.device("cpu"),
                 plan=with_cold_layout(plans[BASE], tables, name, layout, world), sharders=[sharder])
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
-    cpu: Dict[str, List[float]] = {n: [] for n in names}
-    wall: Dict[str, List[float]] = {n: [] for n in names}
-    sent: Dict[str, List[int]] = {n: [] for n in names}
-    for i, kjt in enumerate(batches):
-        k = i % len(names)
-        for n in names[k:] + names[:k]:  # the order rotates every step
-            dist.barrier()
-            b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
-            training_loss(models[n](kjt).wait().values()).backward()
-            t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
-            if i >= warmup:
-                cpu[n].append(c1 - c0)
-                wall[n].append(t1 - t0)
-                sent[n].append(b1 - b0)
-    emit({"table": name, "names": names, "cpu": cpu, "wall": wall, "sent": sent})
+    measured = interleaved_steps(models, batches, warmup,  # the order rotates every step
+                                 lambda i: names[i % len(names):] + names[:i % len(names)])
+    emit(dict(measured, table=name, names=names))
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:

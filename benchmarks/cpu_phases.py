@@ -25,11 +25,11 @@ import logging
 import statistics
 import time
 from collections import defaultdict
-from typing import Any, Dict, Iterator, List, Optional
+from typing import Any, Dict, Iterator, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, plan_models, workload_data
+from benchmarks.product import WORKLOADS, plan_models, plan_types, workload_data
 from benchmarks.report import write_results
 from torchrec_hybrid.spawn import spawn_ranks
 
@@ -127,13 +127,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, batch: int, rows_cap:
                     for label, *_ in PHASES:
                         phases[label].append(totals[label])
     emit({"parts": parts, "process": process, "phases": dict(phases),
-          "types": {n: _types(plans[n]) for n in PLANS}})
-
-
-def _types(plan) -> Dict[str, int]:
-    from benchmarks.product import plan_types
-
-    return plan_types(plan)
+          "types": {n: plan_types(plans[n]) for n in PLANS}})
 
 
 def _median_ms(values: List[float]) -> float:
@@ -164,7 +158,7 @@ def _mean_max(values: List[float]) -> str:
     return f"{statistics.fmean(values):.2f} / {max(values):.2f}"
 
 
-def markdown(res: Dict[str, Any], title: Optional[bool] = True) -> List[str]:
+def markdown(res: Dict[str, Any], title: bool = True) -> List[str]:
     runs = res["runs"]
     lines = [f"# CPU per step and rank: {res['workload']}, W={res['world']}, {res['steps']} alternating steps",
              ""] if title else []

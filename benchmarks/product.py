@@ -27,7 +27,7 @@ import logging
 import os
 import statistics
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
@@ -154,6 +154,30 @@ def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: D
         if timed:
             sent[name].append(b1 - b0)
             times[name].append(t1 - t0)
+
+
+def interleaved_steps(models: Dict[str, Any], batches: List[Any], warmup: int,
+                      order: Callable[[int], List[str]]) -> Dict[str, Dict[str, List[Any]]]:
+    """One training step of each model per batch, in the order ``order(i)`` gives for batch ``i``, each
+    behind a barrier; per model, over the steps after the ``warmup`` first: wall seconds, process CPU
+    seconds and bytes sent (``{"wall": .., "cpu": .., "sent": ..}``, each ``{model: [per step]}``)."""
+    import torch.distributed as dist
+
+    from benchmarks.models import training_loss
+    from torchrec_hybrid.comm_bytes import sent_bytes
+
+    out: Dict[str, Dict[str, List[Any]]] = {k: {n: [] for n in models} for k in ("wall", "cpu", "sent")}
+    for i, kjt in enumerate(batches):
+        for n in order(i):
+            dist.barrier()
+            b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
+            training_loss(models[n](kjt).wait().values()).backward()
+            t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
+            if i >= warmup:
+                out["wall"][n].append(t1 - t0)
+                out["cpu"][n].append(c1 - c0)
+                out["sent"][n].append(b1 - b0)
+    return out
 
 
 def _train(models: Dict[str, Any], batches: List[Any], warmup: int):

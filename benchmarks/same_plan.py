@@ -29,12 +29,11 @@ import argparse
 import logging
 import math
 import statistics
-import time
 from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, fused_params, plan_types, workload_data
+from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_types, workload_data
 from benchmarks.report import write_results
 from torchrec_hybrid.spawn import spawn_ranks
 
@@ -71,9 +70,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     from benchmarks.measure import balanced_orders
-    from benchmarks.models import training_loss
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
-    from torchrec_hybrid.comm_bytes import sent_bytes
 
     spec = WORKLOADS[workload]
     tables, _, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
@@ -93,20 +90,9 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     names = list(MODELS)
     orders = balanced_orders(len(names))
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
-    wall: Dict[str, List[float]] = {n: [] for n in names}
-    cpu: Dict[str, List[float]] = {n: [] for n in names}
-    sent: Dict[str, List[int]] = {n: [] for n in names}
-    for i, kjt in enumerate(batches):
-        for n in (names[j] for j in orders[(i - warmup) % len(orders)]):  # balanced over the timed steps
-            dist.barrier()
-            b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
-            training_loss(models[n](kjt).wait().values()).backward()
-            t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
-            if i >= warmup:
-                wall[n].append(t1 - t0)
-                cpu[n].append(c1 - c0)
-                sent[n].append(b1 - b0)
-    emit({"wall": wall, "cpu": cpu, "sent": sent, "types": plan_types(plan)})
+    measured = interleaved_steps(models, batches, warmup,  # orders balanced over the timed steps
+                                 lambda i: [names[j] for j in orders[(i - warmup) % len(orders)]])
+    emit(dict(measured, types=plan_types(plan)))
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
