@@ -22,7 +22,9 @@ Protocol (docs/results.md, "How it is measured"):
 import ctypes
 import gc
 import logging
+import math
 import resource
+import statistics
 import time
 from typing import Dict, List
 
@@ -87,6 +89,15 @@ def balanced_orders(n: int) -> List[List[int]]:
             hi -= 1
     rows = [[(x + s) % n for x in base] for s in range(n)]
     return rows if n % 2 == 0 else rows + [r[::-1] for r in rows]
+
+
+def median_ci(xs: List[float]) -> List[float]:
+    """``[low, median, high]``: the median of ``xs`` and a distribution-free 95% confidence interval
+    for it, the order statistics ``n/2 -+ 0.98 sqrt(n)`` (normal approximation of the binomial; the
+    whole range for fewer than 6 values)."""
+    s, n = sorted(xs), len(xs)
+    k = int(n / 2 - 0.98 * math.sqrt(n)) if n >= 6 else 0
+    return [s[k], statistics.median(s), s[n - 1 - k]]
 
 
 def run_workload(rank: int, world: int, w: Workload) -> Dict:

@@ -31,6 +31,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import torch
 
+from benchmarks.measure import median_ci
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -234,18 +235,26 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
                   # per step, the busiest rank's count (collectives are the same on every rank)
                   "counts": {k: max(o["counts"][m][k] for o in outs) for k in r0["counts"][m]}}
     s = res["stock_planner"]
+    slowest = {m: [max(o["times"][m][i] for o in outs) for i in range(len(r0["times"][m]))] for m in MODELS}
     res["ratios"] = {m: {"busiest": res[m]["busiest_bytes"] / s["busiest_bytes"],
                          "mean": res[m]["mean_bytes"] / s["mean_bytes"],
                          "step": res[m]["median_step_s"] / s["median_step_s"],
+                         # per step, this plan's slowest rank over the stock planner's on the same batch
+                         "paired_step_ci": median_ci([a / b for a, b in zip(slowest[m], slowest["stock_planner"])]),
                          "busiest_over_mean": res[m]["busiest_bytes"] / res[m]["mean_bytes"]}
                      for m in HYBRID_MODELS}
     return res
 
 
+def _ci(ci: Optional[List[float]]) -> str:
+    return "-" if not ci else f"{ci[1]:.2f}x [{ci[0]:.2f}, {ci[2]:.2f}]"
+
+
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
     lines = ["| workload | W | plan | its types | busiest-rank MB: plan / stock | ratio | mean ratio "
-             "| busiest/mean | median step ratio | estimate error per rank (plan; stock) |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---|"]
+             "| busiest/mean | median step ratio | per-step ratio: median [95% CI] "
+             "| estimate error per rank (plan; stock) |",
+             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     err = lambda e: "-" if not e else f"{min(e) * 100:+.0f}..{max(e) * 100:+.0f}%"  # noqa: E731
     for r in results:
         s = r["stock_planner"]
@@ -254,7 +263,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
             types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"][m].items()))
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
                          f"{s['busiest_bytes'] / 1e6:.2f} | **{q['busiest']:.2f}x** | {q['mean']:.2f}x | "
-                         f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | "
+                         f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | {_ci(q.get('paired_step_ci'))} | "
                          f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
     lines += ["", "Per training step (forward / backward), counted by a dispatch hook "
               "(`benchmarks/step_counts.py`), busiest rank:", "",

@@ -27,12 +27,12 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import statistics
 from typing import Any, Dict, List
 
 import torch
 
+from benchmarks.measure import median_ci
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_types, workload_data
 from benchmarks.report import write_results
 from torchrec_hybrid.spawn import spawn_ranks
@@ -46,15 +46,6 @@ MODELS = {"stock sharder": "stock", "our sharder": "ours", "our sharder, validat
 def _quartiles(xs: List[float]) -> List[float]:
     q = statistics.quantiles(xs, n=4) if len(xs) > 1 else [xs[0]] * 3
     return [q[0], statistics.median(xs), q[2]]
-
-
-def median_ci(xs: List[float]) -> List[float]:
-    """``[low, median, high]``: the median of ``xs`` and a distribution-free 95% confidence interval
-    for it, the order statistics ``n/2 -+ 0.98 sqrt(n)`` (normal approximation of the binomial; the
-    whole range for fewer than 6 values)."""
-    s, n = sorted(xs), len(xs)
-    k = int(n / 2 - 0.98 * math.sqrt(n)) if n >= 6 else 0
-    return [s[k], statistics.median(s), s[n - 1 - k]]
 
 
 def _ratios(a: List[float], b: List[float]) -> List[float]:
