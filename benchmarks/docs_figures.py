@@ -140,12 +140,17 @@ def table_readme_product() -> str:
     return "\n".join(rows)
 
 
-def _product_grid(key: str) -> str:
+def _ci_text(ci: List[float]) -> str:
+    """A median and its 95% interval, ``[low, median, high]``, as the docs print it."""
+    return f"{ci[1]:.2f}x [{ci[0]:.2f}, {ci[2]:.2f}]"
+
+
+def _product_grid(key: str, fmt: Callable[[Any], str] = x2) -> str:
     p = product()
     worlds = sorted({w for _, w in p})
     rows = ["| workload | " + " | ".join(f"W={w}" for w in worlds) + " |", "|---|" + "---:|" * len(worlds)]
     for wl in WORKLOADS:
-        cells = [" / ".join(x2(p[(wl, w)]["ratios"][m][key]) for m in HYBRID) for w in worlds]
+        cells = [" / ".join(fmt(p[(wl, w)]["ratios"][m][key]) for m in HYBRID) for w in worlds]
         rows.append(f"| {SHORT[wl]} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -156,6 +161,11 @@ def table_results_product_bytes() -> str:
 
 def table_results_product_steps() -> str:
     return _product_grid("step")
+
+
+def table_results_product_paired() -> str:
+    """The per-step paired ratio's median and 95% interval (benchmarks.product ``paired_step_ci``)."""
+    return _product_grid("paired_step_ci", _ci_text)
 
 
 def _w4_runs(name: str) -> Dict[str, Dict[str, Any]]:
@@ -335,6 +345,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "readme_headline": ("README.md", table_readme_headline),
     "results_product_bytes": ("docs/results.md", table_results_product_bytes),
     "results_product_steps": ("docs/results.md", table_results_product_steps),
+    "results_product_paired": ("docs/results.md", table_results_product_paired),
     "results_step_counts": ("docs/results.md", table_results_step_counts),
     "results_cpu_plans": ("docs/results.md", table_results_cpu_plans),
     "results_headline": ("docs/results.md", table_results_headline),
@@ -388,7 +399,7 @@ def _same_plan_facts() -> Dict[str, str]:
     f = {"sp_world": str(unique((r["world"] for r in res.values()), "same_plan world")),
          "sp_steps": str(unique((r["steps"] for r in res.values()), "same_plan steps")),
          "sp_plan": unique((types_text(r["plan_types"]) for r in res.values()), "same_plan plan")}
-    ci = lambda c: f"{c[1]:.2f}x [{c[0]:.2f}, {c[2]:.2f}]"  # noqa: E731
+    ci = _ci_text
     for wl, key in (("onehot", "oh"), ("multihot", "mh")):
         r, m = res[wl], res[wl]["models"]
         f[f"sp_{key}_step"] = f"{m['our sharder']['step_vs_stock']:.3f}x"
@@ -425,6 +436,7 @@ def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, st
     f["w4_cmd"] = f"--world {' '.join(map(str, a4['world']))} --steps {a4['steps']}"
     f["w28_cmd"] = f"--world {' '.join(map(str, a28['world']))} --steps {a28['steps']}"
     f["w4_steps"] = str(a4["steps"])
+    f["product_steps"] = str(unique((a4["steps"], a28["steps"]), "product steps at W=4 and at W=2, 8"))
     f["w4_setup"] = (f"{unique(a4['world'], 'product_w4 world')} gloo ranks on 2 CPU cores, the 26 Criteo-Kaggle "
                      f"tables capped at {a4['rows_cap'] // 1000}k rows")
     f["stats_batches"] = str(unique((a4["stats_batches"], a28["stats_batches"]), "stats batches"))
@@ -719,6 +731,8 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "{sp_oh_step} and {sp_mh_step} the stock step with one id per feature and DLRMv2 multi-hot "
                         "bags (process CPU {sp_oh_cpu} and {sp_mh_cpu}), and without the id check {sp_oh_unchecked} "
                         "and {sp_mh_unchecked}"),
+    ("docs/results.md", "the median of those ratios and a distribution-free 95% interval of the median over the "
+                        "{product_steps} timed steps"),
     ("docs/results.md", "Paired round by round (95% confidence intervals of the median, order statistics), the median "
                         "per-step ratio to the stock step is {sp_oh_paired} and {sp_mh_paired}"),
     ("docs/results.md", "to our sharder without the check {sp_oh_check} and {sp_mh_check}"),
