@@ -27,7 +27,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding.cells import LaneLayout
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, round_robin_order, segment_arange
+from torchrec_hybrid.sharding.segments import exclusive_cumsum, host_to_device, round_robin_order, segment_arange
 
 
 @dataclass
@@ -171,6 +171,9 @@ class ColdIdsAllToAll:
         self._send_order = {p: round_robin_order(p, self._world + 1, device) for p in (2, 3)}
         units = feature_units if feature_units is not None else [1] * num_features
         self._units = torch.tensor(units, dtype=torch.int64, device=device)
+        self._one_unit = all(u == 1 for u in units)  # a bag's partial sum is one unit: units = bags
+        # words per [bag, id] on the wire: a length per bag, an id (and a weight) per id
+        self._part_words = {p: torch.tensor([1, p - 1], dtype=torch.int64, device=device) for p in (2, 3)}
 
     def __call__(self, bag_counts: torch.Tensor, id_counts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
                  weights: Optional[torch.Tensor], report: Optional[torch.Tensor]) -> Awaitable[Awaitable[ColdBags]]:
@@ -189,19 +192,23 @@ class ColdIdsAllToAll:
         if report is not None:
             header.append(report.view(1, -1).expand(W, -1))
         meta = torch.cat(header, 1).to(torch.int32)
-        bags_per_dest, ids_per_dest = bag_counts.view(W, F).sum(1), id_counts.view(W, F).sum(1)
-        bag_pad = (lengths.numel() - bags_per_dest.sum()).view(1)
-        id_pad = (rows.numel() - ids_per_dest.sum()).view(1)
-        seg = [bags_per_dest, bag_pad, ids_per_dest, id_pad] + ([ids_per_dest, id_pad] if weighted else [])
+        # per destination [bags, ids] (int64 sums of the int32 counts), then what is not sent: the
+        # buffers' padding; as segment sizes, part after part (lengths, ids[, weights' bits])
+        per_dest = meta[:, :2 * F].view(W, 2, F).sum(2)
+        buffers = host_to_device([lengths.numel(), rows.numel()], per_dest.device)
+        sizes = torch.cat([per_dest, (buffers - per_dest.sum(0)).view(1, 2)]).t()
+        if weighted:
+            sizes = torch.cat([sizes, sizes[1:]])
         values = [lengths.to(torch.int32), rows.to(torch.int32)]
         if weights is not None:
             values.append(weights.to(torch.float32).view(torch.int32))
         flat = torch.cat(values)
         _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(
-            self._send_order[parts], torch.cat(seg).to(torch.int32), flat, None, flat.numel())
-        send_splits = (bags_per_dest + (parts - 1) * ids_per_dest).to(torch.int64)
-        sent_units = torch.cat([(bag_counts.view(W, F).to(torch.int64) * self._units).sum(1),
-                                bags_per_dest.sum().view(1)])
+            self._send_order[parts], sizes.reshape(-1).to(torch.int32), flat, None, flat.numel())
+        send_splits = (per_dest * self._part_words[parts]).sum(1)
+        bags_per_dest = per_dest[:, 0]
+        units_per_dest = bags_per_dest if self._one_unit else (bag_counts.view(W, F) * self._units).sum(1)
+        sent_units = torch.cat([units_per_dest, bags_per_dest.sum().view(1)])
         if W == 1:
             return Deferred(lambda: Deferred(lambda: self._received(payload, meta, send_splits, sent_units,
                                                                     weighted, None)))
@@ -220,13 +227,14 @@ class ColdIdsAllToAll:
         all-to-all, the counts the owner's padding needs, the reports - then the payload
         all-to-all (``start``; on one rank the payload is what arrived)."""
         W, F = self._world, self._features
-        parts = 3 if weighted else 2
-        counts = recv_meta[:, :2 * F].to(torch.int64)
-        received = counts[:, :F].sum(1) + (parts - 1) * counts[:, F:].sum(1)
-        return_units = (counts[:, :F] * self._units).sum(1)
+        counts = recv_meta[:, :2 * F].view(W, 2, F)  # per source [bags, ids] per feature (int32)
+        per_source = counts.sum(2)  # int64
+        received = (per_source * self._part_words[3 if weighted else 2]).sum(1)
+        bags_in = per_source[:, 0]
+        return_units = bags_in if self._one_unit else (counts[:, 0] * self._units).sum(1)
         # per-feature totals over the sources are summed here, on the device, not per step in Python
-        host = torch.cat([send_splits, received, return_units, sent_units, counts.sum(0),
-                          recv_meta[:, 2 * F:].reshape(-1).to(torch.int64)]).tolist()
+        host = torch.cat([send_splits, received, return_units, sent_units, counts.sum(0).view(-1),
+                          recv_meta[:, 2 * F:].reshape(-1)]).tolist()
         send, recv = host[:W], host[W:2 * W]
         split = dict(host_return_units=host[2 * W:3 * W], host_partial_units=host[3 * W:4 * W],
                      host_sent_bags=host[4 * W], host_feature_bags=host[4 * W + 1:4 * W + 1 + F],
