@@ -8,8 +8,8 @@ TorchRec kernels. This script runs what is ours on the GPU: the real
 ``LaneLayout.positions`` (the owner's lookup input), and ``HybridPooledEmbeddingDist``
 (the output all-to-all, partial sums and hot rows, forward and backward), with:
 
-- FBGEMM's three sparse ops they call (cyclic bucketize, segment permute, complete
-  cumsum) given CUDA implementations made of torch ops (:func:`register_standins`),
+- FBGEMM's sparse ops they call (cyclic bucketize, segment permute, complete and
+  exclusive cumsum) given CUDA implementations made of torch ops (:func:`register_standins`),
   each checked against FBGEMM's own CPU kernel on the same input first;
 - the two lookups' TBE kernels replaced by torch stand-ins of the same shapes (a sum of
   embedding rows per bag), since they are FBGEMM's, not ours.
@@ -43,7 +43,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 logger = logging.getLogger(__name__)
 
-STANDIN_OPS = ("bucketize_sparse_features", "permute_1D_sparse_data", "asynchronous_complete_cumsum")
+STANDIN_OPS = ("bucketize_sparse_features", "permute_1D_sparse_data", "asynchronous_complete_cumsum",
+               "asynchronous_exclusive_cumsum")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -52,6 +53,10 @@ STANDIN_OPS = ("bucketize_sparse_features", "permute_1D_sparse_data", "asynchron
 
 def _complete_cumsum(t: torch.Tensor) -> torch.Tensor:
     return torch.cat([t.new_zeros(1), torch.cumsum(t, 0).to(t.dtype)])
+
+
+def _exclusive_cumsum(t: torch.Tensor) -> torch.Tensor:
+    return torch.cumsum(t, 0).to(t.dtype) - t
 
 
 def _bucketize_cyclic(lengths, indices, bucketize_pos, my_size, weights=None):
@@ -94,7 +99,8 @@ def register_standins(dispatch_key: str = "CUDA", override: bool = False) -> Lis
     global _LIBRARY
     import fbgemm_gpu  # noqa: F401 - defines the ops' schemas
 
-    fns: Dict[str, Callable] = dict(zip(STANDIN_OPS, (_bucketize_cyclic, _permute_1d, _complete_cumsum)))
+    fns: Dict[str, Callable] = dict(zip(STANDIN_OPS, (_bucketize_cyclic, _permute_1d, _complete_cumsum,
+                                                      _exclusive_cumsum)))
     ops = [n for n in STANDIN_OPS
            if override or not torch._C._dispatch_has_kernel_for_dispatch_key(f"fbgemm::{n}", dispatch_key)]
     if ops:
@@ -121,8 +127,10 @@ def check_standins(seed: int = 0) -> Dict[str, bool]:
     ours_p = _permute_1d(perm, lengths, ids, w, total)
     ref_p = torch.ops.fbgemm.permute_1D_sparse_data(perm, lengths, ids, w, total)
     ok_p = all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
-    ok_c = torch.equal(_complete_cumsum(lengths.long()), torch.ops.fbgemm.asynchronous_complete_cumsum(lengths.long()))
-    return dict(zip(STANDIN_OPS, (ok_b, ok_p, ok_c)))
+    sizes = lengths.long()
+    ok_c = torch.equal(_complete_cumsum(sizes), torch.ops.fbgemm.asynchronous_complete_cumsum(sizes))
+    ok_e = torch.equal(_exclusive_cumsum(sizes), torch.ops.fbgemm.asynchronous_exclusive_cumsum(sizes))
+    return dict(zip(STANDIN_OPS, (ok_b, ok_p, ok_c, ok_e)))
 
 
 # ---------------------------------------------------------------------------------------------

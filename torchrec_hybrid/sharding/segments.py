@@ -7,9 +7,10 @@ import torch
 
 
 def exclusive_cumsum(x: torch.Tensor, dim: int = 0) -> torch.Tensor:
-    """Starts of consecutive segments of sizes ``x``: ``cumsum(x) - x`` (one FBGEMM op for a 1-D
-    integer ``x``, the common case: a dispatched op, or a kernel launch on a GPU, fewer)."""
-    if x.dim() == 1 and x.dtype in (torch.int32, torch.int64):
+    """Starts of consecutive segments of sizes ``x``: ``cumsum(x) - x``, int64 for integer ``x``
+    (one FBGEMM op for a 1-D int64 ``x``, the common case: a dispatched op, or a kernel launch
+    on a GPU, fewer; FBGEMM's keeps an int32 input's dtype, so int32 takes the torch path)."""
+    if x.dim() == 1 and x.dtype == torch.int64:
         return torch.ops.fbgemm.asynchronous_exclusive_cumsum(x)
     return torch.cumsum(x, dim) - x
 
