@@ -92,11 +92,20 @@ def balanced_orders(n: int) -> List[List[int]]:
 
 
 def median_ci(xs: List[float]) -> List[float]:
-    """``[low, median, high]``: the median of ``xs`` and a distribution-free 95% confidence interval
-    for it, the order statistics ``n/2 -+ 0.98 sqrt(n)`` (normal approximation of the binomial; the
-    whole range for fewer than 6 values)."""
+    """``[low, median, high]``: the median of ``xs`` and a distribution-free confidence interval
+    for it of at least 95%: the order statistics ``s[k]`` and ``s[n - 1 - k]`` of the sorted
+    values, ``k`` the largest with P(Binomial(n, 1/2) <= k) <= 0.025 (the chance that ``s[k]``
+    lies above the true median); for fewer than 6 values no such ``k`` exists and the interval
+    is the whole range (93.75% at 5 values)."""
+    if not xs:
+        raise ValueError("median_ci: no values")
     s, n = sorted(xs), len(xs)
-    k = int(n / 2 - 0.98 * math.sqrt(n)) if n >= 6 else 0
+    k, below = 0, 0
+    for i in range(n // 2):  # exact integers: n/2 terms at most, once per result
+        below += math.comb(n, i)
+        if below * 40 > 2 ** n:  # P(X <= i) > 0.025
+            break
+        k = i
     return [s[k], statistics.median(s), s[n - 1 - k]]
 
 

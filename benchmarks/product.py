@@ -235,12 +235,11 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
                   # per step, the busiest rank's count (collectives are the same on every rank)
                   "counts": {k: max(o["counts"][m][k] for o in outs) for k in r0["counts"][m]}}
     s = res["stock_planner"]
-    slowest = {m: [max(o["times"][m][i] for o in outs) for i in range(len(r0["times"][m]))] for m in MODELS}
     res["ratios"] = {m: {"busiest": res[m]["busiest_bytes"] / s["busiest_bytes"],
                          "mean": res[m]["mean_bytes"] / s["mean_bytes"],
                          "step": res[m]["median_step_s"] / s["median_step_s"],
                          # per step, this plan's slowest rank over the stock planner's on the same batch
-                         "paired_step_ci": median_ci([a / b for a, b in zip(slowest[m], slowest["stock_planner"])]),
+                         "paired_step_ci": paired_step_ci(outs, m, "stock_planner"),
                          "busiest_over_mean": res[m]["busiest_bytes"] / res[m]["mean_bytes"]}
                      for m in HYBRID_MODELS}
     return res
@@ -248,6 +247,15 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
 
 def _ci(ci: Optional[List[float]]) -> str:
     return "-" if not ci else f"{ci[1]:.2f}x [{ci[0]:.2f}, {ci[2]:.2f}]"
+
+
+def paired_step_ci(outs: List[Dict[str, Any]], model: str, base: str) -> List[float]:
+    """Per batch, ``model``'s step over ``base``'s on the same batch, each the slowest rank's (``outs``: per
+    rank, ``{"times": {model: [per batch]}}``): the median of those ratios and its 95% interval
+    (:func:`benchmarks.measure.median_ci`)."""
+    slowest = {m: [max(o["times"][m][i] for o in outs) for i in range(len(outs[0]["times"][m]))]
+               for m in (model, base)}
+    return median_ci([a / b for a, b in zip(slowest[model], slowest[base])])
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:

@@ -3,6 +3,7 @@ network-priced) against TorchRec's planner's, trained interleaved on the same ba
 per rank and the step ratios, with the paired per-step ratio's median and its 95% interval."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
@@ -14,17 +15,28 @@ from benchmarks.measure import median_ci
 ROOT = Path(__file__).resolve().parents[2]
 
 
-@pytest.mark.parametrize("n", [1, 5, 6, 40, 41])
-def test_median_ci_brackets_the_median_with_symmetric_order_statistics(n):
+@pytest.mark.parametrize("n", [1, 5, 6, 16, 40, 41, 180])
+def test_median_ci_is_the_widest_exact_binomial_interval_of_95_percent(n):
     xs = [((7 * i) % n) / 3.0 for i in range(n)]  # a permutation: the order must not matter
     lo, mid, hi = median_ci(xs)
     s = sorted(xs)
-    assert lo <= mid <= hi and lo in xs and hi in xs
-    assert sum(x < lo for x in xs) == sum(x > hi for x in xs)  # as many left out below as above
-    if n < 6:  # too few for any order statistic to be left out
-        assert (lo, hi) == (s[0], s[-1])
-    if n >= 40:  # the benchmarks' 40 steps: the interval is narrower than the range
-        assert s[0] < lo and hi < s[-1]
+    k = s.index(lo)
+    assert lo <= mid <= hi and s[n - 1 - k] == hi  # symmetric order statistics
+    below = lambda j: sum(math.comb(n, i) for i in range(j + 1)) / 2 ** n  # noqa: E731 - P(Bin(n, 1/2) <= j)
+    if n < 6:  # no order statistic gives 95%: the whole range
+        assert k == 0 and below(0) > 0.025
+    else:  # P(s[k] above the median) <= 0.025, and one rank further in it would not be
+        assert below(k) <= 0.025 < below(k + 1)
+
+
+def test_paired_step_ratios_pair_each_batch_on_its_slowest_rank():
+    from benchmarks.product import paired_step_ci
+
+    # two ranks, five batches: per batch the slowest rank's time, plan over stock on that batch
+    outs = [{"times": {"plan": [2.0, 1.0, 9.0, 4.0, 3.0], "stock": [1.0, 2.0, 3.0, 8.0, 1.0]}},
+            {"times": {"plan": [1.0, 4.0, 3.0, 2.0, 6.0], "stock": [4.0, 1.0, 9.0, 2.0, 2.0]}}]
+    ratios = sorted([2.0 / 4.0, 4.0 / 2.0, 9.0 / 9.0, 4.0 / 8.0, 6.0 / 2.0])
+    assert paired_step_ci(outs, "plan", "stock") == [ratios[0], ratios[2], ratios[-1]]
 
 
 def test_product_tiny(tmp_path):
