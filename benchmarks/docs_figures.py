@@ -140,11 +140,6 @@ def table_readme_product() -> str:
     return "\n".join(rows)
 
 
-def _ci_text(ci: List[float]) -> str:
-    """A median and its 95% interval, ``[low, median, high]``, as the docs print it."""
-    return f"{ci[1]:.2f}x [{ci[0]:.2f}, {ci[2]:.2f}]"
-
-
 def _product_grid(key: str, fmt: Callable[[Any], str] = x2) -> str:
     p = product()
     worlds = sorted({w for _, w in p})
@@ -165,7 +160,9 @@ def table_results_product_steps() -> str:
 
 def table_results_product_paired() -> str:
     """The per-step paired ratio's median and 95% interval (benchmarks.product ``paired_step_ci``)."""
-    return _product_grid("paired_step_ci", _ci_text)
+    from benchmarks.measure import ci_text
+
+    return _product_grid("paired_step_ci", ci_text)
 
 
 def _w4_runs(name: str) -> Dict[str, Dict[str, Any]]:
@@ -399,7 +396,7 @@ def _same_plan_facts() -> Dict[str, str]:
     f = {"sp_world": str(unique((r["world"] for r in res.values()), "same_plan world")),
          "sp_steps": str(unique((r["steps"] for r in res.values()), "same_plan steps")),
          "sp_plan": unique((types_text(r["plan_types"]) for r in res.values()), "same_plan plan")}
-    ci = _ci_text
+    from benchmarks.measure import ci_text as ci
     for wl, key in (("onehot", "oh"), ("multihot", "mh")):
         r, m = res[wl], res[wl]["models"]
         f[f"sp_{key}_step"] = f"{m['our sharder']['step_vs_stock']:.3f}x"

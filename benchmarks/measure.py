@@ -109,6 +109,17 @@ def median_ci(xs: List[float]) -> List[float]:
     return [s[k], statistics.median(s), s[n - 1 - k]]
 
 
+def ci_text(ci: List[float]) -> str:
+    """``[low, median, high]`` (:func:`median_ci`) as the reports print a ratio's: ``1.02x [0.98, 1.05]``."""
+    return f"{ci[1]:.2f}x [{ci[0]:.2f}, {ci[2]:.2f}]"
+
+
+def slowest_rank(per_rank: List[List[float]]) -> List[float]:
+    """Per step, the slowest rank's time (``per_rank``: each rank's times, step by step): a collective
+    step is as slow as its slowest rank."""
+    return [max(step) for step in zip(*per_rank)]
+
+
 def run_workload(rank: int, world: int, w: Workload) -> Dict:
     """Measures workload `w` on this rank; returns raw per-step numbers per sharding type."""
     device = torch.device("cuda", rank) if w.device == "cuda" else torch.device("cpu")

@@ -27,11 +27,11 @@ import logging
 import os
 import statistics
 import time
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from benchmarks.measure import median_ci
+from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
 from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -86,7 +86,9 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
     planners, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
-    sent, times = _train(models, batches, warmup)
+    orders = balanced_orders(len(MODELS))
+    measured = interleaved_steps(models, batches, warmup, lambda i: [MODELS[j] for j in orders[i % len(orders)]])
+    sent, times = measured["sent"], measured["wall"]
     dist.barrier()
     counts = {}
     for name in MODELS:  # one more, untimed, step per model under the op counter
@@ -134,27 +136,32 @@ def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Opt
     return planners, plans, models
 
 
+def _timed_step(model: Any, kjt: Any) -> Tuple[float, float, int]:
+    """One training step of ``model`` behind a barrier: its wall seconds, process CPU seconds and bytes sent."""
+    import torch.distributed as dist
+
+    from benchmarks.models import training_loss
+    from torchrec_hybrid.comm_bytes import sent_bytes
+
+    dist.barrier()
+    b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
+    training_loss(model(kjt).wait().values()).backward()
+    t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
+    return t1 - t0, c1 - c0, b1 - b0
+
+
 def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: Dict[str, List[int]],
                 times: Dict[str, List[float]]) -> None:
     """One training step of each of ``names``, in the order of row ``i`` of a Williams design
     (``measure.balanced_orders``: over its rows every model takes every position, and follows every other
     model, equally often), each behind a barrier; on a timed step, record each model's bytes sent and time."""
-    import torch.distributed as dist
-
-    from benchmarks.measure import balanced_orders
-    from benchmarks.models import training_loss
-    from torchrec_hybrid.comm_bytes import sent_bytes
-
     names = tuple(names)
     orders = balanced_orders(len(names))
     for name in (names[j] for j in orders[i % len(orders)]):
-        dist.barrier()
-        b0, t0 = sent_bytes(), time.perf_counter()
-        training_loss(models[name](kjt).wait().values()).backward()
-        t1, b1 = time.perf_counter(), sent_bytes()
+        wall, _, nbytes = _timed_step(models[name], kjt)
         if timed:
-            sent[name].append(b1 - b0)
-            times[name].append(t1 - t0)
+            sent[name].append(nbytes)
+            times[name].append(wall)
 
 
 def interleaved_steps(models: Dict[str, Any], batches: List[Any], warmup: int,
@@ -162,33 +169,14 @@ def interleaved_steps(models: Dict[str, Any], batches: List[Any], warmup: int,
     """One training step of each model per batch, in the order ``order(i)`` gives for batch ``i``, each
     behind a barrier; per model, over the steps after the ``warmup`` first: wall seconds, process CPU
     seconds and bytes sent (``{"wall": .., "cpu": .., "sent": ..}``, each ``{model: [per step]}``)."""
-    import torch.distributed as dist
-
-    from benchmarks.models import training_loss
-    from torchrec_hybrid.comm_bytes import sent_bytes
-
     out: Dict[str, Dict[str, List[Any]]] = {k: {n: [] for n in models} for k in ("wall", "cpu", "sent")}
     for i, kjt in enumerate(batches):
         for n in order(i):
-            dist.barrier()
-            b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
-            training_loss(models[n](kjt).wait().values()).backward()
-            t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
+            measured = _timed_step(models[n], kjt)
             if i >= warmup:
-                out["wall"][n].append(t1 - t0)
-                out["cpu"][n].append(c1 - c0)
-                out["sent"][n].append(b1 - b0)
+                for key, value in zip(("wall", "cpu", "sent"), measured):
+                    out[key][n].append(value)
     return out
-
-
-def _train(models: Dict[str, Any], batches: List[Any], warmup: int):
-    """Train every model on each batch, in balanced orders (:func:`step_models`), each behind a barrier; bytes
-    sent and time of each model's steps after the ``warmup`` first."""
-    sent: Dict[str, List[int]] = {m: [] for m in MODELS}
-    times: Dict[str, List[float]] = {m: [] for m in MODELS}
-    for i, kjt in enumerate(batches):
-        step_models(models, MODELS, kjt, i, i >= warmup, sent, times)
-    return sent, times
 
 
 def _planner_report(planners: Dict[str, Any], plans: Dict[str, Any]) -> Dict[str, Any]:
@@ -226,7 +214,7 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
                            "chosen": r0["chosen"], "types": r0["types"], "comparison": r0["comparison"]}
     for m in MODELS:
         sent = [o["sent"][m] for o in outs]
-        step = [max(o["times"][m][i] for o in outs) for i in range(len(r0["times"][m]))]
+        step = slowest_rank([o["times"][m] for o in outs])
         est = r0["estimate"][m]
         res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent),
                   "median_step_s": statistics.median(step),
@@ -245,17 +233,12 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     return res
 
 
-def _ci(ci: Optional[List[float]]) -> str:
-    return "-" if not ci else f"{ci[1]:.2f}x [{ci[0]:.2f}, {ci[2]:.2f}]"
-
-
 def paired_step_ci(outs: List[Dict[str, Any]], model: str, base: str) -> List[float]:
     """Per batch, ``model``'s step over ``base``'s on the same batch, each the slowest rank's (``outs``: per
     rank, ``{"times": {model: [per batch]}}``): the median of those ratios and its 95% interval
     (:func:`benchmarks.measure.median_ci`)."""
-    slowest = {m: [max(o["times"][m][i] for o in outs) for i in range(len(outs[0]["times"][m]))]
-               for m in (model, base)}
-    return median_ci([a / b for a, b in zip(slowest[model], slowest[base])])
+    ours, theirs = (slowest_rank([o["times"][m] for o in outs]) for m in (model, base))
+    return median_ci([a / b for a, b in zip(ours, theirs)])
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
@@ -268,10 +251,11 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
         s = r["stock_planner"]
         for m in HYBRID_MODELS:
             h, q = r[m], r["ratios"][m]
+            paired = ci_text(q["paired_step_ci"]) if q.get("paired_step_ci") else "-"  # older results: none
             types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"][m].items()))
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
                          f"{s['busiest_bytes'] / 1e6:.2f} | **{q['busiest']:.2f}x** | {q['mean']:.2f}x | "
-                         f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | {_ci(q.get('paired_step_ci'))} | "
+                         f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | {paired} | "
                          f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
     lines += ["", "Per training step (forward / backward), counted by a dispatch hook "
               "(`benchmarks/step_counts.py`), busiest rank:", "",
