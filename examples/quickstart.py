@@ -7,6 +7,7 @@ candidate plans (TorchRec's, the mixed one, the all-hybrid one; ``*`` marks the 
 and one JSON line: the hybrid tables, the loss of the last step and the bytes it sent.
 """
 
+import gc
 import json
 import logging
 import os
@@ -23,12 +24,8 @@ from torchrec_hybrid.planner.topology import gloo_topology
 from torchrec_hybrid.stats import FrequencyStats, SyntheticCriteo, criteo_table_sizes, criteo_tables
 
 
-def main() -> None:
-    cuda = torch.cuda.is_available()
-    dist.init_process_group("nccl" if cuda else "gloo")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
-    logging.basicConfig(level=logging.WARNING)
+def plan_and_train(rank: int, world: int, device: torch.device) -> None:
+    cuda = device.type == "cuda"
 
     # 1. 26 Criteo-like tables (capped at 20k rows) and skewed synthetic batches.
     sizes = criteo_table_sizes(max_rows=20_000)
@@ -65,7 +62,19 @@ def main() -> None:
         print("\n".join(planner.comparison_table()))
         print(json.dumps({"hybrid_tables": hybrid, "tables": len(tables), "last_loss": loss.item(),
                           "bytes_sent_last_step": sent[0]}))
+
+
+def main() -> None:
+    cuda = torch.cuda.is_available()
+    dist.init_process_group("nccl" if cuda else "gloo")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if cuda else torch.device("cpu")
+    logging.basicConfig(level=logging.WARNING)
+    plan_and_train(dist.get_rank(), dist.get_world_size(), device)
     dist.destroy_process_group()
+    # The model holds the process group, and Gloo's worker threads live as long as it does: one
+    # still releasing a finished all-to-all while the interpreter shuts down aborts the process.
+    # Collecting the model now joins them before exit.
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -466,10 +466,15 @@ def main(argv=None) -> None:
         # one write per message: ranks share the launcher's stderr
         sys.stderr.write(f"[rank{os.environ.get('RANK', 0)}] ERROR: {type(e).__name__}: {e}\n")
         sys.stderr.flush()
+        failed = True
+    else:
+        failed = False
+    if failed:  # out of the except block: its traceback no longer holds the model and its group
         if dist.is_initialized():
             with contextlib.suppress(Exception):  # checkpoint errors are collective verdicts: every rank
                 dist.monitored_barrier(timeout=datetime.timedelta(seconds=5))  # prints before torchrun ends it
             dist.destroy_process_group()
+        gc.collect()  # Gloo's worker threads end with the group, before interpreter exit
         sys.exit(1)
     if final is not None:
         print(json.dumps(final, allow_nan=False), flush=True)
