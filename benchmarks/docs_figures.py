@@ -23,7 +23,7 @@ import os
 import re
 import statistics
 import sys
-from typing import Any, Callable, Dict, Iterable, List, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -140,12 +140,15 @@ def table_readme_product() -> str:
     return "\n".join(rows)
 
 
-def _product_grid(key: str, fmt: Callable[[Any], str] = x2) -> str:
+def _product_grid(key: Optional[str], fmt: Callable[[Any], str] = x2) -> str:
+    """Per workload and W, ``fmt`` of the CPU-priced / network-priced plan's ``ratios[key]`` (``key`` None:
+    ``fmt`` of the whole ``ratios`` entry)."""
     p = product()
     worlds = sorted({w for _, w in p})
     rows = ["| workload | " + " | ".join(f"W={w}" for w in worlds) + " |", "|---|" + "---:|" * len(worlds)]
     for wl in WORKLOADS:
-        cells = [" / ".join(fmt(p[(wl, w)]["ratios"][m][key]) for m in HYBRID) for w in worlds]
+        cells = [" / ".join(fmt(q if key is None else q[key]) for q in (p[(wl, w)]["ratios"][m] for m in HYBRID))
+                 for w in worlds]
         rows.append(f"| {SHORT[wl]} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
 
@@ -159,10 +162,16 @@ def table_results_product_steps() -> str:
 
 
 def table_results_product_paired() -> str:
-    """The per-step paired ratio's median and 95% interval (benchmarks.product ``paired_step_ci``)."""
+    """The per-step paired ratio's median and 95% interval over the runs' pooled steps, and each run's own
+    median (benchmarks.product ``paired_step_ci``, ``paired_step_runs``)."""
     from benchmarks.measure import ci_text
+    from benchmarks.product import runs_text
 
-    return _product_grid("paired_step_ci", ci_text)
+    def cell(q: Dict[str, Any]) -> str:
+        runs = runs_text(q.get("paired_step_runs", []))
+        return ci_text(q["paired_step_ci"]) + (f" ({runs})" if runs else "")
+
+    return _product_grid(None, cell)
 
 
 def _w4_runs(name: str) -> Dict[str, Dict[str, Any]]:
@@ -430,8 +439,9 @@ def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, st
     """What the product runs ran (command lines, setup, batch sizes): the docs quote them to reproduce the runs."""
     f: Dict[str, str] = {}
     a4, a28 = load("product_w4")["args"], load("product_w28")["args"]
-    f["w4_cmd"] = f"--world {' '.join(map(str, a4['world']))} --steps {a4['steps']}"
-    f["w28_cmd"] = f"--world {' '.join(map(str, a28['world']))} --steps {a28['steps']}"
+    repeats = lambda a: f" --repeats {a['repeats']}" if a.get("repeats", 1) > 1 else ""  # noqa: E731
+    f["w4_cmd"] = f"--world {' '.join(map(str, a4['world']))} --steps {a4['steps']}{repeats(a4)}"
+    f["w28_cmd"] = f"--world {' '.join(map(str, a28['world']))} --steps {a28['steps']}{repeats(a28)}"
     f["w4_steps"] = str(a4["steps"])
     f["product_steps"] = str(unique((a4["steps"], a28["steps"]), "product steps at W=4 and at W=2, 8"))
     f["w4_setup"] = (f"{unique(a4['world'], 'product_w4 world')} gloo ranks on 2 CPU cores, the 26 Criteo-Kaggle "

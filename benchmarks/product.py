@@ -204,17 +204,27 @@ def plan_types(plan) -> Dict[str, int]:
 
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
-            prices: Optional[Any] = None, tie_ms: Any = "auto") -> Dict[str, Any]:
-    per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
-                           stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices,
-                           tie_ms=tie_ms)
-    outs = [items[0] for items in per_rank]
+            prices: Optional[Any] = None, tie_ms: Any = "auto", repeats: int = 1) -> Dict[str, Any]:
+    """One workload at one world size, run ``repeats`` times, each in fresh processes (new allocations, new
+    process group: between such runs the same pair of plans moves by more than within one). The steps of
+    every run are pooled; bytes are the runs' mean; the planner's report and op counts are the first run's
+    (the plans are the same each time: same statistics, deterministic planners)."""
+    runs = []
+    for _ in range(repeats):
+        per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
+                               stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices,
+                               tie_ms=tie_ms)
+        runs.append([items[0] for items in per_rank])
+        if runs[-1][0]["types"] != runs[0][0]["types"]:
+            raise RuntimeError(f"{name} W={world}: the planners returned other plans in run {len(runs)} "
+                               f"({runs[-1][0]['types']}) than in run 1 ({runs[0][0]['types']})")
+    outs = runs[0]
     r0 = outs[0]
-    res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"],
+    res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"], "repeats": repeats,
                            "chosen": r0["chosen"], "types": r0["types"], "comparison": r0["comparison"]}
     for m in MODELS:
-        sent = [o["sent"][m] for o in outs]
-        step = slowest_rank([o["times"][m] for o in outs])
+        sent = [statistics.mean(run[r]["sent"][m] for run in runs) for r in range(world)]
+        step = [t for run in runs for t in slowest_rank([o["times"][m] for o in run])]
         est = r0["estimate"][m]
         res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent),
                   "median_step_s": statistics.median(step),
@@ -223,27 +233,34 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
                   # per step, the busiest rank's count (collectives are the same on every rank)
                   "counts": {k: max(o["counts"][m][k] for o in outs) for k in r0["counts"][m]}}
     s = res["stock_planner"]
+    # per run and step, the plan's slowest rank over the stock planner's on the same batch
+    paired = {m: [paired_step_ratios(run, m, "stock_planner") for run in runs] for m in HYBRID_MODELS}
     res["ratios"] = {m: {"busiest": res[m]["busiest_bytes"] / s["busiest_bytes"],
                          "mean": res[m]["mean_bytes"] / s["mean_bytes"],
                          "step": res[m]["median_step_s"] / s["median_step_s"],
-                         # per step, this plan's slowest rank over the stock planner's on the same batch
-                         "paired_step_ci": paired_step_ci(outs, m, "stock_planner"),
+                         # the median over every run's steps with its interval, and each run's own median
+                         "paired_step_ci": median_ci([x for run in paired[m] for x in run]),
+                         "paired_step_runs": [statistics.median(run) for run in paired[m]],
                          "busiest_over_mean": res[m]["busiest_bytes"] / res[m]["mean_bytes"]}
                      for m in HYBRID_MODELS}
     return res
 
 
-def paired_step_ci(outs: List[Dict[str, Any]], model: str, base: str) -> List[float]:
+def paired_step_ratios(outs: List[Dict[str, Any]], model: str, base: str) -> List[float]:
     """Per batch, ``model``'s step over ``base``'s on the same batch, each the slowest rank's (``outs``: per
-    rank, ``{"times": {model: [per batch]}}``): the median of those ratios and its 95% interval
-    (:func:`benchmarks.measure.median_ci`)."""
+    rank, ``{"times": {model: [per batch]}}``)."""
     ours, theirs = (slowest_rank([o["times"][m] for o in outs]) for m in (model, base))
-    return median_ci([a / b for a, b in zip(ours, theirs)])
+    return [a / b for a, b in zip(ours, theirs)]
+
+
+def runs_text(medians: List[float]) -> str:
+    """Each run's own paired median, as the docs show the spread between runs: ``runs 0.97-1.11``."""
+    return f"runs {min(medians):.2f}-{max(medians):.2f}" if len(medians) > 1 else ""
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
     lines = ["| workload | W | plan | its types | busiest-rank MB: plan / stock | ratio | mean ratio "
-             "| busiest/mean | median step ratio | per-step ratio: median [95% CI] "
+             "| busiest/mean | median step ratio | per-step ratio: median [95% CI] (each run's median) "
              "| estimate error per rank (plan; stock) |",
              "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     err = lambda e: "-" if not e else f"{min(e) * 100:+.0f}..{max(e) * 100:+.0f}%"  # noqa: E731
@@ -252,6 +269,8 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
         for m in HYBRID_MODELS:
             h, q = r[m], r["ratios"][m]
             paired = ci_text(q["paired_step_ci"]) if q.get("paired_step_ci") else "-"  # older results: none
+            if len(q.get("paired_step_runs", [])) > 1:
+                paired += f" ({runs_text(q['paired_step_runs'])})"
             types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"][m].items()))
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
                          f"{s['busiest_bytes'] / 1e6:.2f} | **{q['busiest']:.2f}x** | {q['mean']:.2f}x | "
@@ -276,6 +295,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
     ap.add_argument("--stats-batches", type=int, default=8)
     ap.add_argument("--warmup", type=int, default=4)
     ap.add_argument("--steps", type=int, default=30)
+    ap.add_argument("--repeats", type=int, default=1,
+                    help="runs per workload and world size, each in fresh processes; their steps are pooled")
     ap.add_argument("--out", default="out/product")
     ap.add_argument("--prices", metavar="JSON",
                     help="the CPU-priced planner's prices: a calibration file of benchmarks/calibrate.py "
@@ -286,7 +307,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
                          "error where they carry one, else 0)")
     a = ap.parse_args(argv)
     for name, value, low in (("world", min(a.world), 2), ("rows-cap", a.rows_cap, 1), ("stats-batches",
-                             a.stats_batches, 1), ("warmup", a.warmup, 0), ("steps", a.steps, 1)):
+                             a.stats_batches, 1), ("warmup", a.warmup, 0), ("steps", a.steps, 1),
+                             ("repeats", a.repeats, 1)):
         if value < low:  # one rank has nothing to compare; no steps, no median
             ap.error(f"--{name} must be >= {low}, got {value}")
     from torchrec_hybrid.planner.config import PlannerConfigError, parse_hot_set
@@ -305,7 +327,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
     for w in a.world:
         for name in a.workloads:
             t = time.time()
-            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms))
+            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms,
+                                   a.repeats))
             r = results[-1]
             for m, q in r["ratios"].items():
                 logger.info("%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, m,

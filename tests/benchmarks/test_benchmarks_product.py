@@ -1,6 +1,7 @@
 """`python -m benchmarks.product` at a tiny size: the hybrid planner's plans (CPU- and
 network-priced) against TorchRec's planner's, trained interleaved on the same batches; bytes
-per rank and the step ratios, with the paired per-step ratio's median and its 95% interval."""
+per rank and the step ratios, with the paired per-step ratio's median and its 95% interval, pooled over
+runs in fresh processes, and each run's own median."""
 
 import json
 import math
@@ -30,19 +31,19 @@ def test_median_ci_is_the_widest_exact_binomial_interval_of_95_percent(n):
 
 
 def test_paired_step_ratios_pair_each_batch_on_its_slowest_rank():
-    from benchmarks.product import paired_step_ci
+    from benchmarks.product import paired_step_ratios
 
     # two ranks, five batches: per batch the slowest rank's time, plan over stock on that batch
     outs = [{"times": {"plan": [2.0, 1.0, 9.0, 4.0, 3.0], "stock": [1.0, 2.0, 3.0, 8.0, 1.0]}},
             {"times": {"plan": [1.0, 4.0, 3.0, 2.0, 6.0], "stock": [4.0, 1.0, 9.0, 2.0, 2.0]}}]
-    ratios = sorted([2.0 / 4.0, 4.0 / 2.0, 9.0 / 9.0, 4.0 / 8.0, 6.0 / 2.0])
-    assert paired_step_ci(outs, "plan", "stock") == [ratios[0], ratios[2], ratios[-1]]
+    assert paired_step_ratios(outs, "plan", "stock") == [2.0 / 4.0, 4.0 / 2.0, 9.0 / 9.0, 4.0 / 8.0, 6.0 / 2.0]
 
 
 def test_product_tiny(tmp_path):
     world, steps = 2, 6
     proc = subprocess.run([sys.executable, "-m", "benchmarks.product", "--world", str(world), "--rows-cap", "2000",
-                           "--steps", str(steps), "--warmup", "1", "--workloads", "onehot", "--out", str(tmp_path)],
+                           "--steps", str(steps), "--warmup", "1", "--workloads", "onehot", "--repeats", "2",
+                           "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
     (r,) = json.loads((tmp_path / "product.json").read_text())["results"]
@@ -52,9 +53,10 @@ def test_product_tiny(tmp_path):
         assert q["busiest"] == r[m]["busiest_bytes"] / stock["busiest_bytes"], m
         lo, mid, hi = q["paired_step_ci"]
         assert 0 < lo <= mid <= hi, m
+        assert len(q["paired_step_runs"]) == 2 and min(q["paired_step_runs"]) > 0, m  # each run's own median
         assert len(r[m]["sent_per_rank"]) == world
     md = (tmp_path / "product.md").read_text()
-    assert "per-step ratio: median [95% CI]" in md
+    assert "per-step ratio: median [95% CI] (each run's median)" in md
     for m, q in r["ratios"].items():
-        lo, mid, hi = q["paired_step_ci"]
-        assert f"| {mid:.2f}x [{lo:.2f}, {hi:.2f}] |" in md, m
+        (lo, mid, hi), runs = q["paired_step_ci"], q["paired_step_runs"]
+        assert f"| {mid:.2f}x [{lo:.2f}, {hi:.2f}] (runs {min(runs):.2f}-{max(runs):.2f}) |" in md, m
