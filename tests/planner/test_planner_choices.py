@@ -161,3 +161,22 @@ def test_sharder_offering_only_frequency_hybrid_gets_only_that():
     cfg = tables({"a": 100_000, "b": 1000})
     _, plan = plan_for(cfg, exact_stats(cfg, {}), sharder=OnlyHybrid())  # uniform ids: stock would win
     assert {ps.sharding_type for ps in plan.values()} == {FREQUENCY_HYBRID}
+
+
+def test_the_comparison_is_logged_once_under_the_names_of_its_candidates(caplog):
+    # the all-hybrid candidate comes from an inner planner (compare_plans=False) whose one
+    # candidate is its mixed plan: it must not log a one-line "comparison" under that name
+    cfg = tables({"tiny": 20, "big": 100_000})
+    st = exact_stats(cfg, {"big": zipf_probs(100_000, 1.1)})
+    with caplog.at_level("INFO", logger="torchrec_hybrid.planner.planner"):
+        planner, _ = plan_for(cfg, st, compute_costs=None)
+    headers = [r.getMessage() for r in caplog.records if r.getMessage().startswith("plan candidates")]
+    assert len(headers) == 1 and len(planner.candidates) == 3
+    logged = [r.getMessage() for r in caplog.records if r.getMessage().lstrip("* ").startswith(
+        ("hybrid planner:", "stock:", "every eligible"))]
+    assert logged == planner.comparison_table()[1:]
+    with caplog.at_level("INFO", logger="torchrec_hybrid.planner.planner"):
+        caplog.clear()
+        single, _ = plan_for(cfg, st, compute_costs=None, compare_plans=False)
+    assert len(single.candidates) == 1
+    assert not [r for r in caplog.records if r.getMessage().startswith("plan candidates")]

@@ -10,7 +10,7 @@ import torch
 from torchrec.datasets.criteo import BinaryCriteoUtils
 
 from torchrec_hybrid.stats import FrequencyStats, SyntheticCriteo, criteo_table_sizes
-from torchrec_hybrid.stats.cli import main
+from torchrec_hybrid.stats.cli import build_parser, main
 from torchrec_hybrid.stats.sources import criteo_npy_batches, criteo_tsv_batches
 from torchrec_hybrid.stats.synthetic import CRITEO_KAGGLE_CARDINALITIES, DLRMV2_MULTI_HOT_SIZES
 
@@ -154,3 +154,11 @@ def test_synthetic_only_flags_refused_with_real_data(tmp_path, capsys, flags):
         main(["--criteo-tsv", str(tmp_path / "train.txt"), "--out", str(tmp_path / "s.pt")] + flags)
     assert f"argument {flags[0]}: only for --synthetic data" in capsys.readouterr().err
     assert not (tmp_path / "s.pt").exists()
+
+
+@pytest.mark.parametrize("argv0, prog", [
+    ("/venv/bin/torchrec-hybrid-stats", "torchrec-hybrid-stats"),
+    ("/repo/torchrec_hybrid/stats/__main__.py", "python -m torchrec_hybrid.stats")])
+def test_usage_names_the_command_it_was_run_as(monkeypatch, argv0, prog):
+    monkeypatch.setattr(sys, "argv", [argv0, "--help"])
+    assert build_parser().prog == prog

@@ -281,8 +281,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving,
                                    self.tie_rel)
         best = self._chosen
-        for line in self.comparison_table():
-            logger.info(line)
+        if len(self.candidates) > 1:  # one candidate (compare_plans=False, e.g. the inner all-hybrid planner
+            for line in self.comparison_table():  # below): nothing compared, nothing to log under its name
+                logger.info(line)
         if self._compare:  # the inner all-hybrid planner does not warn a second time
             _check_sharder_hot_ids(module, sharders, best.plan)
         return best.plan

@@ -17,6 +17,7 @@ import argparse
 import logging
 import math
 import os
+import sys
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -73,8 +74,9 @@ NONNEG_INT = _number(int, 0, True)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m torchrec_hybrid.stats", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    launched = os.path.basename(sys.argv[0])  # the console script's name, or __main__.py under python -m
+    prog = "python -m torchrec_hybrid.stats" if launched in ("__main__.py", "cli.py", "") else launched
+    p = argparse.ArgumentParser(prog=prog, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--synthetic", action="store_true", help="Criteo-like Zipf stream")
     src.add_argument("--criteo-tsv", nargs="+", metavar="FILE", help="Criteo TSV files")
