@@ -172,6 +172,13 @@ def structure_cases(rank, world, kinds):
     out["bad-id-and-missing-key"] = _rejected_everywhere(
         model, configs, keys, world, bad_id, MalformedBatchError, ["-7", "'f1'"], seed=900,
         bad_ranks=[0, world - 1])
+    # both found on the error path, each by the rank that reported it: which id, which length
+    bad_id_or_negative = lambda kjt, keys: KeyedJaggedTensor(  # noqa: E731
+        keys=keys, values=torch.cat([torch.tensor([-7]), kjt.values()[1:]]), lengths=kjt.lengths(),
+        stride=kjt.stride()) if torch.distributed.get_rank() == 0 else _negative_length(kjt, keys)
+    out["bad-id-and-negative-length"] = _rejected_everywhere(
+        model, configs, keys, world, bad_id_or_negative, MalformedBatchError, ["id -7", "negative length -1"],
+        seed=950, bad_ranks=[0, world - 1])
     _trains(model, configs, keys, seed=1000)
     return out
 

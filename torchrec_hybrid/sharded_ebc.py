@@ -91,6 +91,8 @@ _WEIGHTS_SIZE = 13  # [values numel, weights numel]
 _INVERSE_KEYS = 14  # [0, rows of the inverse indices]
 _INVERSE_RANGE = 15  # [feature, the inverse index]
 _NEGATIVE_LENGTH = 16  # [feature (-1: a key that is no feature), the length]
+# codes the device checks report bare: the rank that reports one finds the details on the error path
+_SEARCHED = (_NEGATIVE_LENGTH, _BAD_ID, _BAD_WEIGHT)
 _VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch.INVERSE_KEYS: _INVERSE_KEYS,
                       variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _LENGTHS_SIZE}
 # stock types whose input dist only moves ids (no bucketing by id): no clamp needed there
@@ -330,9 +332,9 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._reference_keys: Optional[Tuple[str, ...]] = None
         # per (keys, dtype, device): the id limits per key, and per id for the last lengths per key
         self._limit_cache: Dict[tuple, Tuple[tuple, Optional[Tuple[int, ...]], Optional[tuple]]] = {}
-        # per (bags per key, ids per key, dtype, device): the last bag of each key, and lengths that put
-        # each key's ids in its last bag (what a batch with a negative length goes on with)
-        self._length_cache: Tuple[tuple, Optional[Tuple[torch.Tensor, torch.Tensor]]] = ((), None)
+        # per (bags per key, ids per key, dtype, device): lengths that put each key's ids in its last
+        # bag (what a batch with a negative length goes on with)
+        self._length_cache: Tuple[tuple, Optional[torch.Tensor]] = ((), None)
         # input dists that index by id (row-wise bucketing, the hybrid's hot/cold split) and
         # caching kernels (a prefetch pipeline fills their caches before the verdict is read)
         # need ids in range even in a batch the check will reject; the others only move them
@@ -458,51 +460,41 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             check.report = torch.tensor(problem, dtype=torch.int64)
             features = self._placeholder(features)
         else:
-            features, length_report = self._check_lengths(features)
-            features = self._check_values(features, check)
-            if length_report is not None:  # a malformed batch is reported before its ids
-                check.report = torch.where(length_report[0] != 0, length_report, check.report)
+            check.batch = features  # as it came: where the error path looks for what was wrong
+            features, negative = self._check_lengths(features)
+            features = self._check_values(features, check, negative)
         return features, check
 
     def _check_lengths(self, features: KeyedJaggedTensor) -> Tuple[KeyedJaggedTensor, Optional[torch.Tensor]]:
         """Every bag length at least 0 (the structure check compares only their sum with the values;
         a negative length makes a dist or a lookup read another bag's ids, past the batch's end, which
         FBGEMM's own bounds check - off while this check is on, :func:`without_redundant_bounds_check`
-        - used to correct in the TBE). On the device, no host sync: a report ``[_NEGATIVE_LENGTH,
-        feature, length]`` of the first negative length, or zeros; and the batch with each key's ids
-        in its last bag instead when there is one (valid for every dist; never looked up: every rank
-        raises first), else as it is (a variable batch per key, which only stock dists move, goes on as
-        it is). Returns ``(features, report)``; None: no lengths to check."""
+        - used to correct in the TBE). One reduction on the device, no host sync and no search (which
+        length it was is looked for only when a rank reports one, :meth:`_first_value_problem`).
+        Returns ``(features, negative)``: ``negative`` a bool scalar on the device (None: no lengths
+        to check), and the batch with each key's ids in its last bag instead when a length is
+        negative (valid for every dist; never looked up: every rank raises first), else as it is (a
+        variable batch per key, which only stock dists move, goes on as it is)."""
         lengths = features.lengths()
         if lengths.numel() == 0:
             return features, None
+        negative = lengths.min() < 0
+        if features.variable_stride_per_key():  # no hybrid table (else expanded): stock dists only move ids
+            return features, negative
         keys = tuple(features.keys())
-        bags = tuple(features.stride_per_key()) if features.variable_stride_per_key() else \
-            (features.stride(),) * len(keys)
         counts = tuple(features.length_per_key())
-        cache_key = (keys, bags, counts, lengths.dtype, lengths.device)
+        cache_key = (keys, features.stride(), counts, lengths.dtype, lengths.device)
         if self._length_cache[0] != cache_key:
-            ends = torch.tensor(bags, dtype=torch.int64).cumsum(0)
-            fallback = torch.zeros(lengths.numel(), dtype=lengths.dtype)
-            for end, n, c in zip(ends.tolist(), bags, counts):  # set-up work, per keys and counts
-                if n:
-                    fallback[end - 1] = c
-            self._length_cache = (cache_key, (ends.to(lengths.device), fallback.to(lengths.device)))
+            fallback = torch.zeros(len(keys), features.stride(), dtype=lengths.dtype)
+            if features.stride():
+                fallback[:, -1] = torch.tensor(counts, dtype=lengths.dtype)  # set-up work, per keys and counts
+            self._length_cache = (cache_key, fallback.view(-1).to(lengths.device))
         cached = self._length_cache[1]
         assert cached is not None
-        ends_t, fallback = cached
-        found, first = (lengths < 0).max(0)  # the first negative one, and whether there is one
-        i = first.view(1)
-        feature_of_key = self._id_limits(features)[1]
-        feature = feature_of_key.index_select(0, torch.searchsorted(ends_t, i, right=True))
-        report = torch.cat([torch.full_like(feature, _NEGATIVE_LENGTH), feature,
-                            lengths.index_select(0, i).to(torch.int64)]) * found
-        if features.variable_stride_per_key():  # no hybrid table (else expanded): stock dists only move ids
-            return features, report
-        safe = torch.where(found, fallback, lengths)
+        safe = torch.where(negative, cached, lengths)
         return KeyedJaggedTensor(keys=list(keys), values=features.values(), weights=features.weights_or_none(),
                                  lengths=safe, stride=features.stride(), length_per_key=list(counts),
-                                 offset_per_key=features.offset_per_key()), report
+                                 offset_per_key=features.offset_per_key()), negative
 
     def _stock_input_dist_with_reports(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor,
                                        check: IdCheck, pg: dist.ProcessGroup):
@@ -525,46 +517,61 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                                 async_op=True)
         return splits
 
-    def _check_values(self, features: KeyedJaggedTensor, check: IdCheck) -> KeyedJaggedTensor:
+    def _check_values(self, features: KeyedJaggedTensor, check: IdCheck,
+                      negative: Optional[torch.Tensor] = None) -> KeyedJaggedTensor:
         """Every id against its table's size, every weight finite: vectorised and without a
         host sync, two reductions and no search (which id it was is looked for only when a rank
-        reports one, :meth:`_value_problems`). The verdict becomes ``check.report`` (on the
-        device: ``[_BAD_ID, 0, 0]``, ``[_BAD_WEIGHT, 0, 0]`` or zeros). Where this module's input
-        dists index by id (row-wise bucketing, the hybrid's hot/cold split) bad ids are clamped
-        into range and bad weights replaced by 0, so the step runs on in step with the other
-        ranks until the verdicts are read, before any lookup; table-wise, column-wise and
-        data-parallel dists only move ids, so there the batch goes on as it is (no copy)."""
+        reports one, :meth:`_value_problems`). The verdict, with ``negative`` (whether a bag length
+        is negative, :meth:`_check_lengths`: reported first), becomes ``check.report`` (on the
+        device: ``[_NEGATIVE_LENGTH, 0, 0]``, ``[_BAD_ID, 0, 0]``, ``[_BAD_WEIGHT, 0, 0]`` or
+        zeros). Where this module's input dists index by id (row-wise bucketing, the hybrid's
+        hot/cold split) bad ids are clamped into range and bad weights replaced by 0, so the step
+        runs on in step with the other ranks until the verdicts are read, before any lookup;
+        table-wise, column-wise and data-parallel dists only move ids, so there the batch goes on
+        as it is (no copy)."""
         values = features.values()
         if values.numel() == 0:
+            if negative is not None:
+                code = negative * _NEGATIVE_LENGTH  # int64
+                check.report = torch.cat([code.view(1), code.new_zeros(2)])
             return features
-        check.batch = features
         limits, _, _, known = self._id_limits(features)
         ids = values if known is None else torch.where(known, values, 0)  # keys that are no feature: not checked
         lowest = torch.minimum((limits - ids).min(), ids.min())  # < 0: an id outside its table
-        code = (lowest < 0).to(torch.int64) * _BAD_ID
+        code = (lowest < 0) * _BAD_ID  # int64
         weights = features.weights_or_none()
         bad_weight = None
         if self._validate_weights and weights is not None and weights.is_floating_point():
             bad_weight = self._bad_weights(weights, known)
-            code = torch.where(code != 0, code, bad_weight.any().to(torch.int64) * _BAD_WEIGHT)
+            code = torch.where(code != 0, code, bad_weight.any() * _BAD_WEIGHT)
+        if negative is not None:  # a malformed batch is reported before its ids
+            code = torch.where(negative, _NEGATIVE_LENGTH, code)
         check.report = torch.cat([code.view(1), code.new_zeros(2)])
         if not self._ids_index_rows:
             return features
-        checked = torch.clamp(values, min=torch.zeros_like(limits[:1]), max=limits)
+        checked = torch.minimum(values, limits).clamp_(min=0)  # a new tensor: the batch is the user's
         if known is not None:  # ids of keys that are no feature stay as they are
             checked = torch.where(known, checked, values)
         if bad_weight is not None:
             assert weights is not None
             weights = torch.where(bad_weight, 0, weights)
         return KeyedJaggedTensor(keys=list(features.keys()), values=checked, weights=weights,
-                                 lengths=features.lengths(), offsets=features.offsets(), stride=features.stride(),
-                                 length_per_key=features.length_per_key(), offset_per_key=features.offset_per_key())
+                                 lengths=features.lengths(), offsets=features.offsets_or_none(),
+                                 stride=features.stride(), length_per_key=features.length_per_key(),
+                                 offset_per_key=features.offset_per_key())
 
     def _first_value_problem(self, features: KeyedJaggedTensor) -> torch.Tensor:
-        """This rank's first bad id (or, without one, first bad weight) as a report
-        ``[code, feature, value]``: the error path's search (:meth:`_value_problems`)."""
-        values = features.values()
+        """This rank's first negative bag length (or, without one, first bad id, or first bad
+        weight) as a report ``[code, feature, value]``: the error path's search (:meth:`_value_problems`)."""
+        lengths = features.lengths()
         limits, feature_of_key, ends, known = self._id_limits(features)
+        bags = features.stride_per_key() if features.variable_stride_per_key() else \
+            [features.stride()] * len(features.keys())
+        report = self._first_problem(lengths < 0, _NEGATIVE_LENGTH, lengths.to(torch.int64), feature_of_key,
+                                     torch.tensor(bags, dtype=torch.int64, device=lengths.device).cumsum(0))
+        if report[0] != 0:
+            return report
+        values = features.values()
         bad = (values > limits) | (values < 0)
         if known is not None:
             bad &= known
@@ -602,7 +609,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         pg = self._hybrid_shardings()[0].hybrid_pg if check.carried else self._check_pg
         rank = dist.get_rank(pg) if pg is not None and dist.is_initialized() else 0
         mine = torch.tensor(reports[rank], dtype=torch.int64)
-        if reports[rank][0] in (_BAD_ID, _BAD_WEIGHT) and check.batch is not None:
+        if reports[rank][0] in _SEARCHED and check.batch is not None:
             try:
                 mine = self._first_value_problem(check.batch)
             except Exception:  # e.g. a pipeline freed the batch's storage: the others still wait for ours
@@ -744,7 +751,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         reports = check.reports(input)
         if not any(code for code, _, _ in reports):
             return
-        if any(code in (_BAD_ID, _BAD_WEIGHT) for code, _, _ in reports):  # which id or weight it was
+        if any(code in _SEARCHED for code, _, _ in reports):  # which length, id or weight it was
             reports = self._value_problems(check, reports)
         msgs = [f"rank {r}: {self._describe(code, index, value)}"  # only on the error path
                 for r, (code, index, value) in enumerate(reports) if code]
