@@ -165,16 +165,11 @@ def table_results_product_steps() -> str:
 
 
 def table_results_product_paired() -> str:
-    """The per-step paired ratio's median and 95% interval over the runs' pooled steps, and each run's own
-    median (benchmarks.product ``paired_step_ci``, ``paired_step_runs``)."""
-    from benchmarks.measure import ci_text
-    from benchmarks.product import runs_text
+    """The per-step paired ratio's median and 95% interval over the runs' pooled steps, and the range of each
+    run's own median (benchmarks.product ``paired_step_ci``, ``paired_step_runs``)."""
+    from benchmarks.product import paired_text
 
-    def cell(q: Dict[str, Any]) -> str:
-        runs = runs_text(q.get("paired_step_runs", []))
-        return ci_text(q["paired_step_ci"]) + (f" ({runs})" if runs else "")
-
-    return _product_grid(None, cell)
+    return _product_grid(None, paired_text)
 
 
 def _w4_runs(name: str) -> Dict[str, Dict[str, Any]]:
@@ -442,12 +437,12 @@ def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, st
     """What the product runs ran (command lines, setup, batch sizes): the docs quote them to reproduce the runs."""
     f: Dict[str, str] = {}
     a4, a28 = load("product_w4")["args"], load("product_w28")["args"]
-    repeats = lambda a: f" --repeats {a['repeats']}" if a.get("repeats", 1) > 1 else ""  # noqa: E731
-    f["w4_cmd"] = f"--world {' '.join(map(str, a4['world']))} --steps {a4['steps']}{repeats(a4)}"
-    f["w28_cmd"] = f"--world {' '.join(map(str, a28['world']))} --steps {a28['steps']}{repeats(a28)}"
+    repeats = unique((a4.get("repeats", 1), a28.get("repeats", 1)), "product repeats at W=4 and at W=2, 8")
+    flag = f" --repeats {repeats}" if repeats > 1 else ""
+    f["w4_cmd"] = f"--world {' '.join(map(str, a4['world']))} --steps {a4['steps']}{flag}"
+    f["w28_cmd"] = f"--world {' '.join(map(str, a28['world']))} --steps {a28['steps']}{flag}"
     f["w4_steps"] = str(a4["steps"])
     f["product_steps"] = str(unique((a4["steps"], a28["steps"]), "product steps at W=4 and at W=2, 8"))
-    repeats = unique((a4.get("repeats", 1), a28.get("repeats", 1)), "product repeats at W=4 and at W=2, 8")
     f["product_repeats"] = str(repeats)
     f["product_repeats_words"] = NUMBER_WORDS.get(repeats, str(repeats))
     f["product_pooled_steps"] = str(repeats * int(f["product_steps"]))

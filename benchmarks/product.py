@@ -253,9 +253,15 @@ def paired_step_ratios(outs: List[Dict[str, Any]], model: str, base: str) -> Lis
     return [a / b for a, b in zip(ours, theirs)]
 
 
-def runs_text(medians: List[float]) -> str:
-    """Each run's own paired median, as the docs show the spread between runs: ``runs 0.97-1.11``."""
-    return f"runs {min(medians):.2f}-{max(medians):.2f}" if len(medians) > 1 else ""
+def paired_text(ratios: Dict[str, Any]) -> str:
+    """A plan's paired step ratio (its ``ratios`` entry) as the reports print it: the pooled median and its
+    interval, and with several runs the range of their own medians (``0.81x [0.79, 0.85] (runs 0.80-0.85)``);
+    "-" for results older than the paired ratio."""
+    if not ratios.get("paired_step_ci"):
+        return "-"
+    runs = ratios.get("paired_step_runs", [])
+    spread = f" (runs {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
+    return ci_text(ratios["paired_step_ci"]) + spread
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
@@ -268,9 +274,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
         s = r["stock_planner"]
         for m in HYBRID_MODELS:
             h, q = r[m], r["ratios"][m]
-            paired = ci_text(q["paired_step_ci"]) if q.get("paired_step_ci") else "-"  # older results: none
-            if len(q.get("paired_step_runs", [])) > 1:
-                paired += f" ({runs_text(q['paired_step_runs'])})"
+            paired = paired_text(q)
             types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"][m].items()))
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
                          f"{s['busiest_bytes'] / 1e6:.2f} | **{q['busiest']:.2f}x** | {q['mean']:.2f}x | "

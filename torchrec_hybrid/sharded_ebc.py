@@ -125,6 +125,12 @@ _MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollec
 }
 
 
+def _bare_report(code: torch.Tensor) -> torch.Tensor:
+    """A device check's report ``[code, 0, 0]`` from its int64 scalar ``code`` (a :data:`_SEARCHED` code's
+    details are found on the error path)."""
+    return torch.cat([code.view(1), code.new_zeros(2)])
+
+
 def _pack_name(name: str) -> int:
     """The first bytes of ``name`` and its length in one int64 (unknown keys' names)."""
     raw = name.encode("utf-8")
@@ -332,8 +338,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._reference_keys: Optional[Tuple[str, ...]] = None
         # per (keys, dtype, device): the id limits per key, and per id for the last lengths per key
         self._limit_cache: Dict[tuple, Tuple[tuple, Optional[Tuple[int, ...]], Optional[tuple]]] = {}
-        # per (bags per key, ids per key, dtype, device): lengths that put each key's ids in its last
-        # bag (what a batch with a negative length goes on with)
+        # per (keys, batch size, ids per key, dtype, device): lengths that put each key's ids in its
+        # last bag (what a batch with a negative length goes on with)
         self._length_cache: Tuple[tuple, Optional[torch.Tensor]] = ((), None)
         # input dists that index by id (row-wise bucketing, the hybrid's hot/cold split) and
         # caching kernels (a prefetch pipeline fills their caches before the verdict is read)
@@ -532,8 +538,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         values = features.values()
         if values.numel() == 0:
             if negative is not None:
-                code = negative * _NEGATIVE_LENGTH  # int64
-                check.report = torch.cat([code.view(1), code.new_zeros(2)])
+                check.report = _bare_report(negative * _NEGATIVE_LENGTH)
             return features
         limits, _, _, known = self._id_limits(features)
         ids = values if known is None else torch.where(known, values, 0)  # keys that are no feature: not checked
@@ -546,7 +551,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             code = torch.where(code != 0, code, bad_weight.any() * _BAD_WEIGHT)
         if negative is not None:  # a malformed batch is reported before its ids
             code = torch.where(negative, _NEGATIVE_LENGTH, code)
-        check.report = torch.cat([code.view(1), code.new_zeros(2)])
+        check.report = _bare_report(code)
         if not self._ids_index_rows:
             return features
         checked = torch.minimum(values, limits).clamp_(min=0)  # a new tensor: the batch is the user's
