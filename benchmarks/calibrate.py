@@ -46,7 +46,7 @@ import numpy as np
 import torch
 
 from benchmarks.product import WORKLOADS, fused_params, workload_data
-from torchrec_hybrid.spawn import spawn_ranks
+from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 

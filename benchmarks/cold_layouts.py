@@ -27,7 +27,7 @@ import torch
 
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_models, workload_data
 from benchmarks.report import write_results
-from torchrec_hybrid.spawn import spawn_ranks
+from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 

@@ -31,7 +31,9 @@ import torch
 
 from benchmarks.product import WORKLOADS, plan_models, plan_types, workload_data
 from benchmarks.report import write_results
-from torchrec_hybrid.spawn import spawn_ranks
+from benchmarks.malloc import DEFAULT_MODE as DEFAULT_MALLOC
+from benchmarks.malloc import describe as describe_allocator
+from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -162,7 +164,8 @@ def markdown(res: Dict[str, Any], title: bool = True) -> List[str]:
     runs = res["runs"]
     lines = [f"# CPU per step and rank: {res['workload']}, W={res['world']}, {res['steps']} alternating steps",
              ""] if title else []
-    lines += ["Main-thread CPU per rank, ms (median over steps; mean over ranks / busiest rank):", "",
+    lines += ["Main-thread CPU per rank, ms (median over steps; mean over ranks / busiest rank); allocator: "
+              f"{res.get('allocator', 'glibc defaults (before benchmarks/malloc.py)')}:", "",
               "| B | plan | its types | " + " | ".join(PARTS) + " | main thread, all parts | process CPU |",
               "|---:|---|---|" + "---:|" * (len(PARTS) + 2)]
     for r in runs:
@@ -195,6 +198,7 @@ def main(argv=None) -> Dict[str, Any]:
                  f"{a.steps}, {a.warmup}, {batches})")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     res = run(a.workload, a.world, batches, a.rows_cap, a.warmup, a.steps)
+    res["allocator"] = describe_allocator(DEFAULT_MALLOC)
     print(write_results(a.out, "cpu_phases", res, markdown(res)))
     return res
 

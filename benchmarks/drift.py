@@ -48,7 +48,7 @@ from benchmarks.data import rank_slice  # one rank's part of a global batch
 from benchmarks.product import fused_params, step_models
 
 from torchrec_hybrid.comm_bytes import count_sent_bytes
-from torchrec_hybrid.spawn import spawn_ranks
+from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger("benchmarks.drift")
 

@@ -11,7 +11,7 @@ import os
 from typing import Dict, List
 
 from benchmarks.config import Workload
-from torchrec_hybrid.spawn import spawn_ranks
+from benchmarks.malloc import spawn_ranks
 
 
 def _worker(rank: int, world: int, emit, workloads: List[Workload], progress: bool) -> None:

@@ -35,6 +35,8 @@ from torchrec_hybrid.comm_bytes import sent_bytes
 
 from benchmarks.config import Workload
 from benchmarks.data import make_data
+from benchmarks.malloc import current as current_allocator
+from benchmarks.malloc import minor_faults
 from benchmarks.models import build
 
 logger = logging.getLogger(__name__)
@@ -138,17 +140,19 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
             built[kind].step(data.batches[s])
     times: Dict[str, List[float]] = {k: [] for k in kinds}
     sent: Dict[str, List[int]] = {k: [] for k in kinds}
+    faults: Dict[str, List[int]] = {k: [] for k in kinds}
     orders = balanced_orders(len(kinds))
     for s in range(w.steps):
         batch = data.batches[w.warmup + s]
         for kind in (kinds[i] for i in orders[s % len(orders)]):
             dist.barrier()
             step = built[kind].step
-            b0, t0 = sent_bytes(), time.perf_counter()
+            f0, b0, t0 = minor_faults(), sent_bytes(), time.perf_counter()
             step(batch)
-            t1, b1 = time.perf_counter(), sent_bytes()
+            t1, b1, f1 = time.perf_counter(), sent_bytes(), minor_faults()
             times[kind].append(t1 - t0)
             sent[kind].append(b1 - b0)
+            faults[kind].append(f1 - f0)
     step_peak = {}
     for kind in kinds:
         dist.barrier()
@@ -161,7 +165,8 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
     gc.collect()
     dist.barrier()
     return {
-        "rank": rank, "times_s": times, "sent_bytes": sent, "build_rss_bytes": build_rss,
+        "rank": rank, "times_s": times, "sent_bytes": sent, "page_faults": faults, "allocator": current_allocator(),
+        "build_rss_bytes": build_rss,
         "step_peak_rss_bytes": step_peak, "table_types": types, "dense_numel": dense,
         "planner_estimates": estimates,
         "ru_maxrss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,

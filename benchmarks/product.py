@@ -12,7 +12,9 @@ compute priced by the CPU calibration, ``planner/compute_costs.py``) and as it p
 network-bound cluster (``hybrid_planner_bytes``: bytes and collectives only, the default on
 CUDA). Per model: bytes each rank sends (``wchar`` of ``/proc/self/io``) - the mean over
 ranks and the busiest rank - and the median over steps of the slowest rank's step time;
-next to them the hybrid planner's own per-rank estimate of both plans.
+next to them the hybrid planner's own per-rank estimate of both plans, and the minor page faults
+of a step (every rank runs with glibc's malloc thresholds fixed unless ``--malloc default``:
+``benchmarks/malloc.py``).
 
 Workloads: ``onehot`` (one id per feature, B=1024), ``multihot`` (MLPerf DLRMv2 bag sizes,
 B=512), their ``sorted-`` variants (ids numbered by popularity) and ``uniform`` (one-hot,
@@ -31,8 +33,8 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
+from benchmarks import malloc
 from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
-from torchrec_hybrid.spawn import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -95,9 +97,9 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
         dist.barrier()
         counts[name] = count_training_step(models[name], batches[-1])
     out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
-                           "counts": counts}
+                           "faults": measured["faults"], "counts": counts}
     if rank == 0:
-        out.update(_planner_report(planners, plans))
+        out.update(_planner_report(planners, plans), allocator=malloc.current())
     emit(out)
 
 
@@ -136,18 +138,19 @@ def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Opt
     return planners, plans, models
 
 
-def _timed_step(model: Any, kjt: Any) -> Tuple[float, float, int]:
-    """One training step of ``model`` behind a barrier: its wall seconds, process CPU seconds and bytes sent."""
+def _timed_step(model: Any, kjt: Any) -> Tuple[float, float, int, int]:
+    """One training step of ``model`` behind a barrier: its wall seconds, process CPU seconds, bytes sent and
+    minor page faults (``malloc.minor_faults``)."""
     import torch.distributed as dist
 
     from benchmarks.models import training_loss
     from torchrec_hybrid.comm_bytes import sent_bytes
 
     dist.barrier()
-    b0, c0, t0 = sent_bytes(), time.process_time(), time.perf_counter()
+    f0, b0, c0, t0 = malloc.minor_faults(), sent_bytes(), time.process_time(), time.perf_counter()
     training_loss(model(kjt).wait().values()).backward()
-    t1, c1, b1 = time.perf_counter(), time.process_time(), sent_bytes()
-    return t1 - t0, c1 - c0, b1 - b0
+    t1, c1, b1, f1 = time.perf_counter(), time.process_time(), sent_bytes(), malloc.minor_faults()
+    return t1 - t0, c1 - c0, b1 - b0, f1 - f0
 
 
 def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: Dict[str, List[int]],
@@ -158,7 +161,7 @@ def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: D
     names = tuple(names)
     orders = balanced_orders(len(names))
     for name in (names[j] for j in orders[i % len(orders)]):
-        wall, _, nbytes = _timed_step(models[name], kjt)
+        wall, _, nbytes, _ = _timed_step(models[name], kjt)
         if timed:
             sent[name].append(nbytes)
             times[name].append(wall)
@@ -168,13 +171,15 @@ def interleaved_steps(models: Dict[str, Any], batches: List[Any], warmup: int,
                       order: Callable[[int], List[str]]) -> Dict[str, Dict[str, List[Any]]]:
     """One training step of each model per batch, in the order ``order(i)`` gives for batch ``i``, each
     behind a barrier; per model, over the steps after the ``warmup`` first: wall seconds, process CPU
-    seconds and bytes sent (``{"wall": .., "cpu": .., "sent": ..}``, each ``{model: [per step]}``)."""
-    out: Dict[str, Dict[str, List[Any]]] = {k: {n: [] for n in models} for k in ("wall", "cpu", "sent")}
+    seconds, bytes sent and page faults (``{"wall": .., "cpu": .., "sent": .., "faults": ..}``, each
+    ``{model: [per step]}``)."""
+    keys = ("wall", "cpu", "sent", "faults")
+    out: Dict[str, Dict[str, List[Any]]] = {k: {n: [] for n in models} for k in keys}
     for i, kjt in enumerate(batches):
         for n in order(i):
             measured = _timed_step(models[n], kjt)
             if i >= warmup:
-                for key, value in zip(("wall", "cpu", "sent"), measured):
+                for key, value in zip(keys, measured):
                     out[key][n].append(value)
     return out
 
@@ -204,16 +209,18 @@ def plan_types(plan) -> Dict[str, int]:
 
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
-            prices: Optional[Any] = None, tie_ms: Any = "auto", repeats: int = 1) -> Dict[str, Any]:
+            prices: Optional[Any] = None, tie_ms: Any = "auto", repeats: int = 1,
+            allocator: str = malloc.DEFAULT_MODE) -> Dict[str, Any]:
     """One workload at one world size, run ``repeats`` times, each in fresh processes (new allocations, new
     process group: between such runs the same pair of plans moves by more than within one). The steps of
     every run are pooled; bytes are the runs' mean; the planner's report and op counts are the first run's
-    (the plans are the same each time: same statistics, deterministic planners)."""
+    (the plans are the same each time: same statistics, deterministic planners). ``allocator``: the ranks'
+    malloc mode (``benchmarks/malloc.py``)."""
     runs = []
     for _ in range(repeats):
-        per_rank = spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name], rows_cap=rows_cap,
-                               stats_batches=stats_batches, warmup=warmup, steps=steps, prices=prices,
-                               tie_ms=tie_ms)
+        per_rank = malloc.spawn_ranks(_rank_main, world, malloc=allocator, timeout=3000, spec=WORKLOADS[name],
+                                      rows_cap=rows_cap, stats_batches=stats_batches, warmup=warmup, steps=steps,
+                                      prices=prices, tie_ms=tie_ms)
         runs.append([items[0] for items in per_rank])
         if runs[-1][0]["types"] != runs[0][0]["types"]:
             raise RuntimeError(f"{name} W={world}: the planners returned other plans in run {len(runs)} "
@@ -221,13 +228,17 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     outs = runs[0]
     r0 = outs[0]
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"], "repeats": repeats,
-                           "chosen": r0["chosen"], "types": r0["types"], "comparison": r0["comparison"]}
+                           "allocator": r0["allocator"], "chosen": r0["chosen"], "types": r0["types"],
+                           "comparison": r0["comparison"]}
     for m in MODELS:
         sent = [statistics.mean(run[r]["sent"][m] for run in runs) for r in range(world)]
         step = [t for run in runs for t in slowest_rank([o["times"][m] for o in run])]
         est = r0["estimate"][m]
         res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent),
                   "median_step_s": statistics.median(step),
+                  # per step the rank with the most, median over every run's steps
+                  "page_faults_per_step": statistics.median(
+                      f for run in runs for f in map(max, zip(*(o["faults"][m] for o in run)))),
                   "estimate_per_rank": est,
                   "estimate_error_per_rank": None if not est else [e / s - 1 for e, s in zip(est, sent)],
                   # per step, the busiest rank's count (collectives are the same on every rank)
@@ -281,13 +292,19 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
                          f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | {paired} | "
                          f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
     lines += ["", "Per training step (forward / backward), counted by a dispatch hook "
-              "(`benchmarks/step_counts.py`), busiest rank:", "",
-              "| workload | W | plan | collectives | host syncs | ops dispatched |", "|---|---:|---|---:|---:|---:|"]
+              "(`benchmarks/step_counts.py`), busiest rank; minor page faults per timed step (the rank with the "
+              "most, median over steps; `benchmarks/malloc.py`):", "",
+              "| workload | W | plan | collectives | host syncs | ops dispatched | page faults |",
+              "|---|---:|---|---:|---:|---:|---:|"]
     for r in results:
         for m in MODELS:
             c = r[m]["counts"]
+            faults = r[m].get("page_faults_per_step")
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / {c['bwd_collectives']} | "
-                         f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} |")
+                         f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} | "
+                         f"{'-' if faults is None else f'{faults:.0f}'} |")
+    allocators = sorted({r.get("allocator", "glibc defaults (before benchmarks/malloc.py)") for r in results})
+    lines += ["", f"Allocator: {'; '.join(allocators)}."]
     return lines
 
 
@@ -301,6 +318,9 @@ def main(argv=None) -> List[Dict[str, Any]]:
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--repeats", type=int, default=1,
                     help="runs per workload and world size, each in fresh processes; their steps are pooled")
+    ap.add_argument("--malloc", choices=malloc.MODES, default=malloc.DEFAULT_MODE,
+                    help="the ranks' C allocator: glibc's malloc thresholds fixed (default: no page faults from "
+                         "blocks going back to the kernel between steps) or glibc's defaults (benchmarks/malloc.py)")
     ap.add_argument("--out", default="out/product")
     ap.add_argument("--prices", metavar="JSON",
                     help="the CPU-priced planner's prices: a calibration file of benchmarks/calibrate.py "
@@ -332,7 +352,7 @@ def main(argv=None) -> List[Dict[str, Any]]:
         for name in a.workloads:
             t = time.time()
             results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms,
-                                   a.repeats))
+                                   a.repeats, a.malloc))
             r = results[-1]
             for m, q in r["ratios"].items():
                 logger.info("%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, m,

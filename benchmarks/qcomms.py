@@ -22,7 +22,7 @@ from typing import Any, Dict, List
 import torch
 
 from benchmarks.product import WORKLOADS, fused_params, step_models, workload_data
-from torchrec_hybrid.spawn import spawn_ranks
+from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 

@@ -47,6 +47,8 @@ def summarize(w: Workload, ranks: List[Dict]) -> Dict:
                 r0, kind, w.dim, w.batch_per_rank, w.world, gloo=w.device == "cpu"),
             "step_time_s": {"median": statistics.median(step_times), "min": min(step_times),
                             "max": max(step_times), "n": len(step_times)},
+            # per step the rank with the most minor page faults (benchmarks/malloc.py), median over steps
+            "page_faults_per_step": statistics.median(map(max, zip(*(r["page_faults"][kind] for r in ranks)))),
             "peak_mem_bytes_per_rank": max(peaks),
             "build_rss_bytes_per_rank": max(r["build_rss_bytes"][kind] for r in ranks),
             "step_peak_rss_bytes_per_rank": max((r["step_peak_rss_bytes"][kind] or 0) for r in ranks),
@@ -63,6 +65,7 @@ def summarize(w: Workload, ranks: List[Dict]) -> Dict:
             "cold_fraction_of_lookups": cold,
         },
         "ru_maxrss_bytes_per_rank": max(r["ru_maxrss_bytes"] for r in ranks),
+        "allocator": r0["allocator"],
         "results": out,
         "ratios": ratios(out),
     }
@@ -107,11 +110,17 @@ def _planner_ratios(p: Dict, res: Dict, fastest_stock_s: float) -> Dict:
     return out
 
 
+def _faults(x: Dict) -> str:
+    """A type's page faults per step as the table prints them ("-": results from before they were counted)."""
+    return "-" if x.get("page_faults_per_step") is None else f"{x['page_faults_per_step']:.0f}"
+
+
 def markdown(results: List[Dict], title: str) -> str:
     lines = [f"# {title}", "",
              "Bytes: OS-level bytes sent per rank per step (wchar), mean over steps and ranks; "
              "model = cost-model estimate for the same plan. Time: slowest rank per step, median "
-             "[min-max] over interleaved timed steps. Memory: max over ranks of RSS growth at build "
+             "[min-max] over interleaved timed steps; page faults: minor page faults of a step, the rank with "
+             "the most, median over steps (`benchmarks/malloc.py`). Memory: max over ranks of RSS growth at build "
              "+ peak RSS growth in one step.", ""]
     for r in results:
         w, hs = r["workload"], r["hot_set"]
@@ -121,10 +130,11 @@ def markdown(results: List[Dict], title: str) -> str:
                   f"{'uniform ids' if w['alpha'] == 0 else 'Zipf ' + format(w['alpha'], 'g')}, 26 tables cap "
                   f"{w['rows_cap']:,} rows, dim {w['dim']}, B={w['batch_per_rank']}/rank, "
                   f"{w['steps']} timed steps. Hot set: {hs['hot_rows_total']} rows, "
-                  f"cold fraction of lookups {hs['cold_fraction_of_lookups']:.3f}.", "",
+                  f"cold fraction of lookups {hs['cold_fraction_of_lookups']:.3f}. "
+                  f"Allocator: {r.get('allocator', 'glibc defaults (before benchmarks/malloc.py)')}.", "",
                   "| type | MB sent/rank/step | model MB | model/measured | step ms median [min-max] "
-                  "| peak MB/rank | plan |",
-                  "|---|---:|---:|---:|---|---:|---|"]
+                  "| page faults | peak MB/rank | plan |",
+                  "|---|---:|---:|---:|---|---:|---:|---|"]
         for kind, x in r["results"].items():
             t = x["step_time_s"]
             plan = ", ".join(f"{k}x{v}" for k, v in x["planned_types"].items())
@@ -133,6 +143,7 @@ def markdown(results: List[Dict], title: str) -> str:
                 f"| {x['expected_bytes_per_rank_per_step'] / MB:.3f} "
                 f"| {x['expected_bytes_per_rank_per_step'] / max(1.0, x['bytes_per_rank_per_step']):.3f} "
                 f"| {t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}] "
+                f"| {_faults(x)} "
                 f"| {x['peak_mem_bytes_per_rank'] / MB:.1f} | {plan} |")
         rt = r["ratios"]
         if "bytes_hybrid_over_table_wise" in rt and "time_hybrid_over_fastest_stock" in rt:

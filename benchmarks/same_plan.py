@@ -35,7 +35,9 @@ import torch
 from benchmarks.measure import median_ci, slowest_rank
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_types, workload_data
 from benchmarks.report import write_results
-from torchrec_hybrid.spawn import spawn_ranks
+from benchmarks.malloc import DEFAULT_MODE as DEFAULT_MALLOC
+from benchmarks.malloc import describe as describe_allocator
+from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -143,7 +145,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
         logger.info("same plan, three sharders: %s, W=%d, %d steps", w, a.world, a.steps)
         results.append(run(w, a.world, a.rows_cap, a.warmup, a.steps))
     args = {k: v for k, v in vars(a).items() if k != "out"}
-    print(write_results(a.out, "same_plan", {"args": args, "results": results}, markdown(results)))
+    doc = {"args": args, "allocator": describe_allocator(DEFAULT_MALLOC), "results": results}
+    print(write_results(a.out, "same_plan", doc, markdown(results) + ["", f"Allocator: {doc['allocator']}."]))
     return results
 
 

@@ -7,7 +7,9 @@ Runs ``train.py`` under torchrun (2 ranks, gloo on CPU) once per planner - ``hyb
 config's prices: this device's), ``hybrid-network`` (the hybrid planner priced for a
 network-bound cluster) and ``stock`` by default - one after the other, or ``--repeats N``
 rounds, the planners alternating with the order rotated each round, so a busy machine slows
-them alike - and stores each planner's median run (by samples/s; its
+them alike - every run with glibc's malloc thresholds fixed unless ``--malloc default``
+(``benchmarks/malloc.py``: no page faults from blocks going back to the kernel between steps,
+which a GPU's caching allocator never has) - and stores each planner's median run (by samples/s; its
 final JSON line, wall time with start-up, command) and every run's samples/s, plus the
 commit. ``examples/dlrm/README.md`` quotes this file; the test
 ``tests/examples/test_dlrm_readme.py`` fails when a quoted figure drifts from it.
@@ -25,6 +27,8 @@ import sys
 import time
 from statistics import median
 from typing import Any, Dict, List, Optional, Tuple
+
+from benchmarks import malloc
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "examples", "dlrm", "results", "default_w2.json")
@@ -52,10 +56,12 @@ def command(planner: str, config: str, nproc: int, overrides: List[str]) -> List
     return cmd
 
 
-def run_once(planner: str, config: str, nproc: int, overrides: List[str], timeout: float) -> Dict[str, Any]:
+def run_once(planner: str, config: str, nproc: int, overrides: List[str], timeout: float,
+             allocator: str = malloc.DEFAULT_MODE) -> Dict[str, Any]:
     cmd = command(planner, config, nproc, overrides)
     t0 = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=malloc.child_env(allocator))
     wall = time.perf_counter() - t0
     if proc.returncode != 0:
         raise RuntimeError(f"planner {planner}: train.py exited {proc.returncode}:\n{proc.stderr[-3000:]}")
@@ -154,6 +160,9 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--out", default=DEFAULT_OUT)
     p.add_argument("--timeout", type=float, default=1800)
     p.add_argument("--repeats", type=int, default=1, help="rounds of all planners, alternating (default 1)")
+    p.add_argument("--malloc", choices=malloc.MODES, default=malloc.DEFAULT_MODE,
+                   help="the runs' C allocator: glibc's malloc thresholds fixed (default) or its defaults "
+                        "(benchmarks/malloc.py)")
     p.add_argument("--readme", action="store_true",
                    help="only re-render the README table from --out (no runs)")
     args = p.parse_args(argv)
@@ -166,12 +175,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.repeats < 1:
         p.error(f"--repeats must be >= 1, got {args.repeats}")
     rounds = run_rounds(args.planners, args.repeats,
-                        lambda planner: run_once(planner, args.config, args.nproc, args.overrides, args.timeout))
+                        lambda planner: run_once(planner, args.config, args.nproc, args.overrides, args.timeout,
+                                                 args.malloc))
     speeds = {p: [r["result"]["samples_per_s"] for r in rs] for p, rs in rounds.items()}
     runs = {p: sorted(rs, key=lambda r: r["result"]["samples_per_s"])[(len(rs) - 1) // 2] for p, rs in rounds.items()}
     out = {"config": args.config, "overrides": args.overrides, "nproc": args.nproc,
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit(),
-           "cpu_count": os.cpu_count(), "runs": runs, "repeats": speeds}
+           "cpu_count": os.cpu_count(), "allocator": malloc.describe(args.malloc), "runs": runs, "repeats": speeds}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)

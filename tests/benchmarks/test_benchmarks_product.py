@@ -55,7 +55,14 @@ def test_product_tiny(tmp_path):
         assert 0 < lo <= mid <= hi, m
         assert len(q["paired_step_runs"]) == 2 and min(q["paired_step_runs"]) > 0, m  # each run's own median
         assert len(r[m]["sent_per_rank"]) == world
+    from benchmarks import malloc
+
+    assert r["allocator"] == malloc.describe("fixed")  # the ranks ran under the default mode, and say so
+    for m in ("hybrid_planner", "hybrid_planner_bytes", "stock_planner"):
+        assert r[m]["page_faults_per_step"] >= 0, m  # -1: /proc unreadable; counted per timed step
     md = (tmp_path / "product.md").read_text()
+    assert f"Allocator: {r['allocator']}." in md
+    assert f"| {r['stock_planner']['page_faults_per_step']:.0f} |" in md
     assert "per-step ratio: median [95% CI] (each run's median)" in md
     for m, q in r["ratios"].items():
         (lo, mid, hi), runs = q["paired_step_ci"], q["paired_step_runs"]
