@@ -27,6 +27,8 @@ import torch
 
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_models, workload_data
 from benchmarks.report import write_results
+from benchmarks.malloc import DEFAULT_MODE as DEFAULT_MALLOC
+from benchmarks.malloc import describe as describe_allocator
 from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -111,12 +113,13 @@ def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Di
         p["step_vs_stock"] = p["median_step_ms"] / s["median_step_ms"]
         p["cpu_sum_vs_stock"] = p["cpu_ms_sum"] / s["cpu_ms_sum"]
     return {"workload": workload, "world": world, "rows_cap": rows_cap, "warmup": warmup, "steps": steps,
-            "table": r0["table"], "plans": plans}
+            "allocator": describe_allocator(DEFAULT_MALLOC), "table": r0["table"], "plans": plans}
 
 
 def markdown(res: Dict[str, Any]) -> List[str]:
     lines = [f"# Cold layouts of the heaviest table ({res['table']}): {res['workload']}, W={res['world']}, "
-             f"{res['steps']} interleaved steps", "",
+             f"{res['steps']} interleaved steps; allocator: "
+             f"{res.get('allocator', 'glibc defaults (before benchmarks/malloc.py)')}", "",
              "| plan | process CPU per rank, ms | sum | vs stock | median step, ms | vs stock "
              "| MB / rank (mean / busiest) |", "|---|---|---:|---:|---:|---:|---:|"]
     for n, p in res["plans"].items():

@@ -199,7 +199,7 @@ def table_results_step_counts(world: int = 4) -> str:
     p = product()
     labels = {"hybrid_planner": "CPU-priced", "hybrid_planner_bytes": "network-priced",
               "stock_planner": "stock planner"}
-    rows = ["| W | plan | collectives | host syncs | ops dispatched |", "|---:|---|---:|---:|---:|"]
+    rows = ["| W | plan | collectives | host syncs | ops dispatched | page faults |", "|---:|---|---:|---:|---:|---:|"]
     for m, label in labels.items():
         kinds: Dict[str, List[str]] = {}
         for wl in WORKLOADS:
@@ -208,9 +208,65 @@ def table_results_step_counts(world: int = 4) -> str:
             cs = [p[(wl, world)][m]["counts"] for wl in wls]
             cell = [" / ".join(span((c[f"{d}_{k}"] for c in cs), str) for d in ("fwd", "bwd"))
                     for k in ("collectives", "host_syncs", "ops")]
+            cell.append(span((p[(wl, world)][m]["page_faults_per_step"] for wl in wls), _count))
             which = "" if len(kinds) == 1 else f": {', '.join(SHORT[wl] for wl in wls)}"
             rows.append(f"| {world} | {label} ({kind}{which}) | " + " | ".join(cell) + " |")
     return "\n".join(rows)
+
+
+def _count(v: float) -> str:
+    return f"{v:,.0f}"
+
+
+ALLOCATOR_RUNS = {"fixed": "product_w4", "glibc defaults": "product_w4_glibc"}
+PLAN_LABELS = {"hybrid_planner": "CPU-priced", "hybrid_planner_bytes": "network-priced", "stock_planner": "stock"}
+
+
+def _allocator_runs() -> Dict[str, Dict[str, Dict[str, Any]]]:
+    """The W=4 product run under each allocator mode (benchmarks/malloc.py), by workload; both must have run the
+    same plans."""
+    runs = {mode: _w4_runs(name) for mode, name in ALLOCATOR_RUNS.items()}
+    fixed, default = runs.values()
+    for wl in WORKLOADS:
+        if fixed[wl]["types"] != default[wl]["types"]:
+            raise ValueError(f"{wl}: product_w4 and product_w4_glibc ran other plans")
+    return runs
+
+
+def table_results_allocator() -> str:
+    """Per workload at W=4: page faults per step of each plan and the hybrid plans' paired step ratio, with glibc's
+    malloc thresholds fixed (the benchmarks' default) and with its defaults (``--malloc default``)."""
+    from benchmarks.product import paired_text
+
+    runs = _allocator_runs()
+    modes = " / ".join(runs)
+    rows = [f"| workload | page faults per step ({modes}): " + " | ".join(PLAN_LABELS.values())
+            + f" | paired step vs stock ({modes}): CPU-priced | network-priced |", "|---|" + "---:|" * 5]
+    for wl in WORKLOADS:
+        faults = [" / ".join(_count(r[wl][m]["page_faults_per_step"]) for r in runs.values()) for m in PLAN_LABELS]
+        steps = [" / ".join(paired_text(r[wl]["ratios"][m]).split(" (runs")[0] for r in runs.values()) for m in HYBRID]
+        rows.append(f"| {SHORT[wl]} | " + " | ".join(faults + steps) + " |")
+    return "\n".join(rows)
+
+
+def _allocator_facts() -> Dict[str, str]:
+    """What glibc's default malloc thresholds did to the W=4 product run (``product_w4_glibc``) against the
+    committed run with them fixed (``product_w4``)."""
+    from benchmarks.measure import ci_text
+
+    fixed, default = _allocator_runs().values()
+    f = {"alloc_fixed": unique((r["allocator"] for r in fixed.values()), "product_w4 allocator"),
+         "alloc_default": unique((r["allocator"] for r in default.values()), "product_w4_glibc allocator")}
+    if "fixed" not in f["alloc_fixed"] or "default" not in f["alloc_default"]:
+        raise ValueError(f"allocators {f['alloc_fixed']!r} / {f['alloc_default']!r}: expected fixed / default")
+    f["alloc_fixed_faults"] = _count(max(r[m]["page_faults_per_step"] for r in fixed.values() for m in PLAN_LABELS))
+    for wl in ("onehot", "multihot"):
+        key = wl.replace("-", "_")
+        f[f"alloc_{key}_stock_faults"] = _count(default[wl]["stock_planner"]["page_faults_per_step"])
+        f[f"alloc_{key}_cpu_faults"] = _count(default[wl]["hybrid_planner"]["page_faults_per_step"])
+        f[f"alloc_{key}_default"] = ci_text(default[wl]["ratios"]["hybrid_planner"]["paired_step_ci"])
+        f[f"alloc_{key}_fixed"] = ci_text(fixed[wl]["ratios"]["hybrid_planner"]["paired_step_ci"])
+    return f
 
 
 # ---------------------------------------------------------------- headline run (python -m benchmarks --headline)
@@ -351,6 +407,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_product_steps": ("docs/results.md", table_results_product_steps),
     "results_product_paired": ("docs/results.md", table_results_product_paired),
     "results_step_counts": ("docs/results.md", table_results_step_counts),
+    "results_allocator": ("docs/results.md", table_results_allocator),
     "results_cpu_plans": ("docs/results.md", table_results_cpu_plans),
     "results_headline": ("docs/results.md", table_results_headline),
     "results_projection": ("docs/results.md", table_results_projection),
@@ -391,6 +448,7 @@ def facts() -> Dict[str, str]:
     f.update(_headline_and_sweep_facts())
     f.update(_device_check_facts())
     f.update(_same_plan_facts())
+    f.update(_allocator_facts())
     return f
 
 
@@ -750,6 +808,18 @@ SNIPPETS: List[Tuple[str, str]] = [
     ("docs/results.md", "over {sweep_steps} steps the same plan under our sharder ran {sweep_cpu_time} the fastest "
                         "stock plan and {sweep_cpu_same_plan} (median {sweep_cpu_same_plan_median}) the stock "
                         "planner's run of it"),
+    # README.md and docs/results.md: the allocator (benchmarks/malloc.py; product_w4 against product_w4_glibc)
+    ("README.md", "under glibc's defaults (`--malloc default`: `product_w4_glibc.md`) TorchRec's one-hot plan took "
+                  "{alloc_onehot_stock_faults} minor page faults per step on its busiest rank and the hybrid "
+                  "{alloc_onehot_cpu_faults}, and the one-hot step ratio was {alloc_onehot_default} instead of "
+                  "{alloc_onehot_fixed}"),
+    ("docs/results.md", "Every rank runs with glibc's malloc thresholds fixed (`benchmarks/malloc.py`: {alloc_fixed})"),
+    ("docs/results.md", "TorchRec's one-hot plan took {alloc_onehot_stock_faults} page faults per step on its "
+                        "busiest rank and the CPU-priced hybrid plan {alloc_onehot_cpu_faults}, and the hybrid's "
+                        "paired step was {alloc_onehot_default} the stock step, against {alloc_onehot_fixed} with the "
+                        "thresholds fixed (at most {alloc_fixed_faults} faults per step for any plan); with multi-hot "
+                        "bags, where TorchRec's plan is also the CPU-priced one, {alloc_multihot_stock_faults} and "
+                        "{alloc_multihot_cpu_faults} faults, {alloc_multihot_default} against {alloc_multihot_fixed}"),
     # README.md: the product
     ("README.md", "python -m benchmarks.product {w4_cmd}"),
     ("README.md", "{w4_setup}"),
