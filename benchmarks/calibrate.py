@@ -46,6 +46,7 @@ import numpy as np
 import torch
 
 from benchmarks.product import WORKLOADS, fused_params, workload_data
+from benchmarks import malloc
 from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -145,6 +146,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
         out["work"] = {n: plan_rank_work(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
         out["bytes"] = {n: plan_rank_bytes(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
         out["a2a_bytes_per_ms"] = bandwidths(topo)["a2a"]
+        out["allocator"] = malloc.current()
     emit(out)
 
 
@@ -158,7 +160,7 @@ def measure(workload: str, world: int, rows_cap: int, warmup: int, steps: int,
     r0 = per_rank[0]
     sized = batch is not None or rows_cap != 100_000
     label = f"{workload} B={spec['batch']} cap {rows_cap // 1000}k" if sized else workload
-    return {"workload": label, "world": world, "a2a_bytes_per_ms": r0["a2a_bytes_per_ms"],
+    return {"workload": label, "world": world, "allocator": r0["allocator"], "a2a_bytes_per_ms": r0["a2a_bytes_per_ms"],
             "plans": {n: {"cpu_ms": [r["cpu_ms"][n] for r in per_rank], "work": r0["work"][n],
                           "bytes": r0["bytes"][n],
                           # the slowest rank's wall time of each step, median over steps

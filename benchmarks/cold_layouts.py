@@ -27,8 +27,7 @@ import torch
 
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_models, workload_data
 from benchmarks.report import write_results
-from benchmarks.malloc import DEFAULT_MODE as DEFAULT_MALLOC
-from benchmarks.malloc import describe as describe_allocator
+from benchmarks import malloc
 from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -94,7 +93,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     measured = interleaved_steps(models, batches, warmup,  # the order rotates every step
                                  lambda i: names[i % len(names):] + names[:i % len(names)])
-    emit(dict(measured, table=name, names=names))
+    emit(dict(measured, table=name, names=names, allocator=malloc.current()))
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
@@ -113,13 +112,13 @@ def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Di
         p["step_vs_stock"] = p["median_step_ms"] / s["median_step_ms"]
         p["cpu_sum_vs_stock"] = p["cpu_ms_sum"] / s["cpu_ms_sum"]
     return {"workload": workload, "world": world, "rows_cap": rows_cap, "warmup": warmup, "steps": steps,
-            "allocator": describe_allocator(DEFAULT_MALLOC), "table": r0["table"], "plans": plans}
+            "allocator": r0["allocator"], "table": r0["table"], "plans": plans}
 
 
 def markdown(res: Dict[str, Any]) -> List[str]:
     lines = [f"# Cold layouts of the heaviest table ({res['table']}): {res['workload']}, W={res['world']}, "
              f"{res['steps']} interleaved steps; allocator: "
-             f"{res.get('allocator', 'glibc defaults (before benchmarks/malloc.py)')}", "",
+             f"{res.get('allocator', malloc.UNRECORDED)}", "",
              "| plan | process CPU per rank, ms | sum | vs stock | median step, ms | vs stock "
              "| MB / rank (mean / busiest) |", "|---|---|---:|---:|---:|---:|---:|"]
     for n, p in res["plans"].items():

@@ -31,8 +31,7 @@ import torch
 
 from benchmarks.product import WORKLOADS, plan_models, plan_types, workload_data
 from benchmarks.report import write_results
-from benchmarks.malloc import DEFAULT_MODE as DEFAULT_MALLOC
-from benchmarks.malloc import describe as describe_allocator
+from benchmarks import malloc
 from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -128,7 +127,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, batch: int, rows_cap:
                 if n == PLANS[0]:
                     for label, *_ in PHASES:
                         phases[label].append(totals[label])
-    emit({"parts": parts, "process": process, "phases": dict(phases),
+    emit({"parts": parts, "process": process, "phases": dict(phases), "allocator": malloc.current(),
           "types": {n: plan_types(plans[n]) for n in PLANS}})
 
 
@@ -148,12 +147,13 @@ def run_batch(workload: str, world: int, batch: int, rows_cap: int, warmup: int,
         plans[n] = {"types": outs[0]["types"][n], "main_thread_ms": per_part, "main_thread_total_ms": main,
                     "process_ms": [_median_ms(o["process"][n]) for o in outs]}
     phases = {label: [_median_ms(o["phases"][label]) for o in outs] for label, *_ in PHASES}
-    return {"batch": batch, "plans": plans, "hybrid_phases_ms": phases}
+    return {"batch": batch, "allocator": outs[0]["allocator"], "plans": plans, "hybrid_phases_ms": phases}
 
 
 def run(workload: str, world: int, batches: List[int], rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
+    runs = [run_batch(workload, world, b, rows_cap, warmup, steps) for b in batches]
     return {"workload": workload, "world": world, "rows_cap": rows_cap, "warmup": warmup, "steps": steps,
-            "runs": [run_batch(workload, world, b, rows_cap, warmup, steps) for b in batches]}
+            "allocator": "; ".join(sorted({r["allocator"] for r in runs})), "runs": runs}
 
 
 def _mean_max(values: List[float]) -> str:
@@ -165,7 +165,7 @@ def markdown(res: Dict[str, Any], title: bool = True) -> List[str]:
     lines = [f"# CPU per step and rank: {res['workload']}, W={res['world']}, {res['steps']} alternating steps",
              ""] if title else []
     lines += ["Main-thread CPU per rank, ms (median over steps; mean over ranks / busiest rank); allocator: "
-              f"{res.get('allocator', 'glibc defaults (before benchmarks/malloc.py)')}:", "",
+              f"{res.get('allocator', malloc.UNRECORDED)}:", "",
               "| B | plan | its types | " + " | ".join(PARTS) + " | main thread, all parts | process CPU |",
               "|---:|---|---|" + "---:|" * (len(PARTS) + 2)]
     for r in runs:
@@ -198,7 +198,6 @@ def main(argv=None) -> Dict[str, Any]:
                  f"{a.steps}, {a.warmup}, {batches})")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     res = run(a.workload, a.world, batches, a.rows_cap, a.warmup, a.steps)
-    res["allocator"] = describe_allocator(DEFAULT_MALLOC)
     print(write_results(a.out, "cpu_phases", res, markdown(res)))
     return res
 

@@ -25,6 +25,8 @@ import statistics
 import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
+from benchmarks.malloc import faults_text
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
 DOCS = {"README.md": os.path.join(REPO, "README.md"),
@@ -35,6 +37,8 @@ END = "<!-- end table -->"
 
 WORKLOADS = ("onehot", "multihot", "sorted-onehot", "sorted-multihot", "uniform")
 HYBRID = ("hybrid_planner", "hybrid_planner_bytes")  # CPU-priced, network-priced
+PLAN_LABELS = {"hybrid_planner": "CPU-priced", "hybrid_planner_bytes": "network-priced",
+               "stock_planner": "stock planner"}
 
 
 def load(name: str) -> Dict[str, Any]:
@@ -197,10 +201,8 @@ def _plan_kind(types: Dict[str, int]) -> str:
 def table_results_step_counts(world: int = 4) -> str:
     """Collectives, host syncs and ops per step at W=``world``, per plan and kind of plan (its workloads)."""
     p = product()
-    labels = {"hybrid_planner": "CPU-priced", "hybrid_planner_bytes": "network-priced",
-              "stock_planner": "stock planner"}
     rows = ["| W | plan | collectives | host syncs | ops dispatched | page faults |", "|---:|---|---:|---:|---:|---:|"]
-    for m, label in labels.items():
+    for m, label in PLAN_LABELS.items():
         kinds: Dict[str, List[str]] = {}
         for wl in WORKLOADS:
             kinds.setdefault(_plan_kind(p[(wl, world)]["types"][m]), []).append(wl)
@@ -208,18 +210,13 @@ def table_results_step_counts(world: int = 4) -> str:
             cs = [p[(wl, world)][m]["counts"] for wl in wls]
             cell = [" / ".join(span((c[f"{d}_{k}"] for c in cs), str) for d in ("fwd", "bwd"))
                     for k in ("collectives", "host_syncs", "ops")]
-            cell.append(span((p[(wl, world)][m]["page_faults_per_step"] for wl in wls), _count))
+            cell.append(span((p[(wl, world)][m]["page_faults_per_step"] for wl in wls), faults_text))
             which = "" if len(kinds) == 1 else f": {', '.join(SHORT[wl] for wl in wls)}"
             rows.append(f"| {world} | {label} ({kind}{which}) | " + " | ".join(cell) + " |")
     return "\n".join(rows)
 
 
-def _count(v: float) -> str:
-    return f"{v:,.0f}"
-
-
 ALLOCATOR_RUNS = {"fixed": "product_w4", "glibc defaults": "product_w4_glibc"}
-PLAN_LABELS = {"hybrid_planner": "CPU-priced", "hybrid_planner_bytes": "network-priced", "stock_planner": "stock"}
 
 
 def _allocator_runs() -> Dict[str, Dict[str, Dict[str, Any]]]:
@@ -236,15 +233,15 @@ def _allocator_runs() -> Dict[str, Dict[str, Dict[str, Any]]]:
 def table_results_allocator() -> str:
     """Per workload at W=4: page faults per step of each plan and the hybrid plans' paired step ratio, with glibc's
     malloc thresholds fixed (the benchmarks' default) and with its defaults (``--malloc default``)."""
-    from benchmarks.product import paired_text
+    from benchmarks.measure import ci_text
 
     runs = _allocator_runs()
     modes = " / ".join(runs)
     rows = [f"| workload | page faults per step ({modes}): " + " | ".join(PLAN_LABELS.values())
             + f" | paired step vs stock ({modes}): CPU-priced | network-priced |", "|---|" + "---:|" * 5]
     for wl in WORKLOADS:
-        faults = [" / ".join(_count(r[wl][m]["page_faults_per_step"]) for r in runs.values()) for m in PLAN_LABELS]
-        steps = [" / ".join(paired_text(r[wl]["ratios"][m]).split(" (runs")[0] for r in runs.values()) for m in HYBRID]
+        faults = [" / ".join(faults_text(r[wl][m]["page_faults_per_step"]) for r in runs.values()) for m in PLAN_LABELS]
+        steps = [" / ".join(ci_text(r[wl]["ratios"][m]["paired_step_ci"]) for r in runs.values()) for m in HYBRID]
         rows.append(f"| {SHORT[wl]} | " + " | ".join(faults + steps) + " |")
     return "\n".join(rows)
 
@@ -259,13 +256,13 @@ def _allocator_facts() -> Dict[str, str]:
          "alloc_default": unique((r["allocator"] for r in default.values()), "product_w4_glibc allocator")}
     if "fixed" not in f["alloc_fixed"] or "default" not in f["alloc_default"]:
         raise ValueError(f"allocators {f['alloc_fixed']!r} / {f['alloc_default']!r}: expected fixed / default")
-    f["alloc_fixed_faults"] = _count(max(r[m]["page_faults_per_step"] for r in fixed.values() for m in PLAN_LABELS))
+    most = max(r[m]["page_faults_per_step"] for r in fixed.values() for m in PLAN_LABELS)
+    f["alloc_fixed_faults"] = faults_text(most)
     for wl in ("onehot", "multihot"):
-        key = wl.replace("-", "_")
-        f[f"alloc_{key}_stock_faults"] = _count(default[wl]["stock_planner"]["page_faults_per_step"])
-        f[f"alloc_{key}_cpu_faults"] = _count(default[wl]["hybrid_planner"]["page_faults_per_step"])
-        f[f"alloc_{key}_default"] = ci_text(default[wl]["ratios"]["hybrid_planner"]["paired_step_ci"])
-        f[f"alloc_{key}_fixed"] = ci_text(fixed[wl]["ratios"]["hybrid_planner"]["paired_step_ci"])
+        f[f"alloc_{wl}_stock_faults"] = faults_text(default[wl]["stock_planner"]["page_faults_per_step"])
+        f[f"alloc_{wl}_cpu_faults"] = faults_text(default[wl]["hybrid_planner"]["page_faults_per_step"])
+        f[f"alloc_{wl}_default"] = ci_text(default[wl]["ratios"]["hybrid_planner"]["paired_step_ci"])
+        f[f"alloc_{wl}_fixed"] = ci_text(fixed[wl]["ratios"]["hybrid_planner"]["paired_step_ci"])
     return f
 
 

@@ -48,6 +48,7 @@ from benchmarks.data import rank_slice  # one rank's part of a global batch
 from benchmarks.product import fused_params, step_models
 
 from torchrec_hybrid.comm_bytes import count_sent_bytes
+from benchmarks import malloc
 from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger("benchmarks.drift")
@@ -80,7 +81,7 @@ def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
     dist.barrier()
     emit({**run, "hot_rows": sum(hot_size.values()), "tables_with_hot_rows": sum(1 for n in hot_size.values() if n),
           "stock_types": stock_types, "rows": sum(sizes),
-          "stats_bytes": int(sum(streaming.memory_bytes().values())),
+          "stats_bytes": int(sum(streaming.memory_bytes().values())), "allocator": malloc.current(),
           "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
 
 
@@ -398,6 +399,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     per_rank = spawn_ranks(_rank_main, a["world"], timeout=ns.timeout, pg_timeout_s=300, a=a)
     r = summarize([items[0] for items in per_rank], a)
     r["wall_s"] = round(time.time() - t, 1)
+    r["allocator"] = per_rank[0][0]["allocator"]
     r["args"].pop("progress", None)
     with open(os.path.join(ns.out, "drift.json"), "w") as f:
         json.dump(r, f, indent=1)

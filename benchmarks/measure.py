@@ -16,17 +16,18 @@ Protocol (docs/results.md, "How it is measured"):
   reset through ``/proc/self/clear_refs`` before the step, and freed heap pages handed back
   to the kernel first (glibc ``malloc_trim``) so that the step's allocations show in RSS
   instead of reusing pages other models freed; ``ru_maxrss`` of the whole process is
-  reported too. The allocator's settings are left alone (they would change step times).
+  reported too;
+- the allocator: the ranks run with glibc's malloc thresholds fixed (``benchmarks/malloc.py``,
+  set before this runs); each step's minor page faults are counted.
 """
 
-import ctypes
 import gc
 import logging
 import math
 import resource
 import statistics
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -35,8 +36,8 @@ from torchrec_hybrid.comm_bytes import sent_bytes
 
 from benchmarks.config import Workload
 from benchmarks.data import make_data
-from benchmarks.malloc import current as current_allocator
-from benchmarks.malloc import minor_faults
+from benchmarks.malloc import current as allocator
+from benchmarks.malloc import faults_between, minor_faults, release_freed_memory
 from benchmarks.models import build
 
 logger = logging.getLogger(__name__)
@@ -65,14 +66,6 @@ def reset_peak() -> bool:
 
 def peak() -> int:
     return _status_kb("VmHWM") * 1024
-
-
-def _release_freed_memory() -> None:
-    """Return free heap pages to the kernel (glibc only; a no-op elsewhere)."""
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 def balanced_orders(n: int) -> List[List[int]]:
@@ -140,7 +133,7 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
             built[kind].step(data.batches[s])
     times: Dict[str, List[float]] = {k: [] for k in kinds}
     sent: Dict[str, List[int]] = {k: [] for k in kinds}
-    faults: Dict[str, List[int]] = {k: [] for k in kinds}
+    faults: Dict[str, List[Optional[int]]] = {k: [] for k in kinds}
     orders = balanced_orders(len(kinds))
     for s in range(w.steps):
         batch = data.batches[w.warmup + s]
@@ -152,12 +145,12 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
             t1, b1, f1 = time.perf_counter(), sent_bytes(), minor_faults()
             times[kind].append(t1 - t0)
             sent[kind].append(b1 - b0)
-            faults[kind].append(f1 - f0)
+            faults[kind].append(faults_between(f0, f1))
     step_peak = {}
     for kind in kinds:
         dist.barrier()
         gc.collect()
-        _release_freed_memory()
+        release_freed_memory()
         base, ok = rss(), reset_peak()
         built[kind].step(data.batches[-1])
         step_peak[kind] = max(0, peak() - base) if ok else None
@@ -165,7 +158,7 @@ def run_workload(rank: int, world: int, w: Workload) -> Dict:
     gc.collect()
     dist.barrier()
     return {
-        "rank": rank, "times_s": times, "sent_bytes": sent, "page_faults": faults, "allocator": current_allocator(),
+        "rank": rank, "times_s": times, "sent_bytes": sent, "page_faults": faults, "allocator": allocator(),
         "build_rss_bytes": build_rss,
         "step_peak_rss_bytes": step_peak, "table_types": types, "dense_numel": dense,
         "planner_estimates": estimates,

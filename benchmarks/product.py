@@ -138,9 +138,9 @@ def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Opt
     return planners, plans, models
 
 
-def _timed_step(model: Any, kjt: Any) -> Tuple[float, float, int, int]:
+def _timed_step(model: Any, kjt: Any) -> Tuple[float, float, int, Optional[int]]:
     """One training step of ``model`` behind a barrier: its wall seconds, process CPU seconds, bytes sent and
-    minor page faults (``malloc.minor_faults``)."""
+    minor page faults (``malloc.minor_faults``; None where they are not counted)."""
     import torch.distributed as dist
 
     from benchmarks.models import training_loss
@@ -150,7 +150,7 @@ def _timed_step(model: Any, kjt: Any) -> Tuple[float, float, int, int]:
     f0, b0, c0, t0 = malloc.minor_faults(), sent_bytes(), time.process_time(), time.perf_counter()
     training_loss(model(kjt).wait().values()).backward()
     t1, c1, b1, f1 = time.perf_counter(), time.process_time(), sent_bytes(), malloc.minor_faults()
-    return t1 - t0, c1 - c0, b1 - b0, f1 - f0
+    return t1 - t0, c1 - c0, b1 - b0, malloc.faults_between(f0, f1)
 
 
 def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: Dict[str, List[int]],
@@ -237,8 +237,8 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
         res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent),
                   "median_step_s": statistics.median(step),
                   # per step the rank with the most, median over every run's steps
-                  "page_faults_per_step": statistics.median(
-                      f for run in runs for f in map(max, zip(*(o["faults"][m] for o in run)))),
+                  "page_faults_per_step": malloc.busiest_median(
+                      [[f for run in runs for f in run[r]["faults"][m]] for r in range(world)]),
                   "estimate_per_rank": est,
                   "estimate_error_per_rank": None if not est else [e / s - 1 for e, s in zip(est, sent)],
                   # per step, the busiest rank's count (collectives are the same on every rank)
@@ -299,11 +299,10 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
     for r in results:
         for m in MODELS:
             c = r[m]["counts"]
-            faults = r[m].get("page_faults_per_step")
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / {c['bwd_collectives']} | "
                          f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} | "
-                         f"{'-' if faults is None else f'{faults:.0f}'} |")
-    allocators = sorted({r.get("allocator", "glibc defaults (before benchmarks/malloc.py)") for r in results})
+                         f"{malloc.faults_text(r[m].get('page_faults_per_step'))} |")
+    allocators = sorted({r.get("allocator", malloc.UNRECORDED) for r in results})
     lines += ["", f"Allocator: {'; '.join(allocators)}."]
     return lines
 

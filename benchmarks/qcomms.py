@@ -22,6 +22,7 @@ from typing import Any, Dict, List
 import torch
 
 from benchmarks.product import WORKLOADS, fused_params, step_models, workload_data
+from benchmarks import malloc
 from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -75,13 +76,14 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     times: Dict[str, List[float]] = {m: [] for m in MODELS}
     for i, kjt in enumerate(batches):
         step_models(models, MODELS, kjt, i, i >= warmup, sent, times)
-    emit({m: sum(v) / len(v) for m, v in sent.items()})
+    emit({"allocator": malloc.current(), **{m: sum(v) / len(v) for m, v in sent.items()}})
 
 
 def run_one(name: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
     per_rank = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name],
                                                   rows_cap=rows_cap, warmup=warmup, steps=steps)]
-    res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"]}
+    res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"],
+                           "allocator": per_rank[0]["allocator"]}
     for m in MODELS:
         sent = [r[m] for r in per_rank]
         res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent)}

@@ -16,6 +16,7 @@ from typing import Any, Dict, List
 
 from benchmarks.config import PLANNER_TYPES, STOCK_TYPES, Workload
 from benchmarks.estimate import expected_for
+from benchmarks.malloc import UNRECORDED, busiest_median, faults_text
 
 MB = 1e6
 
@@ -48,7 +49,7 @@ def summarize(w: Workload, ranks: List[Dict]) -> Dict:
             "step_time_s": {"median": statistics.median(step_times), "min": min(step_times),
                             "max": max(step_times), "n": len(step_times)},
             # per step the rank with the most minor page faults (benchmarks/malloc.py), median over steps
-            "page_faults_per_step": statistics.median(map(max, zip(*(r["page_faults"][kind] for r in ranks)))),
+            "page_faults_per_step": busiest_median([r["page_faults"][kind] for r in ranks]),
             "peak_mem_bytes_per_rank": max(peaks),
             "build_rss_bytes_per_rank": max(r["build_rss_bytes"][kind] for r in ranks),
             "step_peak_rss_bytes_per_rank": max((r["step_peak_rss_bytes"][kind] or 0) for r in ranks),
@@ -110,11 +111,6 @@ def _planner_ratios(p: Dict, res: Dict, fastest_stock_s: float) -> Dict:
     return out
 
 
-def _faults(x: Dict) -> str:
-    """A type's page faults per step as the table prints them ("-": results from before they were counted)."""
-    return "-" if x.get("page_faults_per_step") is None else f"{x['page_faults_per_step']:.0f}"
-
-
 def markdown(results: List[Dict], title: str) -> str:
     lines = [f"# {title}", "",
              "Bytes: OS-level bytes sent per rank per step (wchar), mean over steps and ranks; "
@@ -131,7 +127,7 @@ def markdown(results: List[Dict], title: str) -> str:
                   f"{w['rows_cap']:,} rows, dim {w['dim']}, B={w['batch_per_rank']}/rank, "
                   f"{w['steps']} timed steps. Hot set: {hs['hot_rows_total']} rows, "
                   f"cold fraction of lookups {hs['cold_fraction_of_lookups']:.3f}. "
-                  f"Allocator: {r.get('allocator', 'glibc defaults (before benchmarks/malloc.py)')}.", "",
+                  f"Allocator: {r.get('allocator', UNRECORDED)}.", "",
                   "| type | MB sent/rank/step | model MB | model/measured | step ms median [min-max] "
                   "| page faults | peak MB/rank | plan |",
                   "|---|---:|---:|---:|---|---:|---:|---|"]
@@ -143,7 +139,7 @@ def markdown(results: List[Dict], title: str) -> str:
                 f"| {x['expected_bytes_per_rank_per_step'] / MB:.3f} "
                 f"| {x['expected_bytes_per_rank_per_step'] / max(1.0, x['bytes_per_rank_per_step']):.3f} "
                 f"| {t['median'] * 1e3:.1f} [{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}] "
-                f"| {_faults(x)} "
+                f"| {faults_text(x.get('page_faults_per_step'))} "
                 f"| {x['peak_mem_bytes_per_rank'] / MB:.1f} | {plan} |")
         rt = r["ratios"]
         if "bytes_hybrid_over_table_wise" in rt and "time_hybrid_over_fastest_stock" in rt:

@@ -35,8 +35,7 @@ import torch
 from benchmarks.measure import median_ci, slowest_rank
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_types, workload_data
 from benchmarks.report import write_results
-from benchmarks.malloc import DEFAULT_MODE as DEFAULT_MALLOC
-from benchmarks.malloc import describe as describe_allocator
+from benchmarks import malloc
 from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
@@ -85,7 +84,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     measured = interleaved_steps(models, batches, warmup,  # orders balanced over the timed steps
                                  lambda i: [names[j] for j in orders[(i - warmup) % len(orders)]])
-    emit(dict(measured, types=plan_types(plan)))
+    emit(dict(measured, types=plan_types(plan), allocator=malloc.current()))
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
@@ -109,7 +108,8 @@ def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Di
     for m in models.values():
         m["cpu_vs_stock"] = m["cpu_ms_per_step_all_ranks"] / s["cpu_ms_per_step_all_ranks"]
     return {"workload": workload, "world": world, "batch": WORKLOADS[workload]["batch"], "rows_cap": rows_cap,
-            "warmup": warmup, "steps": steps, "plan_types": outs[0]["types"], "models": models}
+            "warmup": warmup, "steps": steps, "allocator": outs[0]["allocator"], "plan_types": outs[0]["types"],
+            "models": models}
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
@@ -145,8 +145,9 @@ def main(argv=None) -> List[Dict[str, Any]]:
         logger.info("same plan, three sharders: %s, W=%d, %d steps", w, a.world, a.steps)
         results.append(run(w, a.world, a.rows_cap, a.warmup, a.steps))
     args = {k: v for k, v in vars(a).items() if k != "out"}
-    doc = {"args": args, "allocator": describe_allocator(DEFAULT_MALLOC), "results": results}
-    print(write_results(a.out, "same_plan", doc, markdown(results) + ["", f"Allocator: {doc['allocator']}."]))
+    allocators = "; ".join(sorted({r["allocator"] for r in results}))
+    doc = {"args": args, "allocator": allocators, "results": results}
+    print(write_results(a.out, "same_plan", doc, markdown(results) + ["", f"Allocator: {allocators}."]))
     return results
 
 

@@ -9,6 +9,15 @@ import pytest
 from benchmarks import malloc
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+GLIBC = malloc._glibc() is not None
+
+
+def _fresh(code: str) -> str:
+    """``code``'s output in a fresh interpreter (a process whose malloc nothing has tuned yet)."""
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120,
+                         env=malloc.child_env("default"))
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout.strip()
 
 
 def test_an_unknown_mode_is_refused_by_name():
@@ -18,30 +27,56 @@ def test_an_unknown_mode_is_refused_by_name():
         malloc.child_env("fast")
 
 
-def _touch_fresh_pages(mode: str) -> str:
-    """In a fresh interpreter: set ``mode``, then allocate, fill and free the same 64 MiB block (above any mmap
-    threshold: every round maps new pages) three times; prints the description and the faults counted."""
-    code = ("import torch\nfrom benchmarks import malloc\nd = malloc.set_allocator(%r)\nf0 = malloc.minor_faults()\n"
-            "for _ in range(3):\n    t = torch.ones(16 << 20)\n    del t\n"
-            "print(d == malloc.current(), d, malloc.minor_faults() - f0, sep='|')" % mode)
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert out.returncode == 0, out.stderr[-2000:]
-    return out.stdout.strip()
-
-
+@pytest.mark.skipif(not GLIBC, reason="mallopt thresholds are glibc's")
 @pytest.mark.parametrize("mode", malloc.MODES)
-def test_set_allocator_says_what_it_set_and_faults_are_counted(mode):
-    same, described, faults = _touch_fresh_pages(mode).split("|")
-    assert same == "True" and described == malloc.describe(mode)
-    if "glibc" in described:
-        assert ("fixed" in described) == (mode == "fixed"), described
-    # 3 x 64 MiB of freshly mapped pages: thousands of 4 KiB pages (or some 2 MiB ones)
-    assert int(faults) >= 3 * 32, faults
+def test_fixed_thresholds_keep_a_large_block_in_the_heap(mode):
+    """A 24 MiB block: above glibc's default mmap threshold (mapped on its own, ``mallinfo2().hblkhd``), below the
+    fixed one (from the heap, no mapping)."""
+    code = f"""
+import ctypes
+from benchmarks import malloc
+print(malloc.set_allocator({mode!r}) == malloc.current() == malloc.describe({mode!r}))
+libc = ctypes.CDLL(None)
+class Info(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Info
+libc.malloc.restype = ctypes.c_void_p
+before = libc.mallinfo2().hblkhd
+block = libc.malloc(24 << 20)
+print(libc.mallinfo2().hblkhd - before)
+"""
+    same, mapped = _fresh(code).split()
+    assert same == "True"
+    if mode == "fixed":
+        assert int(mapped) == 0
+    else:
+        assert int(mapped) >= 24 << 20
 
 
-def test_child_env_sets_or_clears_glibcs_thresholds(monkeypatch):
+def test_minor_faults_count_freshly_touched_pages():
+    code = """
+import torch
+from benchmarks import malloc
+f0 = malloc.minor_faults()
+t = torch.ones(16 << 20)  # 64 MiB, above any threshold: new pages
+print(malloc.faults_between(f0, malloc.minor_faults()))
+"""
+    assert int(_fresh(code)) >= 64 * 2 ** 20 // (2 << 20)  # one per page: 4 KiB pages, or 2 MiB huge pages
+    assert malloc.faults_between(None, 5) is None and malloc.faults_between(3, 5) == 2
+
+
+def test_busiest_median_takes_each_steps_busiest_rank():
+    assert malloc.busiest_median([[1, 10, 3], [4, 2, 3]]) == 4  # steps' busiest: 4, 10, 3
+    assert malloc.busiest_median([[1, None], [2, 3]]) is None
+    assert malloc.faults_text(None) == "-" and malloc.faults_text(5089.0) == "5,089"
+
+
+def test_child_env_sets_or_clears_the_malloc_settings(monkeypatch):
     monkeypatch.setenv("MALLOC_TRIM_THRESHOLD_", "123")
+    monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.mmap_threshold=4096:glibc.rtld.nns=8")
     fixed, default = malloc.child_env("fixed"), malloc.child_env("default")
     assert {k: fixed[k] for k in malloc.ENV} == malloc.ENV
     assert not set(malloc.ENV) & set(default)
+    assert fixed["GLIBC_TUNABLES"] == default["GLIBC_TUNABLES"] == "glibc.rtld.nns=8"
     assert default["PATH"] == os.environ["PATH"]
