@@ -28,7 +28,6 @@ import torch
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_models, workload_data
 from benchmarks.report import write_results
 from benchmarks import malloc
-from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -97,8 +96,8 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
-    outs = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload, rows_cap=rows_cap,
-                                              warmup=warmup, steps=steps)]
+    outs = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
+                                                     rows_cap=rows_cap, warmup=warmup, steps=steps)]
     r0 = outs[0]
     plans = {}
     for n in r0["names"]:

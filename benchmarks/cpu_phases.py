@@ -32,7 +32,6 @@ import torch
 from benchmarks.product import WORKLOADS, plan_models, plan_types, workload_data
 from benchmarks.report import write_results
 from benchmarks import malloc
-from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -138,7 +137,7 @@ def _median_ms(values: List[float]) -> float:
 def run_batch(workload: str, world: int, batch: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
     """One batch size: per plan, per rank, the median main-thread CPU of each part of a step and the
     median process CPU; per hybrid phase, per rank, its median main-thread CPU (ms)."""
-    outs = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload, batch=batch,
+    outs = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, workload=workload, batch=batch,
                                               rows_cap=rows_cap, warmup=warmup, steps=steps)]
     plans = {}
     for n in PLANS:
@@ -153,7 +152,7 @@ def run_batch(workload: str, world: int, batch: int, rows_cap: int, warmup: int,
 def run(workload: str, world: int, batches: List[int], rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
     runs = [run_batch(workload, world, b, rows_cap, warmup, steps) for b in batches]
     return {"workload": workload, "world": world, "rows_cap": rows_cap, "warmup": warmup, "steps": steps,
-            "allocator": "; ".join(sorted({r["allocator"] for r in runs})), "runs": runs}
+            "allocator": malloc.described(runs), "runs": runs}
 
 
 def _mean_max(values: List[float]) -> str:

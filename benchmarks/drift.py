@@ -49,7 +49,6 @@ from benchmarks.product import fused_params, step_models
 
 from torchrec_hybrid.comm_bytes import count_sent_bytes
 from benchmarks import malloc
-from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger("benchmarks.drift")
 
@@ -396,7 +395,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     os.makedirs(ns.out, exist_ok=True)
     logger.info("drift benchmark: %s -> %s", {k: v for k, v in a.items() if k != "progress"}, ns.out)
     t = time.time()
-    per_rank = spawn_ranks(_rank_main, a["world"], timeout=ns.timeout, pg_timeout_s=300, a=a)
+    per_rank = malloc.spawn_ranks(_rank_main, a["world"], timeout=ns.timeout, pg_timeout_s=300, a=a)
     r = summarize([items[0] for items in per_rank], a)
     r["wall_s"] = round(time.time() - t, 1)
     r["allocator"] = per_rank[0][0]["allocator"]

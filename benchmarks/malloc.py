@@ -98,6 +98,12 @@ def current() -> str:
     return _current
 
 
+def described(results: Iterable[dict]) -> str:
+    """The allocator of these results, as one line (their ``allocator`` fields, each once; :data:`UNRECORDED` for
+    results from before they had one)."""
+    return "; ".join(sorted({r.get("allocator", UNRECORDED) for r in results}))
+
+
 def release_freed_memory() -> None:
     """Hands free heap pages back to the kernel (glibc ``malloc_trim``; a no-op elsewhere)."""
     libc = _glibc()

@@ -302,8 +302,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / {c['bwd_collectives']} | "
                          f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} | "
                          f"{malloc.faults_text(r[m].get('page_faults_per_step'))} |")
-    allocators = sorted({r.get("allocator", malloc.UNRECORDED) for r in results})
-    lines += ["", f"Allocator: {'; '.join(allocators)}."]
+    lines += ["", f"Allocator: {malloc.described(results)}."]
     return lines
 
 

@@ -23,7 +23,6 @@ import torch
 
 from benchmarks.product import WORKLOADS, fused_params, step_models, workload_data
 from benchmarks import malloc
-from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -80,7 +79,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
 
 
 def run_one(name: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
-    per_rank = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name],
+    per_rank = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name],
                                                   rows_cap=rows_cap, warmup=warmup, steps=steps)]
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"],
                            "allocator": per_rank[0]["allocator"]}

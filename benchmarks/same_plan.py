@@ -36,7 +36,6 @@ from benchmarks.measure import median_ci, slowest_rank
 from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_types, workload_data
 from benchmarks.report import write_results
 from benchmarks import malloc
-from benchmarks.malloc import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -88,8 +87,8 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
-    outs = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload, rows_cap=rows_cap,
-                                              warmup=warmup, steps=steps)]
+    outs = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
+                                                     rows_cap=rows_cap, warmup=warmup, steps=steps)]
     slowest = {n: slowest_rank([o["wall"][n] for o in outs]) for n in MODELS}
     cpu_sum = {n: [sum(o["cpu"][n][i] for o in outs) for i in range(steps)] for n in MODELS}
     stock, unchecked = slowest["stock sharder"], slowest["our sharder, validate_ids=False"]
@@ -145,9 +144,8 @@ def main(argv=None) -> List[Dict[str, Any]]:
         logger.info("same plan, three sharders: %s, W=%d, %d steps", w, a.world, a.steps)
         results.append(run(w, a.world, a.rows_cap, a.warmup, a.steps))
     args = {k: v for k, v in vars(a).items() if k != "out"}
-    allocators = "; ".join(sorted({r["allocator"] for r in results}))
-    doc = {"args": args, "allocator": allocators, "results": results}
-    print(write_results(a.out, "same_plan", doc, markdown(results) + ["", f"Allocator: {allocators}."]))
+    doc = {"args": args, "allocator": malloc.described(results), "results": results}
+    print(write_results(a.out, "same_plan", doc, markdown(results) + ["", f"Allocator: {doc['allocator']}."]))
     return results
 
 
