@@ -382,6 +382,12 @@ def table_results_same_plan() -> str:
     return "\n".join(markdown(load("same_plan")["results"]))
 
 
+def table_results_comm_floor() -> str:
+    from benchmarks.comm_floor import markdown
+
+    return "\n".join(markdown(load("comm_floor"))[2:])  # without the title
+
+
 def table_results_cpu_phases() -> str:
     from benchmarks.cpu_phases import markdown
 
@@ -411,6 +417,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_qcomms": ("docs/results.md", table_results_qcomms),
     "results_cold_layouts": ("docs/results.md", table_results_cold_layouts),
     "results_same_plan": ("docs/results.md", table_results_same_plan),
+    "results_comm_floor": ("docs/results.md", table_results_comm_floor),
     "results_cpu_phases": ("docs/results.md", table_results_cpu_phases),
     "results_device_check": ("docs/results.md", table_results_device_check),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
@@ -446,6 +453,37 @@ def facts() -> Dict[str, str]:
     f.update(_device_check_facts())
     f.update(_same_plan_facts())
     f.update(_allocator_facts())
+    f.update(_comm_floor_facts())
+    return f
+
+
+def _comm_floor_facts() -> Dict[str, str]:
+    """Each plan's collectives replayed alone (benchmarks.comm_floor): their share of the stock step, the hybrid's
+    collectives' time and bytes against stock's, the bytes-only bound and the hybrid's compute excess."""
+    from benchmarks.measure import ci_text as ci
+
+    res = {r["workload"]: r for r in load("comm_floor")}
+    if set(res) != {"onehot", "multihot"}:
+        raise ValueError(f"comm_floor.json covers {sorted(res)}; the docs quote onehot and multihot: reword them")
+    small = [t for r in res.values() for p in r["plans"].values()
+             for t, b in zip(p["each_s"], p["each_input_bytes"]) if b < 300_000]
+    f = {"cf_world": str(unique((r["world"] for r in res.values()), "comm_floor world")),
+         "cf_small_ms": span((t * 1e3 for t in small), lambda v: f"{v:.1f} ms"),
+         "cf_runs": str(unique((r.get("repeats", 1) for r in res.values()), "comm_floor repeats")),
+         "cf_steps": str(unique((r["steps"] for r in res.values()), "comm_floor steps"))}
+    for wl, key in (("onehot", "oh"), ("multihot", "mh")):
+        plans = res[wl]["plans"]
+        stock = plans["stock_planner"]
+        f[f"cf_{key}_share"] = f"{stock['collectives_share']:.0%}"
+        f[f"cf_{key}_stock_n"] = str(len(stock["collectives"]))
+        # the plan quoted: one-hot's CPU-priced (hybrid), multi-hot's network-priced (the CPU-priced is TorchRec's)
+        p = plans["hybrid_planner" if key == "oh" else "hybrid_planner_bytes"]
+        f[f"cf_{key}_n"] = str(len(p["collectives"]))
+        f[f"cf_{key}_time"] = f"{p['median_collectives_s'] / stock['median_collectives_s']:.2f}x"
+        f[f"cf_{key}_bytes"] = f"{p['collectives_bytes_busiest'] / stock['collectives_bytes_busiest']:.2f}x"
+        f[f"cf_{key}_bound"] = ci(p["bytes_only_bound"])
+        f[f"cf_{key}_step"] = ci(p["step_ratio"])
+        f[f"cf_{key}_excess"] = f"{p['compute_excess_s'] * 1e3:.1f} ms"
     return f
 
 
@@ -817,6 +855,22 @@ SNIPPETS: List[Tuple[str, str]] = [
                         "thresholds fixed (at most {alloc_fixed_faults} faults per step for any plan); with multi-hot "
                         "bags, where TorchRec's plan is also the CPU-priced one, {alloc_multihot_stock_faults} and "
                         "{alloc_multihot_cpu_faults} faults, {alloc_multihot_default} against {alloc_multihot_fixed}"),
+    # README.md and docs/results.md: the collectives' share of a step (benchmarks.comm_floor)
+    ("README.md", "one all-to-all of under 0.3 MB took {cf_small_ms} alone (the slowest of {cf_world} ranks), so the "
+                  "stock plan's {cf_oh_stock_n} collectives are {cf_oh_share} of its one-hot step and the CPU-priced "
+                  "hybrid's {cf_oh_n} take {cf_oh_time} their time for {cf_oh_bytes} their bytes; with the stock "
+                  "plan's compute it would step {cf_oh_bound} the stock step, and its own compute and waiting add "
+                  "{cf_oh_excess} per step"),
+    ("docs/results.md", "{cf_runs} runs of {cf_steps} interleaved steps at W={cf_world}"),
+    ("docs/results.md", "an all-to-all of under 0.3 MB took {cf_small_ms} alone"),
+    ("docs/results.md", "With one id per feature the stock plan's {cf_oh_stock_n} collectives are {cf_oh_share} of "
+                        "its step; the CPU-priced hybrid plan's {cf_oh_n} send {cf_oh_bytes} their bytes in "
+                        "{cf_oh_time} their time, which with the stock plan's compute would make a step of "
+                        "{cf_oh_bound} the stock step; it ran {cf_oh_step}, its compute and waiting {cf_oh_excess} "
+                        "more than stock's"),
+    ("docs/results.md", "With multi-hot bags the collectives are {cf_mh_share} of the stock step; the network-priced "
+                        "plan's send {cf_mh_bytes} the bytes in {cf_mh_time} the time (bound {cf_mh_bound}) and it "
+                        "ran {cf_mh_step}, {cf_mh_excess} more compute and waiting"),
     # README.md: the product
     ("README.md", "python -m benchmarks.product {w4_cmd}"),
     ("README.md", "{w4_setup}"),
