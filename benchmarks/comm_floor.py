@@ -103,12 +103,13 @@ class CollectiveRecorder:
         return times
 
     def sizes(self) -> List[int]:
-        """Bytes of each recorded collective's input buffer(s)."""
+        """Bytes of each recorded collective's largest buffer argument (an all-to-all's input or output; a list
+        of tensors counts as one buffer)."""
         def nbytes(x: Any) -> int:
             if isinstance(x, torch.Tensor):
                 return x.numel() * x.element_size()
             return sum(nbytes(v) for v in x) if isinstance(x, (list, tuple)) else 0
-        return [nbytes(args[1]) if len(args) > 1 else nbytes(args) for _, args, _ in self.calls]
+        return [max([nbytes(a) for a in args] + [0]) for _, args, _ in self.calls]
 
 
 def _timed(fn: Callable[[], None]) -> Tuple[float, int]:
@@ -193,9 +194,9 @@ def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int, repea
                      "median_step_s": statistics.median(s), "median_collectives_s": statistics.median(c),
                      "step_bytes_busiest": busiest("step"), "collectives_bytes_busiest": busiest("collectives"),
                      # per collective, in issue order: the slowest rank's time alone (median over repeats) and
-                     # the largest input buffer over ranks
+                     # the largest buffer over ranks
                      "each_s": [statistics.median(ts) for ts in alone],
-                     "each_input_bytes": [max(o["sizes"][name][k] for o in runs[0]) for k in range(n)]}
+                     "each_buffer_bytes": [max(o["sizes"][name][k] for o in runs[0]) for k in range(n)]}
     stock = per["stock_planner"]
     for name in MODELS:
         p = per[name]
@@ -237,11 +238,11 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
                 f"{p['collectives_bytes_busiest'] / 1e6:.2f} | {_ci(p['step_ratio'])} | {_ci(p['bytes_only_bound'])} | "
                 f"{p['compute_excess_s'] * 1e3:+.1f} |")
     lines += ["", "Each collective alone, in the order a step issues it (forward, then backward): the slowest rank's "
-              "time behind a barrier, median over repeats, ms (its largest input buffer over ranks, kB):", "",
+              "time behind a barrier, median over repeats, ms (its largest buffer over ranks, kB):", "",
               "| workload | plan | collectives |", "|---|---|---|"]
     for r in results:
         for name, p in r["plans"].items():
-            cells = ", ".join(f"{t * 1e3:.1f} ({b / 1e3:.0f})" for t, b in zip(p["each_s"], p["each_input_bytes"]))
+            cells = ", ".join(f"{t * 1e3:.1f} ({b / 1e3:.0f})" for t, b in zip(p["each_s"], p["each_buffer_bytes"]))
             lines.append(f"| {r['workload']} B={r['batch']} | {name} | {cells} |")
     return lines
 

@@ -14,6 +14,7 @@ kernel calls), the rest grows with the ids.
 
     python -m benchmarks.cpu_phases                            # W=4, multihot, B=512 and 8, ~1 min
     python -m benchmarks.cpu_phases --out benchmarks/results   # the committed run
+    python -m benchmarks.cpu_phases --workload onehot --out benchmarks/results   # -> cpu_phases_onehot.*
 """
 
 from __future__ import annotations
@@ -197,7 +198,8 @@ def main(argv=None) -> Dict[str, Any]:
                  f"{a.steps}, {a.warmup}, {batches})")
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
     res = run(a.workload, a.world, batches, a.rows_cap, a.warmup, a.steps)
-    print(write_results(a.out, "cpu_phases", res, markdown(res)))
+    name = "cpu_phases" if a.workload == "multihot" else f"cpu_phases_{a.workload}"  # the default keeps its name
+    print(write_results(a.out, name, res, markdown(res)))
     return res
 
 

@@ -466,7 +466,7 @@ def _comm_floor_facts() -> Dict[str, str]:
     if set(res) != {"onehot", "multihot"}:
         raise ValueError(f"comm_floor.json covers {sorted(res)}; the docs quote onehot and multihot: reword them")
     small = [t for r in res.values() for p in r["plans"].values()
-             for t, b in zip(p["each_s"], p["each_input_bytes"]) if b < 300_000]
+             for t, b in zip(p["each_s"], p["each_buffer_bytes"]) if b < 300_000]
     f = {"cf_world": str(unique((r["world"] for r in res.values()), "comm_floor world")),
          "cf_small_ms": span((t * 1e3 for t in small), lambda v: f"{v:.1f} ms"),
          "cf_runs": str(unique((r.get("repeats", 1) for r in res.values()), "comm_floor repeats")),

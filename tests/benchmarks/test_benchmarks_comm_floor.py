@@ -27,7 +27,7 @@ def test_comm_floor_tiny(tmp_path):
         assert abs(p["collectives_bytes_busiest"] / p["step_bytes_busiest"] - 1) < 0.1, name
         assert len(p["step_s"]) == len(p["collectives_s"]) == 6  # 2 runs x 3 steps
         assert 0 < p["median_collectives_s"] and 0 < p["median_step_s"]
-        assert len(p["each_s"]) == len(p["each_input_bytes"]) == len(p["collectives"])
+        assert len(p["each_s"]) == len(p["each_buffer_bytes"]) == len(p["collectives"])
         lo, mid, hi = p["bytes_only_bound"]
         assert lo <= mid <= hi
     assert r["plans"]["stock_planner"]["bytes_only_bound"] == [1.0, 1.0, 1.0]
