@@ -31,7 +31,7 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 
 from benchmarks import malloc
-from benchmarks.measure import balanced_orders, median_ci, slowest_rank
+from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
 from benchmarks.product import MODELS, WORKLOADS, plan_models, plan_types, workload_data
 from benchmarks.report import write_results
 
@@ -217,10 +217,6 @@ def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int, repea
             "steps": steps, "repeats": repeats, "allocator": first["allocator"], "plans": per}
 
 
-def _ci(c: List[float]) -> str:
-    return f"{c[1]:.2f}x [{c[0]:.2f}, {c[2]:.2f}]"
-
-
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
     r0 = results[0]
     runs = r0.get("repeats", 1)
@@ -240,7 +236,8 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
                 f"| {r['workload']} B={r['batch']} | {name} | {types} | {len(p['collectives'])} | "
                 f"{p['median_step_s'] * 1e3:.1f} | {p['median_collectives_s'] * 1e3:.1f} | "
                 f"{p['collectives_share']:.0%} | {p['step_bytes_busiest'] / 1e6:.2f} / "
-                f"{p['collectives_bytes_busiest'] / 1e6:.2f} | {_ci(p['step_ratio'])} | {_ci(p['bytes_only_bound'])} | "
+                f"{p['collectives_bytes_busiest'] / 1e6:.2f} | {ci_text(p['step_ratio'])} | "
+                f"{ci_text(p['bytes_only_bound'])} | "
                 f"{p['compute_excess_s'] * 1e3:+.1f} |")
     lines += ["", "Each collective alone, in the order a step issues it (forward, then backward): the slowest rank's "
               "time behind a barrier, median over repeats, ms (its largest buffer over ranks, kB):", "",
