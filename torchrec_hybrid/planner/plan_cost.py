@@ -47,8 +47,11 @@ from torchrec_hybrid.types import FREQUENCY_HYBRID
 # frequency_hybrid: cold metadata, cold payload, output all-to-all and its backward.
 COLLECTIVES_PER_STEP = {"table_wise": 5, "column_wise": 5, "table_column_wise": 5, "row_wise": 5,
                         "table_row_wise": 5, "grid_shard": 5, "data_parallel": 1, FREQUENCY_HYBRID: 4}
-# Fixed cost of one collective, ms (gloo on loopback, 4 ranks on 2 cores: a 4-byte
-# all_to_all_single takes 0.1-0.3 ms; see docs). Equivalent to ~0.2 MB at 1 GiB/s.
+# Fixed cost of one collective, ms, where no fit gives one (~0.2 MB at 1 GiB/s). Measured on
+# gloo over loopback it depends on the box: alone behind a barrier, 4 ranks on 2 cores took
+# about 1-3 ms per small all-to-all (benchmarks/results/comm_floor.md), 2 ranks a tenth of
+# that; inside a step it overlaps other ranks' compute, and the CPU fit puts it near 0
+# (benchmarks/results/calibration.md).
 DEFAULT_COLLECTIVE_MS = 0.2
 
 
