@@ -56,7 +56,9 @@ def _hybrid_forward(mh, kjt, step: int, refresh, hot_t):
 
 
 def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kinds=None, ref_kinds=None, hot=None,
-               mode="mixed", rank0_mode=None, refresh=None, variable=False, rows=None):
+               mode="mixed", rank0_mode=None, refresh=None, variable=False, rows=None, keep=None):
+    """Trains the hybrid and the table_wise model on the same batches and compares them; ``keep``: a list
+    the hybrid model is appended to (for the caller's own checks; ranks return nothing else)."""
     configs = [dataclasses.replace(c, num_embeddings=(rows or {}).get(c.name, c.num_embeddings))
                for c in tables(mean=mean)]
     torch.manual_seed(0)
@@ -74,7 +76,7 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
     mt.load_state_dict(ref.state_dict())
     keys = [f for c in configs for f in c.feature_names]
     for step in range(steps):
-        m = rank0_mode if (rank == 0 and rank0_mode) else mode
+        m = rank0_mode if (rank == 0 and rank0_mode) else mode[step % len(mode)] if isinstance(mode, list) else mode
         kjt = skewed_batch(configs, keys, batch=6, seed=100 * step + rank, hot=hot_t, weighted=weighted, mode=m)
         ref_kjt = kjt
         if variable:  # a VBE batch: a different batch per feature and per rank
@@ -105,6 +107,8 @@ def train_pair(rank, world, opt="sgd", mean=False, weighted=False, steps=5, kind
         torch.testing.assert_close(oh_state[k], ot_state[k], atol=1e-5, rtol=1e-5)
     # hot replicas: a forward of one-hot-id bags pools exactly the owners' rows, bit for bit, on every rank
     _check_hot_replicas(mh, configs, kinds, hot_t, weighted, world, mean_rw=mean and "rw" in kinds.values())
+    if keep is not None:
+        keep.append(mh)
 
 
 def _check_hot_replicas(mh, configs, kinds, hot_t, weighted: bool, world: int, mean_rw: bool) -> None:
@@ -411,3 +415,34 @@ def test_variable_batch_trains_like_table_wise(world, case):
     then weights and optimizer state."""
     case.setdefault("variable", True)
     run_ranks(train_pair, world, **case)
+
+
+def _cold_exchanges(rank, world, room_pad, **case):
+    """Trains the pair (``train_pair``) with the cold exchange's spare room per pair set to ``room_pad``
+    words, then reports each hybrid input dist's cold exchange: its rows per peer out and in for the next
+    step (header + room) and how many of its fused exchanges spilled into a second all-to-all."""
+    from torchrec_hybrid.sharding import cold_all_to_all
+    from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
+
+    cold_all_to_all.ROOM_PAD = room_pad  # this rank's process only: small batches then outgrow their rooms
+    kept: list = []
+    train_pair(rank, world, keep=kept, **case)
+    mh = kept[0]
+    dists = [d for d in mh.module._input_dists if isinstance(d, HybridSparseFeaturesDist)]  # TorchRec's list
+    return [(d._cold_a2a.rooms.send_rows, d._cold_a2a.rooms.recv_rows, d._cold_a2a.spills) for d in dists]
+
+
+@pytest.mark.parametrize("world", [2, 3])
+def test_cold_exchange_past_its_room_trains_like_table_wise(world):
+    """After the first step the cold ids travel in one all-to-all, each pair of ranks given room for what it
+    sent the step before; a step with far more cold ids than the last (hot-only, then cold-only batches)
+    overflows some rooms, and every rank sends the rest in a second all-to-all: still table_wise's
+    outputs, weights and optimizer state; every rank agrees on the spills, and each pair's ends on its room."""
+    steps = ["hot_only", "cold_only", "mixed", "hot_only", "cold_only", "cold_only"]
+    per_rank = run_ranks(_cold_exchanges, world, room_pad=4, opt="rowwise_adagrad", hot=ALL_HOT,
+                         steps=len(steps), mode=steps, weighted=True)
+    spills = [[n for *_, n in dists] for dists in per_rank]
+    assert all(s == spills[0] for s in spills) and spills[0] and min(spills[0]) >= 2, per_rank
+    for r, dists in enumerate(per_rank):
+        for i, (send_rows, _, _) in enumerate(dists):
+            assert [per_rank[q][i][1][r] for q in range(world)] == send_rows, per_rank  # q's rows from r

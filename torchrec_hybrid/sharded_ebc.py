@@ -13,7 +13,7 @@ negative one, every id against its table size, and (``validate_weights``) every 
 device without a host sync. A rank never raises on its own: it records its first problem in
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
 harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
-collectives complete; the reports ride the hybrid cold metadata all-to-all (without hybrid
+collectives complete; the reports ride the header of the hybrid cold ids' all-to-all (without hybrid
 tables, the split sizes a stock input dist exchanges anyway, where the module starts that
 exchange itself; else - data_parallel tables only, a 2D sharding sub-group, or the splits
 ``TrainPipelineSparseDist`` fuses from its second batch on - one small all-to-all) and
@@ -150,7 +150,7 @@ class IdCheck:
     """One step's id check, from the input dist to the lookups.
 
     report: this rank's int64 ``[code, index, value]`` (its first problem; zeros: none).
-    carried: every rank's report rides the hybrid cold metadata and arrives in the lookup
+    carried: every rank's report rides the hybrid cold ids' header and arrives in the lookup
         input (:attr:`HybridLookupInput.id_reports`).
     rider: otherwise, every rank's report as extra rows of a stock input dist's split-size
         all-to-all (``_compat.splits_exchange_with_rows``), read when TorchRec reads the splits
@@ -173,7 +173,7 @@ class IdCheck:
         the way). Carried or ridden ones are host data already (their exchange's one sync)."""
         if self.carried:
             words = next(x for x in dist_input if isinstance(x, HybridLookupInput)).id_reports
-            assert words is not None  # carried: the cold metadata brought every rank's report
+            assert words is not None  # carried: the cold ids' header brought every rank's report
             return id_reports_from_words(words)
         if self.rider is not None:
             codes, index, value = self.rider.wait()  # host ints already, unless TorchRec never waited them
@@ -293,7 +293,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         hot_ids: hot row ids per table name (validated collectively here).
         validate_ids: check each rank's batch every step - its structure and every id
             against its table size - and raise on all ranks instead of crashing or hanging
-            one (the verdicts ride the hybrid cold metadata, else a stock input dist's split
+            one (the verdicts ride the header of the hybrid cold ids' all-to-all, else a stock input dist's split
             sizes, else one tiny all-to-all: see the module docstring); the module's TBEs
             then skip FBGEMM's own bounds check (:func:`without_redundant_bounds_check`).
             False turns off every input check (the weights' too).
@@ -325,7 +325,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._validate_ids = validate_ids
         self._validate_weights = validate_weights
         self._hybrid_configs = list(hybrid)
-        # the id-check verdicts ride the hybrid cold metadata all-to-all when there is one
+        # the id-check verdicts ride the header of the hybrid cold ids' all-to-all when there is one
         self._carry_id_check = validate_ids and bool(hybrid)
         self._has_hybrid = bool(hybrid)
         self._module_weighted = bool(module.is_weighted())
@@ -453,7 +453,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                         ) -> Tuple[KeyedJaggedTensor, IdCheck]:
         """Checks the batch locally; :meth:`input_dist` sends the verdict to every rank.
 
-        With a frequency-hybrid sharding the verdict rides its cold metadata; else the split
+        With a frequency-hybrid sharding the verdict rides its cold ids' header; else the split
         sizes of a stock input dist, or an all-to-all of its own
         (:meth:`_stock_input_dist_with_reports`). Either way it is read before the lookups. This
         rank never raises here (the others would wait in the step's collectives): a malformed

@@ -5,6 +5,7 @@ import math
 import torch
 
 from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.sharding.cold_all_to_all import ROOM_PAD, ROOM_SLACK
 
 
 def t4(**kw):
@@ -28,9 +29,10 @@ def test_hybrid_terms_one_hot():
     cov = 0.75
     p = cm.hybrid_bytes(t, cov, 10)
     W, B, F, D, c = 4, 16, 2, 8, 0.25
+    s = ROOM_SLACK  # the cold payload travels in rooms that much larger (cold_all_to_all.py)
     # lengths of the bags with a cold id on each remote owner, plus two int32 counts per feature
-    assert math.isclose(float(p["lengths"]), (W - 1) * (F * B * c / W * 4 + F * 2 * 4))
-    assert math.isclose(float(p["cold_ids"]), c * (W - 1) / W * F * B * 4)
+    assert math.isclose(float(p["lengths"]), (W - 1) * (s * F * B * c / W * 4 + F * 2 * 4))
+    assert math.isclose(float(p["cold_ids"]), s * c * (W - 1) / W * F * B * 4)
     assert math.isclose(float(p["partials"]), 2 * D * 4 * F * B * c * (W - 1) / W)
     # each owner's hot rows out to the other ranks, their gradients back
     assert math.isclose(float(p["hot_sync"]), 2 * (W - 1) / W * 10 * D * 4)
@@ -78,8 +80,11 @@ def test_module_overhead_counts_one_splits_exchange_per_stock_type():
     # id check: an all-to-all of 3 int64 per peer; each stock input dist (not DP): 3 int64 splits per peer
     assert cm.module_overhead_bytes(W, {"table_wise", "column_wise", "data_parallel"}) == peers * (24 + 2 * 24)
     assert cm.module_overhead_bytes(W, {"table_wise"}, validate_ids=False) == peers * 24
-    # with a hybrid sharding the check rides in its metadata all-to-all: 4 int32 per peer
-    assert cm.module_overhead_bytes(W, {"frequency_hybrid", "table_wise"}) == peers * (16 + 24)
-    # per rank the metadata's two int32 counts per hybrid feature come on top
+    # with a hybrid sharding the check rides in its cold ids' header: 4 int32 per peer; the header's spill
+    # flag and the rooms' pad travel, checked or not
+    rooms = (1 + ROOM_PAD) * 4
+    assert cm.module_overhead_bytes(W, {"frequency_hybrid", "table_wise"}) == peers * (16 + rooms + 24)
+    assert cm.module_overhead_bytes(W, {"frequency_hybrid"}, validate_ids=False) == peers * rooms
+    # per rank the header's two int32 counts per hybrid feature come on top
     per_rank = cm.module_overhead_rank_bytes(W, {"frequency_hybrid"}, hybrid_features=2)
-    assert torch.equal(per_rank, torch.full((W,), peers * (16 + 2 * 2 * 4), dtype=torch.float64))
+    assert torch.equal(per_rank, torch.full((W,), peers * (16 + rooms + 2 * 2 * 4), dtype=torch.float64))

@@ -20,9 +20,10 @@ rows (``coverage[0] == 0``, non-decreasing), e.g. from :func:`coverage_from_coun
 
 Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
 - input dist (cold_all_to_all.py): to each other rank the lengths of the bags holding >= 1
-  cold id it owns (int32), the cold ids it owns (int32) and, in the metadata all-to-all,
-  two int32 counts per feature: ``4*F*B*(W-1)*(1-(1-c/W)**L) + c*(W-1)/W*F*B*L*4 + (W-1)*F*8``
-  (c = 1 - coverage);
+  cold id it owns (int32) and the cold ids it owns (int32), in rooms ``ROOM_SLACK`` times that
+  (sized from the step before; the whole room travels), and in the header two int32 counts per
+  feature: ``s*(4*F*B*(W-1)*(1-(1-c/W)**L) + c*(W-1)/W*F*B*L*4) + (W-1)*F*8`` (c = 1 - coverage,
+  s = ``ROOM_SLACK``);
 - output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of
   a remote owner, forward and again backward: ``2*D*4*F*B*(W-1)*(1-(1-c/W)**L)``
   (exactly ``c*(W-1)/W`` bags per bag for one-hot; independent ids per bag otherwise);
@@ -32,9 +33,9 @@ Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
   decay, Adam - only rows some rank looked up travel, plus an all-gather of H-byte masks;
   this prices the upper bound.)
 Per sharded module (not per table): the id-check verdicts (4 int32 per peer in the hybrid
-metadata all-to-all, else 3 int64 per peer in a stock KJTAllToAll's splits exchange or, with
-neither, an all-to-all of their own) and the small splits exchange of each stock KJTAllToAll
-(:func:`module_overhead_bytes`).
+header, with its spill flag and the rooms' ``ROOM_PAD`` words, else 3 int64 per peer in a stock
+KJTAllToAll's splits exchange or, with neither, an all-to-all of their own) and the small splits
+exchange of each stock KJTAllToAll (:func:`module_overhead_bytes`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ from dataclasses import dataclass
 from typing import Dict, Iterable, Optional, Sequence, cast
 
 import torch
+
+from torchrec_hybrid.sharding.cold_all_to_all import ROOM_PAD, ROOM_SLACK
 
 FP32 = 4
 INT32 = 4
@@ -228,8 +231,8 @@ def hybrid_bytes(t: TableTraffic, coverage: torch.Tensor | float, hot_rows: torc
     bag_hit = 1.0 - torch.pow(1.0 - cold / w, t.pooling) if w > 1 else torch.zeros_like(cold)
     both = t.comm.a2a_fwd + t.comm.a2a_bwd  # the output all-to-all, forward + backward (2 * FP32)
     return {
-        "lengths": (w - 1) * (t.bags * bag_hit * INT32 + t.features * 2 * INT32),
-        "cold_ids": cold * remote * t.lookups * INT32,
+        "lengths": (w - 1) * (t.bags * bag_hit * INT32 * ROOM_SLACK + t.features * 2 * INT32),
+        "cold_ids": cold * remote * t.lookups * INT32 * ROOM_SLACK,
         "partials": both * t.dim * t.bags * (w - 1) * bag_hit,
         "hot_sync": 2 * remote * h * t.dim * (both / 2),
     }
@@ -286,13 +289,17 @@ def module_overhead_bytes(world: int, types: Iterable[str], validate_ids: bool =
 
     The verdicts take 3 int64 per peer (as extra rows of a stock splits exchange, or an all-to-all
     of their own in a module of data_parallel tables only), or with a frequency-hybrid sharding
-    in the module 4 int32 words per destination in its metadata all-to-all (whose per-table
-    counts :func:`hybrid_bytes` prices).
+    in the module 4 int32 words per destination in its cold ids' header (whose per-table
+    counts :func:`hybrid_bytes` prices), which also carries a spill flag and the rooms' pad of
+    ``ROOM_PAD`` words per destination, checked or not.
     """
     types = set(types)
-    per_peer = 4 * INT32 if FREQUENCY_HYBRID in types else 3 * INT64
+    hybrid = FREQUENCY_HYBRID in types
+    per_peer = 4 * INT32 if hybrid else 3 * INT64
     check = (world - 1) * per_peer if validate_ids else 0
-    return float(check + stock_input_dists(types) * (world - 1) * splits_per_dist * INT64)
+    # a hybrid module's cold ids' header holds a spill flag, and their rooms the pad (cold_all_to_all.py)
+    rooms = (world - 1) * (1 + ROOM_PAD) * INT32 if hybrid else 0
+    return float(check + rooms + stock_input_dists(types) * (world - 1) * splits_per_dist * INT64)
 
 
 # -- per rank: what each rank sends, for plans with an owner per table or block -----------
@@ -353,7 +360,8 @@ def hybrid_rank_bytes(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_o
     hit = hybrid_owner_hit(t, coverage, shares)  # [W]
     hot = hot_per_owner.to(torch.float64)
     fwd, bwd = t.comm.a2a_fwd, t.comm.a2a_bwd  # the output all-to-all's bytes per element
-    to_owner = t.bags * hit * (INT32 + t.dim * bwd) + t.lookups * cold * shares.to(torch.float64) * INT32 \
+    to_owner = t.bags * hit * (INT32 * ROOM_SLACK + t.dim * bwd) \
+        + t.lookups * cold * shares.to(torch.float64) * INT32 * ROOM_SLACK \
         + hot * t.dim * bwd  # what any rank sends to owner j (0 when j is itself)
     out = to_owner.sum() - to_owner  # to every owner but itself
     out += (w - 1) * (t.bags * hit * t.dim * fwd + hot * t.dim * fwd)
@@ -378,7 +386,8 @@ def hybrid_layout_bytes(t: TableTraffic, coverage, hot_rows, shares: torch.Tenso
     remote = (w - 1) / w
     per_rank_bags = remote * t.bags * hit_sum  # bags sent to remote owners, per rank
     both = t.comm.a2a_fwd + t.comm.a2a_bwd  # the output all-to-all, forward + backward
-    return (per_rank_bags * (INT32 + 2 * t.dim * (both / 2)) + cold.squeeze(-1) * remote * t.lookups * INT32
+    return (per_rank_bags * (INT32 * ROOM_SLACK + 2 * t.dim * (both / 2))
+            + cold.squeeze(-1) * remote * t.lookups * INT32 * ROOM_SLACK
             + 2 * remote * h * t.dim * (both / 2) + (w - 1) * t.features * 2 * INT32)
 
 

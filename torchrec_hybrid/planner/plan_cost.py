@@ -44,9 +44,10 @@ from torchrec_hybrid.types import FREQUENCY_HYBRID
 # the code and TorchRec 1.8: table_wise / column_wise: KJTAllToAll's splits, lengths and
 # values exchanges, the pooled all-to-all and its backward; row_wise: the same with a
 # reduce-scatter and its all-gather; data_parallel: one DDP all-reduce bucket;
-# frequency_hybrid: cold metadata, cold payload, output all-to-all and its backward.
+# frequency_hybrid: the cold ids' all-to-all (header and payload in one after the first step, a
+# second on the rare step whose runs outgrow their rooms), output all-to-all and its backward.
 COLLECTIVES_PER_STEP = {"table_wise": 5, "column_wise": 5, "table_column_wise": 5, "row_wise": 5,
-                        "table_row_wise": 5, "grid_shard": 5, "data_parallel": 1, FREQUENCY_HYBRID: 4}
+                        "table_row_wise": 5, "grid_shard": 5, "data_parallel": 1, FREQUENCY_HYBRID: 3}
 # Fixed cost of one collective, ms, where no fit gives one (~0.2 MB at 1 GiB/s). Measured on
 # gloo over loopback it depends on the box: alone behind a barrier, 4 ranks on 2 cores took
 # about 1-3 ms per small all-to-all (benchmarks/results/comm_floor.md), 2 ranks a tenth of

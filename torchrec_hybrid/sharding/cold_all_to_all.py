@@ -1,20 +1,28 @@
-"""The cold ids' trip to their owners: one metadata all-to-all, then one payload all-to-all.
+"""The cold ids' trip to their owners: one all-to-all per step, two on the first.
 
 Wire format, per (source, destination) pair, all int32 (gloo and NCCL carry it as is):
 
-- metadata ``[2F + R]``: how many non-empty bags per feature, how many ids per feature, then
+- header ``[2F + R + 1]``: how many non-empty bags per feature, how many ids per feature, then
   ``R`` words every rank must see (the sharded module's id-check report; ``R = 0`` when the
-  call carries none - every rank's call must agree);
+  call carries none - every rank's call must agree), then whether the source's run to some
+  peer exceeded its room (below);
 - payload: the bags' lengths, then their ids (the owner's local rows), then, for weighted
   features, the weights' bits, each in (feature, sample) order.
 
-The metadata doubles as the split sizes, so a step takes two collectives. TorchRec's
-``KJTAllToAll`` of the same variable-batch KJT takes four (splits, lengths, values, batch
-sizes per key) plus a recat permute and per-key sums on the receiver. On the 4-rank gloo
-headline (2 cores) two extra small all-to-alls cost 7-9% of a step, and switching from
-``KJTAllToAll`` to this took the hybrid from 1.00-1.15x table_wise's step time to 0.95-0.97x
-(three same-process A/B runs each). The receiver turns the payload into the owner's lookup
-input with one FBGEMM segment permute (:meth:`ColdBags.lane_inputs`).
+An all-to-all needs its split sizes on both ends before it starts, and a payload's size is
+known to its receiver only from the header. The first exchange sends the headers alone, syncs
+their sizes to the host and sends the payloads (two collectives). After it, every pair of ranks
+knows what the pair sent last time - the source sent it, the destination received it - so each
+exchange sends header and payload in one all-to-all, each pair given room for what it sent the
+step before plus a margin (``ROOM_SLACK``, ``ROOM_PAD``; the room is sent whole, the margin is
+the bytes it costs). A run longer than its room sends the room's worth, and its source raises
+the flag every rank receives: after the host sync every rank then knows, and the words past the
+rooms follow in a second all-to-all (``spills`` counts those steps). Per step that is one
+collective where TorchRec's ``KJTAllToAll`` of the same variable-batch KJT takes four (splits,
+lengths, values, batch sizes per key, plus a recat permute and per-key sums on the receiver),
+and one host sync either way. On the 4-rank gloo box (2 cores) a small all-to-all costs 1-3 ms
+alone (``benchmarks/results/comm_floor.md``). The receiver turns the payload into the owner's
+lookup input with one FBGEMM segment permute (:meth:`ColdBags.lane_inputs`).
 """
 
 from dataclasses import dataclass
@@ -27,7 +35,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding.cells import LaneLayout
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, host_to_device, round_robin_order, segment_arange
+from torchrec_hybrid.sharding.segments import (exclusive_cumsum, host_to_device, round_robin_order, segment_arange,
+                                               segment_positions)
 
 
 @dataclass
@@ -151,6 +160,30 @@ def _lane_kjts(lanes: LaneLayout, keys: List[List[str]], batches: List[int], hos
     return kjts
 
 
+# The fused exchange's room for the payload of each (source, destination) pair, in int32 words: what that pair
+# sent in the previous exchange times ROOM_SLACK, plus ROOM_PAD (both ends of a pair know it: one sent it, the
+# other received it).
+ROOM_SLACK = 1.1
+ROOM_PAD = 128
+
+
+def room_for(run: torch.Tensor) -> torch.Tensor:
+    """Payload words per pair for the next fused exchange, after one where the pairs sent ``run`` words."""
+    return (run.to(torch.float64) * ROOM_SLACK).to(torch.int64) + ROOM_PAD
+
+
+@dataclass
+class Rooms:
+    """The fused exchange's payload room per pair, in words: per destination (what this rank may send each
+    peer) and per source (what each peer may send here), on the host and on the device."""
+
+    head: int  # the header's words (the exchange's report words decide it)
+    send_rows: List[int]  # per peer the header, then the room: the fused all-to-all's split sizes
+    recv_rows: List[int]
+    send_dev: torch.Tensor  # the rooms alone
+    recv_dev: torch.Tensor
+
+
 class ColdIdsAllToAll:
     """Sends each owner its cold bags (see the module docstring); two-stage awaitable.
 
@@ -161,10 +194,12 @@ class ColdIdsAllToAll:
             feature is one width: it moves rows; else the feature's width: it moves elements).
             The output all-to-all's split sizes are then computed in this exchange's host
             sync (:attr:`ColdBags.host_return_units`, :attr:`ColdBags.host_partial_units`).
+        fused: after the first exchange, send header and payload in one all-to-all with room for the payload
+            sized from the previous exchange (see the module docstring); False: always two.
     """
 
     def __init__(self, pg: dist.ProcessGroup, num_features: int, device: torch.device,
-                 feature_units: Optional[List[int]] = None) -> None:
+                 feature_units: Optional[List[int]] = None, fused: bool = True) -> None:
         self._pg, self._world = pg, pg.size()
         self._features = num_features
         # segments: W destinations then the padding, of each part (lengths, ids[, weights])
@@ -174,6 +209,11 @@ class ColdIdsAllToAll:
         self._one_unit = all(u == 1 for u in units)  # a bag's partial sum is one unit: units = bags
         # words per [bag, id] on the wire: a length per bag, an id (and a weight) per id
         self._part_words = {p: torch.tensor([1, p - 1], dtype=torch.int64, device=device) for p in (2, 3)}
+        self._fused = fused
+        # the next fused exchange's payload room per destination and per source (host lists, and the
+        # destinations' on the device); None until an exchange has taught them
+        self.rooms: Optional[Rooms] = None
+        self.spills = 0  # fused exchanges where some pair's run exceeded its room (each took a second all-to-all)
 
     def __call__(self, bag_counts: torch.Tensor, id_counts: torch.Tensor, lengths: torch.Tensor, rows: torch.Tensor,
                  weights: Optional[torch.Tensor], report: Optional[torch.Tensor]) -> Awaitable[Awaitable[ColdBags]]:
@@ -188,13 +228,23 @@ class ColdIdsAllToAll:
         W, F = self._world, self._features
         weighted = weights is not None
         parts = 3 if weighted else 2
+        # per destination [bags, ids] (int64 sums of the int32 counts), then what is not sent: the
+        # buffers' padding; as segment sizes, part after part (lengths, ids[, weights' bits])
+        per_dest = torch.stack([bag_counts.view(W, F).sum(1), id_counts.view(W, F).sum(1)], 1)
+        send_splits = (per_dest * self._part_words[parts]).sum(1)
+        rooms = self.rooms if self._fused and W > 1 else None
+        head = 2 * F + (0 if report is None else report.numel()) + 1
+        if rooms is not None and rooms.head != head:  # another header size than the rooms were made for
+            rooms = None  # (the same on every rank: every rank passes report words, or none)
+        # header: counts, the report words, and whether a run exceeds its room (every rank sees every rank's
+        # flag, so all agree on a second all-to-all for the rest)
         header = [bag_counts.view(W, F), id_counts.view(W, F)]
         if report is not None:
             header.append(report.view(1, -1).expand(W, -1))
+        over = (send_splits > rooms.send_dev).any() if rooms is not None else torch.zeros((), dtype=torch.bool,
+                                                                                   device=send_splits.device)
+        header.append(over.to(torch.int64).view(1, 1).expand(W, 1))
         meta = torch.cat(header, 1).to(torch.int32)
-        # per destination [bags, ids] (int64 sums of the int32 counts), then what is not sent: the
-        # buffers' padding; as segment sizes, part after part (lengths, ids[, weights' bits])
-        per_dest = meta[:, :2 * F].view(W, 2, F).sum(2)
         buffers = host_to_device([lengths.numel(), rows.numel()], per_dest.device)
         sizes = torch.cat([per_dest, (buffers - per_dest.sum(0)).view(1, 2)]).t()
         if weighted:
@@ -205,51 +255,111 @@ class ColdIdsAllToAll:
         flat = torch.cat(values)
         _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(
             self._send_order[parts], sizes.reshape(-1).to(torch.int32), flat, None, flat.numel())
-        send_splits = (per_dest * self._part_words[parts]).sum(1)
         bags_per_dest = per_dest[:, 0]
         units_per_dest = bags_per_dest if self._one_unit else (bag_counts.view(W, F) * self._units).sum(1)
         sent_units = torch.cat([units_per_dest, bags_per_dest.sum().view(1)])
         if W == 1:
             return Deferred(lambda: Deferred(lambda: self._received(payload, meta, send_splits, sent_units,
                                                                     weighted, None)))
-        recv_meta = torch.empty_like(meta)
-        meta_work = dist.all_to_all_single(recv_meta, meta, group=self._pg, async_op=True)
+        if rooms is None:  # two all-to-alls: the metadata, whose sync sizes the payload's
+            recv_meta = torch.empty_like(meta)
+            meta_work = dist.all_to_all_single(recv_meta, meta, group=self._pg, async_op=True)
 
-        def splits_ready() -> Awaitable[ColdBags]:
-            meta_work.wait()
-            return self._received(payload, recv_meta, send_splits, sent_units, weighted, "start")
+            def splits_ready() -> Awaitable[ColdBags]:
+                meta_work.wait()
+                return self._received(payload, recv_meta, send_splits, sent_units, weighted, "start")
 
-        return Deferred(splits_ready)
+            return Deferred(splits_ready)
+        # one all-to-all: per peer the header, then its room, filled by one gather from the payload: its run, cut
+        # at the room (the rest, if some run exceeded its room, follows in a second all-to-all once every rank
+        # knows), or past its end other words (never read); the header's slots are written after the gather
+        heads = send_splits.new_full((W,), head)
+        sizes = torch.stack([heads, rooms.send_dev], 1).view(-1)
+        bases = torch.stack([torch.zeros_like(heads), exclusive_cumsum(send_splits)], 1).view(-1)
+        total_out = sum(rooms.send_rows)
+        index = segment_positions(bases, sizes, total_out).clamp(max=max(payload.numel() - 1, 0))
+        rows_out = payload.index_select(0, index) if payload.numel() else payload.new_zeros(total_out)
+        rows_out[segment_positions(exclusive_cumsum(rooms.send_dev + head), heads, W * head)] = meta.reshape(-1)
+        rows_in = payload.new_empty(sum(rooms.recv_rows))
+        work = dist.all_to_all_single(rows_in, rows_out, rooms.recv_rows, rooms.send_rows, group=self._pg,
+                                      async_op=True)
+        recv_start = exclusive_cumsum(rooms.recv_dev + head)
+
+        def fused_ready() -> Awaitable[ColdBags]:
+            work.wait()
+            recv_meta = rows_in.index_select(0, segment_positions(recv_start, heads, W * head)).view(W, head)
+            return self._received(payload, recv_meta, send_splits, sent_units, weighted, "fused",
+                                  rows=rows_in, recv_start=recv_start, rooms=rooms)
+
+        return Deferred(fused_ready)
 
     def _received(self, payload: torch.Tensor, recv_meta: torch.Tensor, send_splits: torch.Tensor,
-                  sent_units: torch.Tensor, weighted: bool, start: Optional[str]):
+                  sent_units: torch.Tensor, weighted: bool, start: Optional[str],
+                  rows: Optional[torch.Tensor] = None, recv_start: Optional[torch.Tensor] = None,
+                  rooms: Optional["Rooms"] = None):
         """The step's one host sync - every split size of the payload and of the output
-        all-to-all, the counts the owner's padding needs, the reports - then the payload
-        all-to-all (``start``; on one rank the payload is what arrived)."""
+        all-to-all, the counts the owner's padding needs, the reports, the overflow flags - then: the payload
+        all-to-all (``start="start"``); the fused rows' payload, and the all-to-all of what did not fit when
+        some run exceeded its room (``"fused"``); on one rank (None) the payload is what arrived. Either way
+        the next fused exchange's rooms are sized from this one's runs."""
         W, F = self._world, self._features
         counts = recv_meta[:, :2 * F].view(W, 2, F)  # per source [bags, ids] per feature (int32)
         per_source = counts.sum(2)  # int64
         received = (per_source * self._part_words[3 if weighted else 2]).sum(1)
         bags_in = per_source[:, 0]
         return_units = bags_in if self._one_unit else (counts[:, 0] * self._units).sum(1)
+        head = recv_meta.size(1)
+        room_send, room_recv = room_for(send_splits), room_for(received)  # the next exchange's
+        # what did not fit this exchange's rooms, per peer: sent, received (zeros unless fused)
+        over_send = (send_splits - rooms.send_dev).clamp(min=0) if rooms is not None else send_splits * 0
+        over_recv = (received - rooms.recv_dev).clamp(min=0) if rooms is not None else received * 0
         # per-feature totals over the sources are summed here, on the device, not per step in Python
         host = torch.cat([send_splits, received, return_units, sent_units, counts.sum(0).view(-1),
-                          recv_meta[:, 2 * F:].reshape(-1)]).tolist()
+                          recv_meta[:, -1].max().view(1), room_send + head, room_recv + head, over_send, over_recv,
+                          recv_meta[:, 2 * F:-1].reshape(-1)]).tolist()
         send, recv = host[:W], host[W:2 * W]
         split = dict(host_return_units=host[2 * W:3 * W], host_partial_units=host[3 * W:4 * W],
                      host_sent_bags=host[4 * W], host_feature_bags=host[4 * W + 1:4 * W + 1 + F],
                      host_feature_ids=host[4 * W + 1 + F:4 * W + 1 + 2 * F])
-        reports = host[4 * W + 1 + 2 * F:] if recv_meta.size(1) > 2 * F else None
+        at = 4 * W + 1 + 2 * F
+        spilled = bool(host[at])  # some rank's run exceeded its room: every rank saw its flag
+        self.rooms = Rooms(head, host[at + 1:at + 1 + W], host[at + 1 + W:at + 1 + 2 * W], room_send, room_recv)
+        host_over_send, host_over_recv = host[at + 1 + 2 * W:at + 1 + 3 * W], host[at + 1 + 3 * W:at + 1 + 4 * W]
+        at += 1 + 4 * W
+        reports = host[at:] if recv_meta.size(1) > 2 * F + 1 else None
+        meta = recv_meta[:, :-1]
         if start is None:
-            return self._bags(payload[:send[0]], recv_meta, weighted, reports, split)
-        out = payload.new_empty(sum(recv))
-        work = dist.all_to_all_single(out, payload[:sum(send)], recv, send, group=self._pg, async_op=True)
+            return self._bags(payload[:send[0]], meta, weighted, reports, split)
+        if start == "start":
+            out = payload.new_empty(sum(recv))
+            work = dist.all_to_all_single(out, payload[:sum(send)], recv, send, group=self._pg, async_op=True)
 
-        def payload_ready() -> ColdBags:
+            def payload_ready() -> ColdBags:
+                work.wait()
+                return self._bags(out, meta, weighted, reports, split)
+
+            return Deferred(payload_ready)
+        assert rows is not None and recv_start is not None and rooms is not None
+        rest: Optional[torch.Tensor] = None
+        if spilled:  # every rank: the words past each pair's room, in one more all-to-all
+            self.spills += 1
+            rest_index = segment_positions(exclusive_cumsum(send_splits) + rooms.send_dev, over_send,
+                                           sum(host_over_send))
+            rest = payload.new_empty(sum(host_over_recv))
+            work = dist.all_to_all_single(rest, payload.index_select(0, rest_index), host_over_recv,
+                                          host_over_send, group=self._pg, async_op=True)
+
+        def fused_payload() -> ColdBags:
+            # per source: its first ``min(run, room)`` words after its header, then its rest
+            starts = torch.stack([recv_start + head, rows.numel() + exclusive_cumsum(over_recv)], 1).view(-1)
+            pieces = torch.stack([received - over_recv, over_recv], 1).view(-1)
+            index = segment_positions(starts, pieces, sum(recv))
+            if rest is None:
+                return self._bags(rows.index_select(0, index), meta, weighted, reports, split)
             work.wait()
-            return self._bags(out, recv_meta, weighted, reports, split)
+            return self._bags(torch.cat([rows, rest]).index_select(0, index), meta, weighted, reports, split)
 
-        return Deferred(payload_ready)
+        return Deferred(fused_payload)
 
     def _bags(self, payload, meta, weighted, reports, split) -> ColdBags:
         F = self._features

@@ -18,7 +18,7 @@ Every shape is known before any data is read, so nothing here waits for the devi
 GPU, a data-dependent size such as a hot/cold split's would be a host sync per step).
 The forward does all local work and returns a :class:`HybridInputDistAwaitable`; the cold
 all-to-all starts when the sharded module hands it this step's id-check report
-(:meth:`HybridInputDistAwaitable.start`), so the verdicts ride the cold metadata.
+(:meth:`HybridInputDistAwaitable.start`), so the verdicts ride the cold ids' header.
 The result handed to the lookup is a :class:`HybridLookupInput`: the received cold bags plus
 the local hot part and the lengths the output dist needs to route partial sums back. When
 the optimizer could change a row on a zero gradient, the hot rows this rank looked up are
@@ -79,7 +79,7 @@ class HybridLookupInput:
     @property
     def id_reports(self) -> Optional[List[int]]:
         """None, or every rank's id-check report words (:func:`id_report_words`), one host list
-        of ``ID_REPORT_WORDS`` per rank in rank order, carried to here by the cold ids' metadata
+        of ``ID_REPORT_WORDS`` per rank in rank order, carried to here by the cold ids' header
         all-to-all."""
         return self.cold.host_reports
 
@@ -95,13 +95,13 @@ class HybridLookupInput:
                 t.record_stream(stream)
 
 
-ID_REPORT_WORDS = 4  # int32 words of one rank's input-check report in the cold metadata
+ID_REPORT_WORDS = 4  # int32 words of one rank's input-check report in the cold ids' header
 
 
 def id_report_words(report: torch.Tensor) -> torch.Tensor:
     """An int64 input-check report ``[code, index, value]`` (the rank's first problem - a bad
     id, a non-finite weight or a malformed batch, ``sharded_ebc.py``; zeros: none) as the
-    int32 words the cold metadata carries: ``[code, index, value low word, value high word]``."""
+    int32 words the cold ids' header carries: ``[code, index, value low word, value high word]``."""
     return torch.cat([report[:2].to(torch.int32), report[2:].view(torch.int32)])
 
 
