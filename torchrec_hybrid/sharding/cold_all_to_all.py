@@ -194,12 +194,10 @@ class ColdIdsAllToAll:
             feature is one width: it moves rows; else the feature's width: it moves elements).
             The output all-to-all's split sizes are then computed in this exchange's host
             sync (:attr:`ColdBags.host_return_units`, :attr:`ColdBags.host_partial_units`).
-        fused: after the first exchange, send header and payload in one all-to-all with room for the payload
-            sized from the previous exchange (see the module docstring); False: always two.
     """
 
     def __init__(self, pg: dist.ProcessGroup, num_features: int, device: torch.device,
-                 feature_units: Optional[List[int]] = None, fused: bool = True) -> None:
+                 feature_units: Optional[List[int]] = None) -> None:
         self._pg, self._world = pg, pg.size()
         self._features = num_features
         # segments: W destinations then the padding, of each part (lengths, ids[, weights])
@@ -209,9 +207,8 @@ class ColdIdsAllToAll:
         self._one_unit = all(u == 1 for u in units)  # a bag's partial sum is one unit: units = bags
         # words per [bag, id] on the wire: a length per bag, an id (and a weight) per id
         self._part_words = {p: torch.tensor([1, p - 1], dtype=torch.int64, device=device) for p in (2, 3)}
-        self._fused = fused
-        # the next fused exchange's payload room per destination and per source (host lists, and the
-        # destinations' on the device); None until an exchange has taught them
+        # the next exchange's payload room per destination and per source (:class:`Rooms`); None until an
+        # exchange has taught them (the first sends its headers alone)
         self.rooms: Optional[Rooms] = None
         self.spills = 0  # fused exchanges where some pair's run exceeded its room (each took a second all-to-all)
 
@@ -232,7 +229,7 @@ class ColdIdsAllToAll:
         # buffers' padding; as segment sizes, part after part (lengths, ids[, weights' bits])
         per_dest = torch.stack([bag_counts.view(W, F).sum(1), id_counts.view(W, F).sum(1)], 1)
         send_splits = (per_dest * self._part_words[parts]).sum(1)
-        rooms = self.rooms if self._fused and W > 1 else None
+        rooms = self.rooms if W > 1 else None
         head = 2 * F + (0 if report is None else report.numel()) + 1
         if rooms is not None and rooms.head != head:  # another header size than the rooms were made for
             rooms = None  # (the same on every rank: every rank passes report words, or none)
