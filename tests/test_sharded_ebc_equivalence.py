@@ -422,14 +422,12 @@ def _cold_exchanges(rank, world, room_pad, **case):
     words, then reports each hybrid input dist's cold exchange: its rows per peer out and in for the next
     step (header + room) and how many of its fused exchanges spilled into a second all-to-all."""
     from torchrec_hybrid.sharding import cold_all_to_all
-    from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 
     cold_all_to_all.ROOM_PAD = room_pad  # this rank's process only: small batches then outgrow their rooms
     kept: list = []
     train_pair(rank, world, keep=kept, **case)
     mh = kept[0]
-    dists = [d for d in mh.module._input_dists if isinstance(d, HybridSparseFeaturesDist)]  # TorchRec's list
-    return [(d._cold_a2a.rooms.send_rows, d._cold_a2a.rooms.recv_rows, d._cold_a2a.spills) for d in dists]
+    return [(c.rooms.send_rows, c.rooms.recv_rows, c.spills) for c in mh.module.cold_exchanges()]
 
 
 @pytest.mark.parametrize("world", [2, 3])

@@ -40,6 +40,7 @@ from torchrec.sparse.tensor_dict import maybe_td_to_kjt
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.types import HybridParameterSharding
+from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 from torchrec_hybrid.sharding.hybrid_sharding import HybridPooledEmbeddingSharding
 from torchrec_hybrid.sharding.input_dist import (
     ID_REPORT_WORDS,
@@ -384,6 +385,11 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def _hybrid_shardings(self) -> List[HybridPooledEmbeddingSharding]:
         return [s for s in _compat.sebc_shardings(self) if isinstance(s, HybridPooledEmbeddingSharding)]
+
+    def cold_exchanges(self) -> List[ColdIdsAllToAll]:
+        """The cold ids' all-to-all of every hybrid input dist: the pairs' rooms for the next step
+        (``rooms``) and how many steps outgrew them (``spills``: each took a second all-to-all)."""
+        return [c for s in self._hybrid_shardings() for c in s.cold_exchanges()]
 
     def hot_ids(self) -> Dict[str, torch.Tensor]:
         """The current sorted hot ids of every frequency_hybrid table."""

@@ -33,6 +33,7 @@ from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.cells import heavy_tables
 from torchrec_hybrid.sharding.hot_replica import zero_grad_is_noop
 from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
+from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup, own_lane_pays
 from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, HybridPooledEmbeddingDist, describe_codec_problems
@@ -197,6 +198,10 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
         for d in self._input_dists:
             d.set_hot_state(state)
         return state
+
+    def cold_exchanges(self) -> List[ColdIdsAllToAll]:
+        """The cold ids' all-to-all of each input dist this sharding made (their rooms and spills)."""
+        return [d.cold_exchange for d in self._input_dists]
 
     def _feature_tables(self) -> List[int]:
         return [i for i, t in enumerate(self._tables) for _ in range(t.num_features())]

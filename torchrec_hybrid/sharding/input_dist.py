@@ -252,6 +252,11 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer("_route_map", route_map, persistent=False)
         self.register_buffer("_slot_map", slot_map, persistent=False)
 
+    @property
+    def cold_exchange(self) -> ColdIdsAllToAll:
+        """The cold ids' all-to-all this dist starts every step."""
+        return self._cold_a2a
+
     def forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
         with record_function("## hybrid:input_dist ##"):
             return self._forward(features)
