@@ -66,7 +66,7 @@ def _column_wise_cold_plan_trains(rank, world):
     fused = {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1}
     planner = HybridEmbeddingShardingPlanner(
         topology=gloo_topology(world), batch_size=512, frequency_stats=st, stats=[NoopEmbeddingStats()],
-        constraints={"big": ParameterConstraints(pooling_factors=[20.0])}, compute_costs=None)
+        constraints={"big": ParameterConstraints(pooling_factors=[5.0])}, compute_costs=None)
     sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
     plan = planner.collective_plan(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")),
                                    [sharder], dist.GroupMember.WORLD)

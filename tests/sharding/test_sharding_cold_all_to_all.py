@@ -16,9 +16,9 @@ LANES = {"one": [[0, 1, 2]], "two": [[0, 2], [1]]}
 DIM = 4
 
 
-def _sent(rank: int, world: int, weighted: bool):
-    g = torch.Generator().manual_seed(100 + rank)
-    counts = torch.randint(0, 4, (world, F), generator=g)
+def _sent(rank: int, world: int, weighted: bool, step: int = 0, most: int = 3):
+    g = torch.Generator().manual_seed(100 + rank + 1000 * step)
+    counts = torch.randint(0, most + 1, (world, F), generator=g)
     counts[0, 1] = 0  # an empty run on every rank
     lengths = torch.randint(1, 4, (int(counts.sum()),), generator=g)
     rows = torch.randint(0, 50, (int(lengths.sum()),), generator=g)
@@ -36,15 +36,19 @@ def _extras(rank: int):
 def _rank(rank, world, weighted, lanes):
     import torch.distributed as dist
 
-    from torchrec_hybrid.sharding.cells import LaneLayout
     from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 
-    counts, lengths, rows, weights = _sent(rank, world, weighted)
+    return _exchange(ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu")), rank, world, weighted, lanes)
+
+
+def _exchange(a2a, rank, world, weighted, lanes, step: int = 0, most: int = 3):
+    from torchrec_hybrid.sharding.cells import LaneLayout
+
+    counts, lengths, rows, weights = _sent(rank, world, weighted, step, most)
     # ids per (destination, feature): segment sums of the lengths
     ids = torch.zeros(world * F, dtype=torch.int64).index_add_(
         0, torch.repeat_interleave(torch.arange(world * F), counts.view(-1)), lengths)
     report = torch.tensor([rank, 7, -1, 2], dtype=torch.int32)
-    a2a = ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu"))
     bags = a2a(counts.view(-1), ids, lengths, rows, weights, report).wait().wait()
     per_feature, extra_rows = _extras(rank)
     layout = LaneLayout(lanes, [DIM] * F, torch.device("cpu"))
@@ -59,8 +63,8 @@ def _rank(rank, world, weighted, lanes):
     return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in out.items()}  # plain data across processes
 
 
-def _expected(owner: int, world: int, weighted: bool, lanes):
-    sent = [_sent(s, world, weighted) for s in range(world)]
+def _expected(owner: int, world: int, weighted: bool, lanes, step: int = 0, most: int = 3):
+    sent = [_sent(s, world, weighted, step, most) for s in range(world)]
     per_feature, extra_rows = _extras(owner)
     bags = [[] for _ in range(F)]  # per feature: (length, ids, weights), sources in rank order
     cells = []
@@ -113,3 +117,57 @@ def test_owner_receives_exactly_what_was_sent(world, weighted, lanes):
             assert got[key] == want[key], (owner, key)  # weights: bit-exact floats
         assert got["reports"] == [[s, 7, -1, 2] for s in range(world)], owner
         assert got["counts"] == [_sent(s, world, weighted)[0][owner].tolist() for s in range(world)], owner
+
+
+# per step the most bags per (destination, feature) run: the rooms the first step sizes are kept, then
+# outgrown (a spill: a second all-to-all), then far too large (resized), then kept again
+STEPS = [3, 3, 30, 30, 1, 1]
+
+
+def _rank_steps(rank, world, weighted, lanes):
+    import torch.distributed as dist
+
+    from torchrec_hybrid.sharding import cold_all_to_all
+
+    cold_all_to_all.ROOM_PAD = 30  # this rank's process only: rooms the size of these runs
+    a2a = cold_all_to_all.ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu"))
+    out = []
+    for step, most in enumerate(STEPS):
+        rooms = a2a.rooms
+        got = _exchange(a2a, rank, world, weighted, lanes, step, most)
+        out.append(dict(got, spills=a2a.spills, kept=a2a.rooms is rooms, send=a2a.rooms.send,
+                        recv=a2a.rooms.recv))
+    return out
+
+
+@pytest.mark.parametrize("world,weighted", [(2, False), (3, True)])
+def test_fused_exchanges_receive_exactly_what_was_sent(world, weighted):
+    """Step after step on one exchange: header and payload in one all-to-all from the second, rooms kept
+    while the runs fit them, a run past its room sent in a second all-to-all, rooms resized after a run
+    that outgrew them or filled less than half: every owner still receives exactly what was sent, and
+    both ends of each pair agree on its room."""
+    lanes = LANES["two"]
+    out = run_ranks(_rank_steps, world, weighted=weighted, lanes=lanes)
+    for owner, steps in enumerate(out):
+        for step, got in enumerate(steps):
+            want = _expected(owner, world, weighted, lanes, step, STEPS[step])
+            for key in ("lengths", "values", "weights", "stride", "keys", "length_per_key", "positions",
+                        "rows_per_feature"):
+                assert got[key] == want[key], (owner, step, key)
+            for q in range(world):
+                assert out[q][step]["recv"][owner] == got["send"][q], (owner, q, step)  # one room, two ends
+        assert [s["spills"] for s in steps] == [s["spills"] for s in out[0]], owner  # every rank saw the flags
+    spills = [s["spills"] for s in out[0]]
+    assert spills[0] == 0 and spills[2] > spills[1], spills  # 30 per run outgrows rooms sized for 3 or fewer
+    kept = [s["kept"] for s in out[0]]
+    assert any(kept[1:]) and not all(kept[1:]), kept  # rooms kept across some steps, resized at others
+
+
+def test_next_room_keeps_a_room_the_run_fits_and_half_fills():
+    from torchrec_hybrid.sharding.cold_all_to_all import ROOM_MIN_SLACK, next_room, room_for
+
+    assert next_room(None, 1000) == room_for(1000) > 1000 * ROOM_MIN_SLACK  # the first exchange sizes it
+    room = room_for(1000)
+    assert next_room(room, 1000) == room and next_room(room, 800) == room  # fits: kept
+    assert next_room(room, room) == room_for(room)  # no slack left: resized up
+    assert next_room(room, 100) == room_for(100)  # far too large: resized down

@@ -13,9 +13,10 @@ An all-to-all needs its split sizes on both ends before it starts, and a payload
 known to its receiver only from the header. The first exchange sends the headers alone, syncs
 their sizes to the host and sends the payloads (two collectives). After it, every pair of ranks
 knows what the pair sent last time - the source sent it, the destination received it - so each
-exchange sends header and payload in one all-to-all, each pair given room for what it sent the
-step before plus a margin (``ROOM_SLACK``, ``ROOM_PAD``; the room is sent whole, the margin is
-the bytes it costs). A run longer than its room sends the room's worth, and its source raises
+exchange sends header and payload in one all-to-all, each pair given a room sized from what it
+sent before (:func:`next_room`: kept while the runs fit it and fill half of it, else 1.15x the
+run plus 128 words; the room is sent whole, the margin is the bytes it costs, and rooms that
+stay put keep their gathers' index tensors). A run longer than its room sends the room's worth, and its source raises
 the flag every rank receives: after the host sync every rank then knows, and the words past the
 rooms follow in a second all-to-all (``spills`` counts those steps). Per step that is one
 collective where TorchRec's ``KJTAllToAll`` of the same variable-batch KJT takes four (splits,
@@ -35,8 +36,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding.cells import LaneLayout
-from torchrec_hybrid.sharding.segments import (exclusive_cumsum, host_to_device, round_robin_order, segment_arange,
-                                               segment_positions)
+from torchrec_hybrid.sharding.segments import (exclusive_cumsum, host_segment_positions, host_to_device,
+                                               round_robin_order, segment_arange)
 
 
 @dataclass
@@ -160,28 +161,64 @@ def _lane_kjts(lanes: LaneLayout, keys: List[List[str]], batches: List[int], hos
     return kjts
 
 
-# The fused exchange's room for the payload of each (source, destination) pair, in int32 words: what that pair
-# sent in the previous exchange times ROOM_SLACK, plus ROOM_PAD (both ends of a pair know it: one sent it, the
-# other received it).
-ROOM_SLACK = 1.1
+# The fused exchange's room for the payload of each (source, destination) pair, in int32 words. Both ends of a
+# pair know what it sent in the previous exchange (one sent it, the other received it) and decide alike: a
+# pair keeps its room while the run fits it with ROOM_MIN_SLACK to spare and fills at least half of it, else
+# gets ``room_for(run)``: ROOM_SLACK times the run plus ROOM_PAD. Rooms that stay put keep the send and
+# receive gathers' index tensors of the exchange (:class:`Rooms`) from one step to the next.
+ROOM_SLACK = 1.15
+ROOM_MIN_SLACK = 1.02
 ROOM_PAD = 128
 
 
-def room_for(run: torch.Tensor) -> torch.Tensor:
-    """Payload words per pair for the next fused exchange, after one where the pairs sent ``run`` words."""
-    return (run.to(torch.float64) * ROOM_SLACK).to(torch.int64) + ROOM_PAD
+def room_for(run: int) -> int:
+    """Payload words a pair gets when its room is (re)sized after an exchange where it sent ``run`` words."""
+    return int(run * ROOM_SLACK) + ROOM_PAD
+
+
+def next_room(room: Optional[int], run: int) -> int:
+    """The pair's room for the next exchange after one where it had ``room`` (None: none yet) and sent ``run``."""
+    if room is not None and run * ROOM_MIN_SLACK <= room <= 2 * room_for(run):
+        return room
+    return room_for(run)
 
 
 @dataclass
 class Rooms:
-    """The fused exchange's payload room per pair, in words: per destination (what this rank may send each
-    peer) and per source (what each peer may send here), on the host and on the device."""
+    """The fused exchange's payload room per pair, in words - per destination (what this rank may send each
+    peer) and per source (what each peer may send here) - and, built once per set of rooms, the device
+    tensors of its gathers: the send buffer (per peer its header, then its room) and the headers' words in
+    the received rows."""
 
     head: int  # the header's words (the exchange's report words decide it)
-    send_rows: List[int]  # per peer the header, then the room: the fused all-to-all's split sizes
-    recv_rows: List[int]
-    send_dev: torch.Tensor  # the rooms alone
-    recv_dev: torch.Tensor
+    send: List[int]
+    recv: List[int]
+    send_dev: torch.Tensor  # the rooms per destination, on the device (this step's runs are compared with them)
+    send_sizes: torch.Tensor  # [2W]: per destination its header, then its room
+    send_local: torch.Tensor  # per word of the send buffer, its offset in its segment
+    head_src: torch.Tensor  # [W]: where destination d's header starts in the send source (d * head)
+    recv_heads: torch.Tensor  # positions of the received headers' words, source after source
+
+    @classmethod
+    def build(cls, head: int, send: List[int], recv: List[int], device: torch.device) -> "Rooms":
+        W = len(send)
+        sizes = host_to_device([n for r in send for n in (head, r)], device)
+        recv_at = [0]
+        for r in recv[:-1]:
+            recv_at.append(recv_at[-1] + head + r)
+        heads = host_to_device([a + i for a in recv_at for i in range(head)], device)
+        return cls(head, send, recv, host_to_device(send, device), sizes,
+                   segment_arange(sizes, W * head + sum(send)),
+                   torch.arange(W, dtype=torch.int64, device=device) * head, heads)
+
+    @property
+    def send_rows(self) -> List[int]:
+        """Per peer the header, then the room: the fused all-to-all's send split sizes."""
+        return [self.head + r for r in self.send]
+
+    @property
+    def recv_rows(self) -> List[int]:
+        return [self.head + r for r in self.recv]
 
 
 class ColdIdsAllToAll:
@@ -267,38 +304,34 @@ class ColdIdsAllToAll:
                 return self._received(payload, recv_meta, send_splits, sent_units, weighted, "start")
 
             return Deferred(splits_ready)
-        # one all-to-all: per peer the header, then its room, filled by one gather from the payload: its run, cut
-        # at the room (the rest, if some run exceeded its room, follows in a second all-to-all once every rank
-        # knows), or past its end other words (never read); the header's slots are written after the gather
-        heads = send_splits.new_full((W,), head)
-        sizes = torch.stack([heads, rooms.send_dev], 1).view(-1)
-        bases = torch.stack([torch.zeros_like(heads), exclusive_cumsum(send_splits)], 1).view(-1)
+        # one all-to-all: per peer the header, then its room, filled by one gather from the headers and the
+        # payload: the run, cut at the room (the rest, if some run exceeded its room, follows in a second
+        # all-to-all once every rank knows), or past its end other words (never read)
+        source = torch.cat([meta.view(-1), payload])
+        bases = torch.stack([rooms.head_src, exclusive_cumsum(send_splits) + W * head], 1).view(-1)
         total_out = sum(rooms.send_rows)
-        index = segment_positions(bases, sizes, total_out).clamp(max=max(payload.numel() - 1, 0))
-        rows_out = payload.index_select(0, index) if payload.numel() else payload.new_zeros(total_out)
-        rows_out[segment_positions(exclusive_cumsum(rooms.send_dev + head), heads, W * head)] = meta.reshape(-1)
+        index = torch.repeat_interleave(bases, rooms.send_sizes, output_size=total_out) + rooms.send_local
+        rows_out = source.index_select(0, index.clamp_(max=source.numel() - 1))
         rows_in = payload.new_empty(sum(rooms.recv_rows))
         work = dist.all_to_all_single(rows_in, rows_out, rooms.recv_rows, rooms.send_rows, group=self._pg,
                                       async_op=True)
-        recv_start = exclusive_cumsum(rooms.recv_dev + head)
 
         def fused_ready() -> Awaitable[ColdBags]:
             work.wait()
-            recv_meta = rows_in.index_select(0, segment_positions(recv_start, heads, W * head)).view(W, head)
+            recv_meta = rows_in.index_select(0, rooms.recv_heads).view(W, head)
             return self._received(payload, recv_meta, send_splits, sent_units, weighted, "fused",
-                                  rows=rows_in, recv_start=recv_start, rooms=rooms)
+                                  rows=rows_in, rooms=rooms)
 
         return Deferred(fused_ready)
 
     def _received(self, payload: torch.Tensor, recv_meta: torch.Tensor, send_splits: torch.Tensor,
                   sent_units: torch.Tensor, weighted: bool, start: Optional[str],
-                  rows: Optional[torch.Tensor] = None, recv_start: Optional[torch.Tensor] = None,
-                  rooms: Optional["Rooms"] = None):
+                  rows: Optional[torch.Tensor] = None, rooms: Optional["Rooms"] = None):
         """The step's one host sync - every split size of the payload and of the output
         all-to-all, the counts the owner's padding needs, the reports, the overflow flags - then: the payload
         all-to-all (``start="start"``); the fused rows' payload, and the all-to-all of what did not fit when
         some run exceeded its room (``"fused"``); on one rank (None) the payload is what arrived. Either way
-        the next fused exchange's rooms are sized from this one's runs."""
+        the next fused exchange's rooms follow from this one's runs (:func:`next_room`)."""
         W, F = self._world, self._features
         counts = recv_meta[:, :2 * F].view(W, 2, F)  # per source [bags, ids] per feature (int32)
         per_source = counts.sum(2)  # int64
@@ -306,25 +339,23 @@ class ColdIdsAllToAll:
         bags_in = per_source[:, 0]
         return_units = bags_in if self._one_unit else (counts[:, 0] * self._units).sum(1)
         head = recv_meta.size(1)
-        room_send, room_recv = room_for(send_splits), room_for(received)  # the next exchange's
-        # what did not fit this exchange's rooms, per peer: sent, received (zeros unless fused)
-        over_send = (send_splits - rooms.send_dev).clamp(min=0) if rooms is not None else send_splits * 0
-        over_recv = (received - rooms.recv_dev).clamp(min=0) if rooms is not None else received * 0
         # per-feature totals over the sources are summed here, on the device, not per step in Python
         host = torch.cat([send_splits, received, return_units, sent_units, counts.sum(0).view(-1),
-                          recv_meta[:, -1].max().view(1), room_send + head, room_recv + head, over_send, over_recv,
-                          recv_meta[:, 2 * F:-1].reshape(-1)]).tolist()
+                          recv_meta[:, -1].max().view(1), recv_meta[:, 2 * F:-1].reshape(-1)]).tolist()
         send, recv = host[:W], host[W:2 * W]
         split = dict(host_return_units=host[2 * W:3 * W], host_partial_units=host[3 * W:4 * W],
                      host_sent_bags=host[4 * W], host_feature_bags=host[4 * W + 1:4 * W + 1 + F],
                      host_feature_ids=host[4 * W + 1 + F:4 * W + 1 + 2 * F])
         at = 4 * W + 1 + 2 * F
         spilled = bool(host[at])  # some rank's run exceeded its room: every rank saw its flag
-        self.rooms = Rooms(head, host[at + 1:at + 1 + W], host[at + 1 + W:at + 1 + 2 * W], room_send, room_recv)
-        host_over_send, host_over_recv = host[at + 1 + 2 * W:at + 1 + 3 * W], host[at + 1 + 3 * W:at + 1 + 4 * W]
-        at += 1 + 4 * W
-        reports = host[at:] if recv_meta.size(1) > 2 * F + 1 else None
+        reports = host[at + 1:] if recv_meta.size(1) > 2 * F + 1 else None
         meta = recv_meta[:, :-1]
+        if W > 1:
+            kept = rooms if rooms is not None and rooms.head == head else None
+            send_next = [next_room(None if kept is None else kept.send[d], n) for d, n in enumerate(send)]
+            recv_next = [next_room(None if kept is None else kept.recv[q], n) for q, n in enumerate(recv)]
+            self.rooms = kept if kept is not None and send_next == kept.send and recv_next == kept.recv else \
+                Rooms.build(head, send_next, recv_next, send_splits.device)
         if start is None:
             return self._bags(payload[:send[0]], meta, weighted, reports, split)
         if start == "start":
@@ -336,21 +367,34 @@ class ColdIdsAllToAll:
                 return self._bags(out, meta, weighted, reports, split)
 
             return Deferred(payload_ready)
-        assert rows is not None and recv_start is not None and rooms is not None
+        assert rows is not None and rooms is not None
+        # per source: its first ``min(run, room)`` words after its header, then (spilled) its rest after the rows
+        cut = [min(n, r) for n, r in zip(recv, rooms.recv)]
+        at_rows = [0]
+        for r in rooms.recv_rows[:-1]:
+            at_rows.append(at_rows[-1] + r)
+        bases, pieces = [a + head for a in at_rows], cut
         rest: Optional[torch.Tensor] = None
         if spilled:  # every rank: the words past each pair's room, in one more all-to-all
             self.spills += 1
-            rest_index = segment_positions(exclusive_cumsum(send_splits) + rooms.send_dev, over_send,
-                                           sum(host_over_send))
-            rest = payload.new_empty(sum(host_over_recv))
-            work = dist.all_to_all_single(rest, payload.index_select(0, rest_index), host_over_recv,
-                                          host_over_send, group=self._pg, async_op=True)
+            over_send = [n - c for n, c in zip(send, (min(n, r) for n, r in zip(send, rooms.send)))]
+            over_recv = [n - c for n, c in zip(recv, cut)]
+            sent_at = [0]
+            for n in send[:-1]:
+                sent_at.append(sent_at[-1] + n)
+            rest_index = host_segment_positions([a + r for a, r in zip(sent_at, rooms.send)], over_send,
+                                                payload.device)
+            rest = payload.new_empty(sum(over_recv))
+            work = dist.all_to_all_single(rest, payload.index_select(0, rest_index), over_recv, over_send,
+                                          group=self._pg, async_op=True)
+            rest_at = [rows.numel()]
+            for n in over_recv[:-1]:
+                rest_at.append(rest_at[-1] + n)
+            bases = [x for pair in zip(bases, rest_at) for x in pair]
+            pieces = [x for pair in zip(cut, over_recv) for x in pair]
+        index = host_segment_positions(bases, pieces, payload.device)
 
         def fused_payload() -> ColdBags:
-            # per source: its first ``min(run, room)`` words after its header, then its rest
-            starts = torch.stack([recv_start + head, rows.numel() + exclusive_cumsum(over_recv)], 1).view(-1)
-            pieces = torch.stack([received - over_recv, over_recv], 1).view(-1)
-            index = segment_positions(starts, pieces, sum(recv))
             if rest is None:
                 return self._bags(rows.index_select(0, index), meta, weighted, reports, split)
             work.wait()

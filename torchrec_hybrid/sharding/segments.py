@@ -24,9 +24,24 @@ def segment_arange(lengths: torch.Tensor, total: Optional[int] = None) -> torch.
 
 
 def segment_positions(base: torch.Tensor, lengths: torch.Tensor, total: Optional[int] = None) -> torch.Tensor:
-    """``cat([base[i] + arange(lengths[i])])``: flat element positions of segments."""
-    arange = segment_arange(lengths, total)
-    return torch.repeat_interleave(base, lengths, output_size=arange.numel()) + arange
+    """``cat([base[i] + arange(lengths[i])])``: flat element positions of segments (one repeat of
+    each segment's shift, ``base - start``, onto an arange)."""
+    lengths = lengths.to(torch.int64)
+    total = int(lengths.sum()) if total is None else total
+    shift = base - exclusive_cumsum(lengths)
+    return torch.arange(total, device=lengths.device) + torch.repeat_interleave(shift, lengths, output_size=total)
+
+
+def host_segment_positions(base: Sequence[int], lengths: Sequence[int], device: torch.device) -> torch.Tensor:
+    """:func:`segment_positions` of segments known on the host: their shifts and lengths reach the device
+    in one copy (:func:`host_to_device`), no sync."""
+    shift, at = [], 0
+    for b, n in zip(base, lengths):
+        shift.append(b - at)
+        at += n
+    both = host_to_device(shift + list(lengths), device)
+    k = len(shift)
+    return torch.arange(at, device=device) + torch.repeat_interleave(both[:k], both[k:], output_size=at)
 
 
 def round_robin_order(lists: int, n: int, device: torch.device) -> torch.Tensor:
