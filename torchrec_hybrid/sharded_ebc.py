@@ -23,6 +23,7 @@ the problem.
 """
 
 import dataclasses
+import functools
 import logging
 import struct
 from dataclasses import dataclass
@@ -128,8 +129,13 @@ _MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollec
 
 def _bare_report(code: torch.Tensor) -> torch.Tensor:
     """A device check's report ``[code, 0, 0]`` from its int64 scalar ``code`` (a :data:`_SEARCHED` code's
-    details are found on the error path)."""
-    return torch.cat([code.view(1), code.new_zeros(2)])
+    details are found on the error path): one multiply."""
+    return code * _unit_report(code.device)
+
+
+@functools.lru_cache(maxsize=8)
+def _unit_report(device: torch.device) -> torch.Tensor:
+    return torch.tensor([1, 0, 0], dtype=torch.int64, device=device)
 
 
 def _pack_name(name: str) -> int:

@@ -9,11 +9,11 @@ slices beside 64-wide tables move as 16-element units, not element by element).
 """
 
 import math
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, host_to_device, segment_positions
+from torchrec_hybrid.sharding.segments import host_to_device, segment_positions
 
 
 def unit_width(dims: List[int]) -> int:
@@ -75,6 +75,10 @@ class LaneLayout:
             self.lane_slots.append(slot)
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         self.lane_of, self.local_of, self.unit_local, self.units = map(as_t, (lane_of, local_of, unit_local, units))
+        self._host = (lane_of, local_of if self.one_unit else unit_local, local_of, lane_units)
+        # per step's lane batches: per feature where its bags start in the outputs and in the lengths, and its
+        # lane's batch, worked out on the host and copied to the device once (both position calls share it)
+        self._per_feature: Tuple[Optional[Tuple[int, ...]], Optional[torch.Tensor]] = (None, None)
         self.host_units = units  # per feature, on the host: totals of positions without a sync
         self.order_t = as_t(self.order)
         self._orders: Dict[int, torch.Tensor] = {}
@@ -106,18 +110,31 @@ class LaneLayout:
             self._orders[parts] = torch.cat([received, extra], 2).reshape(-1).to(self.order_t.device)
         return self._orders[parts]
 
+    def _feature_offsets(self, batches: List[int], device: torch.device) -> torch.Tensor:
+        """``[3, F]``: per feature, where its lane's output starts plus its own offset in a row (units); where
+        its first slot starts in the lanes' lengths; its lane's batch - for lanes of ``batches`` rows (host
+        ints: no sync; kept for the step's next call)."""
+        key = tuple(batches)
+        if self._per_feature[0] != key:
+            lane_of, in_row, local_of, lane_units = self._host
+            out_at, len_at = [0], [0]
+            for g, b in enumerate(batches[:-1]):
+                out_at.append(out_at[-1] + b * lane_units[g])
+                len_at.append(len_at[-1] + b * self.lane_slots[g])
+            rows = ([out_at[g] + o for g, o in zip(lane_of, in_row)]
+                    + [len_at[g] + s * batches[g] for g, s in zip(lane_of, local_of)]
+                    + [batches[g] for g in lane_of])
+            self._per_feature = (key, host_to_device(rows, device).view(3, -1))
+        offsets = self._per_feature[1]
+        assert offsets is not None
+        return offsets
+
     def positions_in_lengths(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
         """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[slots_g, batch_g]``
         lane after lane (a feature's slots are consecutive, so its bags simply follow on)."""
         if not self.lane_features:
             return self._no_lanes(q)
-        G = len(batches)
-        sizes = host_to_device([n * b for n, b in zip(self.lane_slots, batches)] + list(batches), q.device)
-        # per feature (F entries): its lane's start plus its own slots' offset, then one gather
-        # per bag (index_select: advanced indexing costs several times more on CPU)
-        start = exclusive_cumsum(sizes[:G]).index_select(0, self.lane_of)
-        offset = start + self.local_of * sizes[G:].index_select(0, self.lane_of)
-        return offset.index_select(0, feature) + q
+        return self._feature_offsets(batches, q.device)[1].index_select(0, feature) + q
 
     @staticmethod
     def _no_lanes(q: torch.Tensor) -> torch.Tensor:
@@ -138,13 +155,11 @@ class LaneLayout:
         it is a host sync)."""
         if not self.lane_features:
             return self._no_lanes(q)
-        lane_batch = host_to_device(batches, q.device)
-        # per feature (F entries): where its lane's output starts plus its own offset in a row
-        lane_start = exclusive_cumsum(lane_batch * self._units_per_row).index_select(0, self.lane_of)
-        start = lane_start + (self.local_of if self.one_unit else self.unit_local)
+        offsets = self._feature_offsets(batches, q.device)
+        start = offsets[0]
         slot = None
         if self.virtual:  # bag q of a feature is row q % batch of its slot q // batch
-            batch = lane_batch.index_select(0, self.lane_of).index_select(0, feature)
+            batch = offsets[2].index_select(0, feature)
             slot = torch.div(q, batch, rounding_mode="floor")
             q = q - slot * batch
         width = self._one_width if self._one_width is not None else self._feature_width.index_select(0, feature)

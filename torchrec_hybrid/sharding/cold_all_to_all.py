@@ -26,6 +26,7 @@ alone (``benchmarks/results/comm_floor.md``). The receiver turns the payload int
 lookup input with one FBGEMM segment permute (:meth:`ColdBags.lane_inputs`).
 """
 
+import functools
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -37,7 +38,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding.cells import LaneLayout
 from torchrec_hybrid.sharding.segments import (exclusive_cumsum, host_segment_positions, host_to_device,
-                                               round_robin_order, segment_arange)
+                                               round_robin_order, segment_arange, segment_positions)
 
 
 @dataclass
@@ -121,11 +122,16 @@ class ColdBags:
         """The received bags in arrival order - (source, feature, sample), the order they travel home in - as
         (row q, feature): run (s, f) of the arrival order holds bags first[s, f] ... of feature f."""
         size = self.bag_counts.view(-1)
-        run_feature = torch.arange(W * F, device=size.device) % F
+        run_feature = _run_features(W, F, size.device)
         arrival_feature = torch.repeat_interleave(run_feature, size, output_size=n_received)
-        arrival_q = segment_arange(size, n_received) + torch.repeat_interleave(
-            exclusive_cumsum(self.bag_counts, 0).view(-1), size, output_size=n_received)
+        arrival_q = segment_positions(exclusive_cumsum(self.bag_counts, 0).view(-1), size, n_received)
         return arrival_q, arrival_feature
+
+
+@functools.lru_cache(maxsize=16)
+def _run_features(world: int, features: int, device: torch.device) -> torch.Tensor:
+    """The feature of each (source, feature) run: ``arange(W * F) % F``."""
+    return torch.arange(features, device=device).repeat(world)
 
 
 def _padded_lengths(lanes: LaneLayout, bags_per_feature: torch.Tensor, data: torch.Tensor, n_bags: int,
@@ -244,6 +250,7 @@ class ColdIdsAllToAll:
         self._one_unit = all(u == 1 for u in units)  # a bag's partial sum is one unit: units = bags
         # words per [bag, id] on the wire: a length per bag, an id (and a weight) per id
         self._part_words = {p: torch.tensor([1, p - 1], dtype=torch.int64, device=device) for p in (2, 3)}
+        self._part_words_col = {p: w.view(2, 1) for p, w in self._part_words.items()}
         # the next exchange's payload room per destination and per source (:class:`Rooms`); None until an
         # exchange has taught them (the first sends its headers alone)
         self.rooms: Optional[Rooms] = None
@@ -264,8 +271,8 @@ class ColdIdsAllToAll:
         parts = 3 if weighted else 2
         # per destination [bags, ids] (int64 sums of the int32 counts), then what is not sent: the
         # buffers' padding; as segment sizes, part after part (lengths, ids[, weights' bits])
-        per_dest = torch.stack([bag_counts.view(W, F).sum(1), id_counts.view(W, F).sum(1)], 1)
-        send_splits = (per_dest * self._part_words[parts]).sum(1)
+        per_dest = torch.stack([bag_counts, id_counts]).view(2, W, F).sum(2)  # [2, W]
+        send_splits = (per_dest * self._part_words_col[parts]).sum(0)
         rooms = self.rooms if W > 1 else None
         head = 2 * F + (0 if report is None else report.numel()) + 1
         if rooms is not None and rooms.head != head:  # another header size than the rooms were made for
@@ -280,7 +287,7 @@ class ColdIdsAllToAll:
         header.append(over.to(torch.int64).view(1, 1).expand(W, 1))
         meta = torch.cat(header, 1).to(torch.int32)
         buffers = host_to_device([lengths.numel(), rows.numel()], per_dest.device)
-        sizes = torch.cat([per_dest, (buffers - per_dest.sum(0)).view(1, 2)]).t()
+        sizes = torch.cat([per_dest, (buffers - per_dest.sum(1)).view(2, 1)], 1)  # [part, W + 1]
         if weighted:
             sizes = torch.cat([sizes, sizes[1:]])
         values = [lengths.to(torch.int32), rows.to(torch.int32)]
@@ -289,9 +296,9 @@ class ColdIdsAllToAll:
         flat = torch.cat(values)
         _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(
             self._send_order[parts], sizes.reshape(-1).to(torch.int32), flat, None, flat.numel())
-        bags_per_dest = per_dest[:, 0]
+        bags_per_dest = per_dest[0]
         units_per_dest = bags_per_dest if self._one_unit else (bag_counts.view(W, F) * self._units).sum(1)
-        sent_units = torch.cat([units_per_dest, bags_per_dest.sum().view(1)])
+        sent_units = torch.cat([units_per_dest, bags_per_dest.sum(0, keepdim=True)])
         if W == 1:
             return Deferred(lambda: Deferred(lambda: self._received(payload, meta, send_splits, sent_units,
                                                                     weighted, None)))

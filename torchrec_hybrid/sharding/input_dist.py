@@ -26,6 +26,7 @@ also all-gathered (a bit mask), overlapping the all-to-alls: only rows some rank
 may then be updated (hot_replica.py).
 """
 
+import functools
 from dataclasses import dataclass
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
@@ -101,8 +102,14 @@ ID_REPORT_WORDS = 4  # int32 words of one rank's input-check report in the cold 
 def id_report_words(report: torch.Tensor) -> torch.Tensor:
     """An int64 input-check report ``[code, index, value]`` (the rank's first problem - a bad
     id, a non-finite weight or a malformed batch, ``sharded_ebc.py``; zeros: none) as the
-    int32 words the cold ids' header carries: ``[code, index, value low word, value high word]``."""
-    return torch.cat([report[:2].to(torch.int32), report[2:].view(torch.int32)])
+    int32 words the cold ids' header carries: ``[code, index, value low word, value high word]`` (one gather
+    of its int32 words: low words first, as on every platform torch runs on; code and index fit one)."""
+    return report.view(torch.int32).index_select(0, _report_word_index(report.device))
+
+
+@functools.lru_cache(maxsize=8)
+def _report_word_index(device: torch.device) -> torch.Tensor:
+    return torch.tensor([0, 2, 4, 5], dtype=torch.int64, device=device)
 
 
 def id_reports_from_words(words: List[int]) -> List[List[int]]:

@@ -38,7 +38,7 @@ from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
-from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
+from torchrec_hybrid.sharding.segments import host_segment_positions, segment_positions
 
 
 # (replica_dst, units per owner, order, units per owner as host ints)
@@ -228,16 +228,18 @@ class _AllToAllWait(torch.autograd.Function):
         return grad.new_empty(0), None
 
 
-def _interleave(a: torch.Tensor, b: torch.Tensor, total_a: int, total_b: int):
-    """Positions of two runs per rank laid out ``a_0, b_0, a_1, b_1, ...`` (counts ``a``, ``b`` [W]).
-
-    Returns where the items of the ``a`` runs (rank after rank) and of the ``b`` runs go: each
-    item's own position shifted by the other runs before it (9 ops, no per-run arange).
-    """
-    a, b, dev = a.to(torch.int64), b.to(torch.int64), a.device
-    pos_a = torch.arange(total_a, device=dev) + torch.repeat_interleave(exclusive_cumsum(b), a, output_size=total_a)
-    pos_b = torch.arange(total_b, device=dev) + torch.repeat_interleave(torch.cumsum(a, 0), b, output_size=total_b)
-    return pos_a, pos_b
+def _interleave(a: List[int], b: List[int], device: torch.device):
+    """Positions of two runs per rank laid out ``a_0, b_0, a_1, b_1, ...`` (counts ``a``, ``b`` per rank, host
+    ints: the cold exchange's sync made them). Returns where the items of the ``a`` runs (rank after rank) and
+    of the ``b`` runs go: one segment gather whose shifts and sizes the host works out."""
+    bases_a, bases_b, at = [], [], 0
+    for x, y in zip(a, b):
+        bases_a.append(at)
+        bases_b.append(at + x)
+        at += x + y
+    pos = host_segment_positions(bases_a + bases_b, list(a) + list(b), device)
+    n = sum(a)
+    return pos[:n], pos[n:]
 
 
 class _Pack(torch.autograd.Function):
@@ -340,7 +342,6 @@ class HybridPooledEmbeddingDist(nn.Module):
 
     # buffers (register_buffer in __init__)
     _dims: torch.Tensor
-    _feature_units: torch.Tensor
     _mean_cols: torch.Tensor
     _column_order: Optional[torch.Tensor]
 
@@ -359,19 +360,12 @@ class HybridPooledEmbeddingDist(nn.Module):
         # width, else runs of the widths' common divisor
         lanes = self._cells.layout
         self._unit, self._one_unit = lanes.unit, lanes.one_unit
-        self.register_buffer("_feature_units", lanes.units, persistent=False)
         mean_cols = torch.repeat_interleave(torch.tensor(mean_features, dtype=torch.bool), dims)
         self.register_buffer("_mean_cols", mean_cols.to(device), persistent=False)
         order = None if column_order is None else torch.tensor(column_order, dtype=torch.int64, device=device)
         self.register_buffer("_column_order", order, persistent=False)
         # (hot slots, their receive plan) of the last step whose every hot row travelled
         self._replica_cache: Tuple[Optional[torch.Tensor], Optional[ReceivePlan]] = (None, None)
-
-    def _units(self, counts: torch.Tensor) -> torch.Tensor:
-        """Units per rank of ``counts`` bags per [rank, feature]."""
-        if self._one_unit:
-            return counts.sum(1).to(torch.int64)
-        return (counts.to(torch.int64) * self._feature_units[None, :]).sum(1)
 
     def _replica_positions(self, layout: HotRowLayout, slots: torch.Tensor, per_owner: torch.Tensor):
         """Positions in the flat replica (units) of received hot slots, and units per owner."""
@@ -403,10 +397,9 @@ class HybridPooledEmbeddingDist(nn.Module):
         W, unit = self._world, self._unit
         # owner side: per destination the bags it sent us (received order), then our hot rows
         bag_pos = out.cold_bag_pos
-        bag_units = self._units(out.cold_bag_counts)
         row_pos = out.hot_row_pos
-        rows = torch.full_like(bag_units, row_pos.numel())
-        bag_dst, row_dst = _interleave(bag_units, rows, bag_pos.numel(), row_pos.numel() * W)
+        # units per rank from the host copies the cold exchange made (no sync)
+        bag_dst, row_dst = _interleave(out.host_return_units, [row_pos.numel()] * W, bag_pos.device)
         index = torch.empty(bag_pos.numel() + W * row_pos.numel(), dtype=torch.int64, device=bag_pos.device)
         index.scatter_(0, bag_dst, bag_pos).scatter_(0, row_dst, row_pos.repeat(W))  # 1-D: scatter_ beats index_copy_
         units = out.cold.numel() // unit
@@ -414,11 +407,10 @@ class HybridPooledEmbeddingDist(nn.Module):
         # sample side: from each owner the bags we sent it (same order), then its hot rows
         # the partials' units are known on the host since the cold exchange (W entries): no sync
         part_pos = self._cells(out.sent_cells, sum(out.host_partial_units) if out.host_partial_units else None)
-        part_units = self._units(out.sent_counts)
-        replica_dst, replica_units, order, host_replica_units = self._receive_plan(
+        replica_dst, _, order, host_replica_units = self._receive_plan(
             out.layout, out.hot_slots, out.hot_counts)
         replica_size = out.layout.flat_size // unit
-        part_src, row_src = _interleave(part_units, replica_units, part_pos.numel(), replica_dst.numel())
+        part_src, row_src = _interleave(out.host_partial_units, host_replica_units, part_pos.device)
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
 
         send = _Pack.apply(out.cold.reshape(-1, unit), index, source, row_pos, row_dst, W)
