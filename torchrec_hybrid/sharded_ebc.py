@@ -138,6 +138,16 @@ def _unit_report(device: torch.device) -> torch.Tensor:
     return torch.tensor([1, 0, 0], dtype=torch.int64, device=device)
 
 
+@functools.lru_cache(maxsize=8)
+def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    return torch.zeros((), dtype=dtype, device=device)
+
+
+def _zero_like_scalar(t: torch.Tensor) -> torch.Tensor:
+    """A cached 0-dim zero of ``t``'s dtype and device (a lower bound for ``torch.clamp`` beside a tensor one)."""
+    return _zero(t.dtype, t.device)
+
+
 def _pack_name(name: str) -> int:
     """The first bytes of ``name`` and its length in one int64 (unknown keys' names)."""
     raw = name.encode("utf-8")
@@ -538,7 +548,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck,
                       negative: Optional[torch.Tensor] = None) -> KeyedJaggedTensor:
         """Every id against its table's size, every weight finite: vectorised and without a
-        host sync, two reductions and no search (which id it was is looked for only when a rank
+        host sync, one clamp and one reduction and no search (which id it was is looked for only when a rank
         reports one, :meth:`_value_problems`). The verdict, with ``negative`` (whether a bag length
         is negative, :meth:`_check_lengths`: reported first), becomes ``check.report`` (on the
         device: ``[_NEGATIVE_LENGTH, 0, 0]``, ``[_BAD_ID, 0, 0]``, ``[_BAD_WEIGHT, 0, 0]`` or
@@ -553,9 +563,11 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 check.report = _bare_report(negative * _NEGATIVE_LENGTH)
             return features
         limits, _, _, known = self._id_limits(features)
-        ids = values if known is None else torch.where(known, values, 0)  # keys that are no feature: not checked
-        lowest = torch.minimum((limits - ids).min(), ids.min())  # < 0: an id outside its table
-        code = (lowest < 0) * _BAD_ID  # int64
+        # every id clamped into its table (a new tensor: the batch is the user's); an id it changed was outside
+        checked = torch.clamp(values, _zero_like_scalar(values), limits)
+        if known is not None:  # ids of keys that are no feature are not checked and stay as they are
+            checked = torch.where(known, checked, values)
+        code = checked.ne(values).any() * _BAD_ID  # int64
         weights = features.weights_or_none()
         bad_weight = None
         if self._validate_weights and weights is not None and weights.is_floating_point():
@@ -566,9 +578,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         check.report = _bare_report(code)
         if not self._ids_index_rows:
             return features
-        checked = torch.minimum(values, limits).clamp_(min=0)  # a new tensor: the batch is the user's
-        if known is not None:  # ids of keys that are no feature stay as they are
-            checked = torch.where(known, checked, values)
         if bad_weight is not None:
             assert weights is not None
             weights = torch.where(bad_weight, 0, weights)

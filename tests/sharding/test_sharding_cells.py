@@ -64,7 +64,7 @@ def test_virtual_features_take_a_heavy_features_bags_in_turn():
     bags = [(q, f) for f in range(4) for q in range(counts[f])]
     q = torch.tensor([b[0] for b in bags])
     f = torch.tensor([b[1] for b in bags])
-    expected, expected_lengths, start, len_start = [], [], {}, {}
+    expected, expected_by_feature, start, len_start = [], {}, {}, {}
     elements = lengths = 0
     for g, fs in enumerate(lane_features):
         width = sum(dims[x] * slots[x] for x in fs)
@@ -78,11 +78,13 @@ def test_virtual_features_take_a_heavy_features_bags_in_turn():
         e0, width, off, l0, batch = start[x]
         first = e0 + (qq % batch) * width + off + (qq // batch) * dims[x]
         expected.extend(range(first, first + dims[x]))
-        expected_lengths.append(l0 + qq)
+        expected_by_feature.setdefault(x, []).append(l0 + qq)
     units = lanes.positions(q, f, batches)
     flat = torch.arange(elements).view(-1, lanes.unit)
     assert flat.index_select(0, units).reshape(-1).tolist() == expected
-    assert lanes.positions_in_lengths(q, f, batches).tolist() == expected_lengths
+    per_feature = [sum(1 for _, x in bags if x == y) for y in range(len(dims))]
+    in_lane_order = [l0 for y in lanes.order for l0 in expected_by_feature[y]]
+    assert lanes.lengths_positions(per_feature, batches, torch.device("cpu")).tolist() == in_lane_order
     assert lanes.lane_slots == [4, 3]
 
 
@@ -93,13 +95,14 @@ def test_a_rank_with_no_lanes_has_no_positions():
         lanes = LaneLayout([], dims, torch.device("cpu"))
         q, f = torch.empty(0, dtype=torch.int64), torch.empty(0, dtype=torch.int64)
         assert lanes.positions(q, f, [], total=0).numel() == 0
-        assert lanes.positions_in_lengths(q, f, []).numel() == 0
+        assert lanes.lengths_positions([0] * len(dims), [], torch.device("cpu")).numel() == 0
 
 
 def test_bags_for_a_layout_with_no_lanes_are_refused():
     lanes = LaneLayout([], [8, 8], torch.device("cpu"))
     q, f = torch.zeros(3, dtype=torch.int64), torch.zeros(3, dtype=torch.int64)
-    for call in (lambda: lanes.positions(q, f, [], total=3), lambda: lanes.positions_in_lengths(q, f, [])):
+    for call in (lambda: lanes.positions(q, f, [], total=3),
+                 lambda: lanes.lengths_positions([3, 0], [], torch.device("cpu"))):
         try:
             call()
         except ValueError as e:

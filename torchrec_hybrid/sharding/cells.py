@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from torchrec_hybrid.sharding.segments import host_to_device, segment_positions
+from torchrec_hybrid.sharding.segments import host_segment_positions, host_to_device, segment_positions
 
 
 def unit_width(dims: List[int]) -> int:
@@ -110,31 +110,36 @@ class LaneLayout:
             self._orders[parts] = torch.cat([received, extra], 2).reshape(-1).to(self.order_t.device)
         return self._orders[parts]
 
+    def host_offsets(self, batches: List[int]) -> List[int]:
+        """``3 F`` host ints for lanes of ``batches`` rows: per feature, where its lane's output starts plus its own
+        offset in a row (units); where its first slot starts in the lanes' lengths; its lane's batch."""
+        lane_of, in_row, local_of, lane_units = self._host
+        out_at, len_at = [0], [0]
+        for g, b in enumerate(batches[:-1]):
+            out_at.append(out_at[-1] + b * lane_units[g])
+            len_at.append(len_at[-1] + b * self.lane_slots[g])
+        return ([out_at[g] + o for g, o in zip(lane_of, in_row)]
+                + [len_at[g] + s * batches[g] for g, s in zip(lane_of, local_of)]
+                + [batches[g] for g in lane_of])
+
     def _feature_offsets(self, batches: List[int], device: torch.device) -> torch.Tensor:
-        """``[3, F]``: per feature, where its lane's output starts plus its own offset in a row (units); where
-        its first slot starts in the lanes' lengths; its lane's batch - for lanes of ``batches`` rows (host
-        ints: no sync; kept for the step's next call)."""
+        """:meth:`host_offsets` as ``[3, F]`` on the device: copied once per step (both position calls share it)."""
         key = tuple(batches)
         if self._per_feature[0] != key:
-            lane_of, in_row, local_of, lane_units = self._host
-            out_at, len_at = [0], [0]
-            for g, b in enumerate(batches[:-1]):
-                out_at.append(out_at[-1] + b * lane_units[g])
-                len_at.append(len_at[-1] + b * self.lane_slots[g])
-            rows = ([out_at[g] + o for g, o in zip(lane_of, in_row)]
-                    + [len_at[g] + s * batches[g] for g, s in zip(lane_of, local_of)]
-                    + [batches[g] for g in lane_of])
-            self._per_feature = (key, host_to_device(rows, device).view(3, -1))
+            self._per_feature = (key, host_to_device(self.host_offsets(batches), device).view(3, -1))
         offsets = self._per_feature[1]
         assert offsets is not None
         return offsets
 
-    def positions_in_lengths(self, q: torch.Tensor, feature: torch.Tensor, batches: List[int]) -> torch.Tensor:
-        """Where the q-th bags of ``feature`` go in the lanes' lengths, ``[slots_g, batch_g]``
-        lane after lane (a feature's slots are consecutive, so its bags simply follow on)."""
+    def lengths_positions(self, bags: List[int], batches: List[int], device: torch.device) -> torch.Tensor:
+        """Where the bags go in the lanes' lengths, ``[slots_g, batch_g]`` lane after lane, for ``bags[f]`` bags
+        of each feature f (host ints), feature after feature in lane order (a feature's slots are consecutive,
+        so its bags simply follow on from its first): one segment gather sized on the host."""
         if not self.lane_features:
-            return self._no_lanes(q)
-        return self._feature_offsets(batches, q.device)[1].index_select(0, feature) + q
+            return self._no_lanes(torch.empty(sum(bags), dtype=torch.int64, device=device))
+        F = self.num_features
+        first = self.host_offsets(batches)[F:2 * F]
+        return host_segment_positions([first[f] for f in self.order], [bags[f] for f in self.order], device)
 
     @staticmethod
     def _no_lanes(q: torch.Tensor) -> torch.Tensor:

@@ -90,7 +90,7 @@ class ColdBags:
         host_rows, host_ids, host_bags, batches = self._host_sizes(lanes, F, host_extra)
         n_bags, n_ids = sum(host_bags), sum(host_ids)
         rows_per_feature = self.bag_counts.sum(0)
-        lengths = _padded_lengths(lanes, rows_per_feature + extra_per_feature, data, n_bags, batches)
+        lengths = _padded_lengths(lanes, host_bags, data, n_bags, batches)
         kjts = _lane_kjts(lanes, keys, batches, host_ids, lengths, data, n_bags, n_ids, self.weighted)
         return kjts, batches, rows_per_feature, self._arrival_order(W, F, sum(host_rows))
 
@@ -134,17 +134,14 @@ def _run_features(world: int, features: int, device: torch.device) -> torch.Tens
     return torch.arange(features, device=device).repeat(world)
 
 
-def _padded_lengths(lanes: LaneLayout, bags_per_feature: torch.Tensor, data: torch.Tensor, n_bags: int,
+def _padded_lengths(lanes: LaneLayout, host_bags: List[int], data: torch.Tensor, n_bags: int,
                     batches: List[int]) -> torch.Tensor:
     """The lanes' lengths, ``[slots_g, batch_g]`` lane after lane: the bag lengths (the first ``n_bags`` of
-    ``data``, lane order) scattered to their (feature, row q) slots, zeros padding each lane to its batch."""
-    bags = bags_per_feature.index_select(0, lanes.order_t)  # lane order
-    feature = torch.repeat_interleave(lanes.order_t, bags, output_size=n_bags)
-    q = segment_arange(bags, n_bags)
-    bag_lengths = data[:n_bags]
-    padded = lanes.positions_in_lengths(q, feature, batches)
-    lengths = bag_lengths.new_zeros(sum(n * b for n, b in zip(lanes.lane_slots, batches)))
-    return lengths.scatter_(0, padded, bag_lengths)  # 1-D: scatter_ beats index_copy_ on CPU
+    ``data``, lane order) scattered to their (feature, row q) slots, zeros padding each lane to its batch (each
+    feature's bags, ``host_bags``, follow on from its first slot: one segment gather sized on the host)."""
+    padded = lanes.lengths_positions(host_bags, batches, data.device)
+    lengths = data.new_zeros(sum(n * b for n, b in zip(lanes.lane_slots, batches)))
+    return lengths.scatter_(0, padded, data[:n_bags])  # 1-D: scatter_ beats index_copy_ on CPU
 
 
 def _lane_kjts(lanes: LaneLayout, keys: List[List[str]], batches: List[int], host_ids: List[int],
@@ -248,9 +245,9 @@ class ColdIdsAllToAll:
         units = feature_units if feature_units is not None else [1] * num_features
         self._units = torch.tensor(units, dtype=torch.int64, device=device)
         self._one_unit = all(u == 1 for u in units)  # a bag's partial sum is one unit: units = bags
+        self._host_units = None if self._one_unit else list(units)
         # words per [bag, id] on the wire: a length per bag, an id (and a weight) per id
-        self._part_words = {p: torch.tensor([1, p - 1], dtype=torch.int64, device=device) for p in (2, 3)}
-        self._part_words_col = {p: w.view(2, 1) for p, w in self._part_words.items()}
+        self._part_words = {p: torch.tensor([[1], [p - 1]], dtype=torch.int64, device=device) for p in (2, 3)}
         # the next exchange's payload room per destination and per source (:class:`Rooms`); None until an
         # exchange has taught them (the first sends its headers alone)
         self.rooms: Optional[Rooms] = None
@@ -272,7 +269,7 @@ class ColdIdsAllToAll:
         # per destination [bags, ids] (int64 sums of the int32 counts), then what is not sent: the
         # buffers' padding; as segment sizes, part after part (lengths, ids[, weights' bits])
         per_dest = torch.stack([bag_counts, id_counts]).view(2, W, F).sum(2)  # [2, W]
-        send_splits = (per_dest * self._part_words_col[parts]).sum(0)
+        send_splits = (per_dest * self._part_words[parts]).sum(0)
         rooms = self.rooms if W > 1 else None
         head = 2 * F + (0 if report is None else report.numel()) + 1
         if rooms is not None and rooms.head != head:  # another header size than the rooms were made for
@@ -296,9 +293,10 @@ class ColdIdsAllToAll:
         flat = torch.cat(values)
         _, payload, _ = torch.ops.fbgemm.permute_1D_sparse_data(
             self._send_order[parts], sizes.reshape(-1).to(torch.int32), flat, None, flat.numel())
+        # per destination the output dist's units of the bags sent (then, when a bag is several units, the bags)
         bags_per_dest = per_dest[0]
-        units_per_dest = bags_per_dest if self._one_unit else (bag_counts.view(W, F) * self._units).sum(1)
-        sent_units = torch.cat([units_per_dest, bags_per_dest.sum(0, keepdim=True)])
+        sent_units = bags_per_dest if self._one_unit else torch.cat(
+            [(bag_counts.view(W, F) * self._units).sum(1), bags_per_dest])
         if W == 1:
             return Deferred(lambda: Deferred(lambda: self._received(payload, meta, send_splits, sent_units,
                                                                     weighted, None)))
@@ -340,22 +338,22 @@ class ColdIdsAllToAll:
         some run exceeded its room (``"fused"``); on one rank (None) the payload is what arrived. Either way
         the next fused exchange's rooms follow from this one's runs (:func:`next_room`)."""
         W, F = self._world, self._features
-        counts = recv_meta[:, :2 * F].view(W, 2, F)  # per source [bags, ids] per feature (int32)
-        per_source = counts.sum(2)  # int64
-        received = (per_source * self._part_words[3 if weighted else 2]).sum(1)
-        bags_in = per_source[:, 0]
-        return_units = bags_in if self._one_unit else (counts[:, 0] * self._units).sum(1)
         head = recv_meta.size(1)
-        # per-feature totals over the sources are summed here, on the device, not per step in Python
-        host = torch.cat([send_splits, received, return_units, sent_units, counts.sum(0).view(-1),
-                          recv_meta[:, -1].max().view(1), recv_meta[:, 2 * F:-1].reshape(-1)]).tolist()
-        send, recv = host[:W], host[W:2 * W]
-        split = dict(host_return_units=host[2 * W:3 * W], host_partial_units=host[3 * W:4 * W],
-                     host_sent_bags=host[4 * W], host_feature_bags=host[4 * W + 1:4 * W + 1 + F],
-                     host_feature_ids=host[4 * W + 1 + F:4 * W + 1 + 2 * F])
-        at = 4 * W + 1 + 2 * F
-        spilled = bool(host[at])  # some rank's run exceeded its room: every rank saw its flag
-        reports = host[at + 1:] if recv_meta.size(1) > 2 * F + 1 else None
+        # what this rank sent per peer (words, units) and every received header, in one copy to the host; the
+        # per-source and per-feature sums over the headers (W * (2F + R + 1) ints) are the host's work
+        host = torch.cat([send_splits, sent_units, recv_meta.view(-1)]).tolist()
+        at = W + sent_units.numel()
+        send, sent, sent_bags = host[:W], host[W:2 * W], host[at - W:at]
+        heads = [host[at + q * head:at + (q + 1) * head] for q in range(W)]
+        words = 3 if weighted else 2
+        recv = [sum(h[:F]) + (words - 1) * sum(h[F:2 * F]) for h in heads]
+        units = self._host_units
+        return_units = [sum(h[:F]) if units is None else sum(n * u for n, u in zip(h[:F], units)) for h in heads]
+        totals = [sum(c) for c in zip(*(h[:2 * F] for h in heads))]  # per feature over the sources: bags, ids
+        split = dict(host_return_units=return_units, host_partial_units=sent, host_sent_bags=sum(sent_bags),
+                     host_feature_bags=totals[:F], host_feature_ids=totals[F:])
+        spilled = any(h[-1] for h in heads)  # some rank's run exceeded its room: every rank saw its flag
+        reports = [w for h in heads for w in h[2 * F:-1]] if head > 2 * F + 1 else None
         meta = recv_meta[:, :-1]
         if W > 1:
             kept = rooms if rooms is not None and rooms.head == head else None
