@@ -43,6 +43,7 @@ def _rank(rank, world, weighted, lanes):
 
 def _exchange(a2a, rank, world, weighted, lanes, step: int = 0, most: int = 3):
     from torchrec_hybrid.sharding.cells import LaneLayout
+    from torchrec_hybrid.sharding.cold_all_to_all import ExtraBags
 
     counts, lengths, rows, weights = _sent(rank, world, weighted, step, most)
     # ids per (destination, feature): segment sums of the lengths
@@ -53,8 +54,8 @@ def _exchange(a2a, rank, world, weighted, lanes, step: int = 0, most: int = 3):
     per_feature, extra_rows = _extras(rank)
     layout = LaneLayout(lanes, [DIM] * F, torch.device("cpu"))
     keys = [[f"f{f}" for f in fs] for fs in lanes]
-    kjts, batches, rows_per_feature, (q, feature) = bags.lane_inputs(
-        layout, keys, per_feature, per_feature.tolist(), extra_rows, torch.ones(extra_rows.numel(), dtype=torch.int32))
+    extra = ExtraBags(torch.repeat_interleave(torch.arange(F), per_feature), extra_rows, F)
+    kjts, batches, rows_per_feature, (q, feature) = bags.lane_inputs(layout, keys, extra)
     out = dict(lengths=[k.lengths().tolist() for k in kjts], values=[k.values().tolist() for k in kjts],
                weights=[None if k.weights_or_none() is None else k.weights().tolist() for k in kjts],
                stride=[k.stride() for k in kjts], keys=[k.keys() for k in kjts],

@@ -41,6 +41,31 @@ from torchrec_hybrid.sharding.segments import (exclusive_cumsum, host_segment_po
                                                round_robin_order, segment_arange, segment_positions)
 
 
+class ExtraBags:
+    """An owner's hot rows as extra one-id bags of its cold lookup (so the fused optimizer updates them and
+    they can be sent to every replica): their features (sorted) and rows, and what every step reuses - per
+    feature their count (device and host), each one's rank among its feature's, and their part of the lookup
+    input's segment sizes and values (:meth:`tail`). Built once per hot set (the same every step when every
+    hot row travels)."""
+
+    def __init__(self, features: torch.Tensor, rows: torch.Tensor, num_features: int) -> None:
+        self.features, self.rows = features, rows.to(torch.int32)
+        self.per_feature = torch.bincount(features, minlength=num_features)
+        self.host_per_feature = self.per_feature.tolist()
+        # rank of each extra bag within its feature's extra bags
+        self.rank = torch.arange(rows.numel(), device=rows.device) - exclusive_cumsum(self.per_feature)[features]
+        self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
+        self._tails: dict = {}
+
+    def tail(self, parts: int):
+        """Their runs' sizes per (part, feature) and their words - lengths (ones), rows, and for weighted
+        features the weights' bits (ones) - as int32, appended after what arrived (cached per part count)."""
+        if parts not in self._tails:
+            values = [self.ones, self.rows] + ([self.ones.to(torch.float32).view(torch.int32)] if parts == 3 else [])
+            self._tails[parts] = (torch.cat([self.per_feature] * parts).to(torch.int32), torch.cat(values))
+        return self._tails[parts]
+
+
 @dataclass
 class ColdBags:
     """What an owner received in one step: the payload and, per source rank, its metadata.
@@ -58,6 +83,7 @@ class ColdBags:
     payload: torch.Tensor
     bag_counts: torch.Tensor
     id_counts: torch.Tensor
+    counts_words: torch.Tensor  # int32 [W, 2F]: per source its bags, then its ids, per feature (the header's words)
     host_feature_bags: List[int]
     host_feature_ids: List[int]
     weighted: bool
@@ -72,40 +98,35 @@ class ColdBags:
             if t is not None:
                 t.record_stream(stream)
 
-    def lane_inputs(self, lanes: LaneLayout, keys: List[List[str]], extra_per_feature: torch.Tensor,
-                    host_extra: List[int], extra_rows: torch.Tensor, extra_ones: torch.Tensor):
-        """The received bags plus extra one-id bags per feature as one fixed-batch KJT per lane.
+    def lane_inputs(self, lanes: LaneLayout, keys: List[List[str]], extra: ExtraBags):
+        """The received bags plus the extra one-id bags per feature as one fixed-batch KJT per lane.
 
-        Feature f's bags are the received ones, sources in rank order, then its
-        ``extra_per_feature[f]`` extra bags (``extra_rows``, sorted by feature); each lane's
-        batch is its largest bag count per slot (cells.LaneLayout; FBGEMM's CPU variable-batch
-        kernel is far slower than padding). ``keys``: the lanes' slot names; ``host_extra``: the extra counts as a
-        host list; ``extra_ones``: int32 ones, one per extra bag. Needs no host sync: the
-        counts came with the split sizes. Returns the KJTs, the lanes' batches, the rows
-        (bags) received per feature, and the received bags in arrival order - (source,
-        feature, sample), the order they travel home in - as (row q, feature).
+        Feature f's bags are the received ones, sources in rank order, then its extra bags
+        (:class:`ExtraBags`, sorted by feature); each lane's batch is its largest bag count per slot
+        (cells.LaneLayout; FBGEMM's CPU variable-batch kernel is far slower than padding). ``keys``: the
+        lanes' slot names. Needs no host sync: the counts came with the split sizes. Returns the KJTs, the
+        lanes' batches, the rows (bags) received per feature, and the received bags in arrival order -
+        (source, feature, sample), the order they travel home in - as (row q, feature).
         """
         W, F = self.bag_counts.shape
-        data = self._permuted_payload(lanes, W, extra_per_feature, extra_rows, extra_ones)
-        host_rows, host_ids, host_bags, batches = self._host_sizes(lanes, F, host_extra)
+        data = self._permuted_payload(lanes, W, F, extra)
+        host_rows, host_ids, host_bags, batches = self._host_sizes(lanes, F, extra.host_per_feature)
         n_bags, n_ids = sum(host_bags), sum(host_ids)
         rows_per_feature = self.bag_counts.sum(0)
         lengths = _padded_lengths(lanes, host_bags, data, n_bags, batches)
         kjts = _lane_kjts(lanes, keys, batches, host_ids, lengths, data, n_bags, n_ids, self.weighted)
         return kjts, batches, rows_per_feature, self._arrival_order(W, F, sum(host_rows))
 
-    def _permuted_payload(self, lanes: LaneLayout, W: int, extra_per_feature: torch.Tensor,
-                          extra_rows: torch.Tensor, extra_ones: torch.Tensor) -> torch.Tensor:
+    def _permuted_payload(self, lanes: LaneLayout, W: int, F: int, extra: ExtraBags) -> torch.Tensor:
         """The payload with the extra bags' parts appended, in lane order by one FBGEMM segment permute: all
         bag lengths, then all ids, then all weights' bits (per feature the sources' runs, then its extras)."""
         parts = 3 if self.weighted else 2
-        received = [self.bag_counts, self.id_counts] + ([self.id_counts] if self.weighted else [])
-        extras = [extra_per_feature, extra_per_feature] + ([extra_per_feature] if self.weighted else [])
-        sizes = torch.cat([torch.stack(received, 1).view(-1), torch.cat(extras)]).to(torch.int32)
-        extra_values = [extra_ones, extra_rows.to(torch.int32)]
+        words = self.counts_words  # per source: bags, ids (the weights' runs are as long as the ids')
         if self.weighted:
-            extra_values.append(extra_ones.to(torch.float32).view(torch.int32))
-        values = torch.cat([self.payload] + extra_values)
+            words = torch.cat([words, words[:, F:]], 1)
+        extra_sizes, extra_values = extra.tail(parts)
+        sizes = torch.cat([words.reshape(-1), extra_sizes])
+        values = torch.cat([self.payload, extra_values])
         order = lanes.receive_order(W, parts)
         _, data, _ = torch.ops.fbgemm.permute_1D_sparse_data(order, sizes, values, None, values.numel())
         return data
@@ -410,6 +431,6 @@ class ColdIdsAllToAll:
     def _bags(self, payload, meta, weighted, reports, split) -> ColdBags:
         F = self._features
         return ColdBags(payload=payload, bag_counts=meta[:, :F].to(torch.int64),
-                        id_counts=meta[:, F:2 * F].to(torch.int64),
+                        id_counts=meta[:, F:2 * F].to(torch.int64), counts_words=meta[:, :2 * F],
                         weighted=weighted, reports=meta[:, 2 * F:] if meta.size(1) > 2 * F else None,
                         host_reports=reports, **split)

@@ -23,9 +23,9 @@ from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.sharding.cells import LaneLayout
+from torchrec_hybrid.sharding.cold_all_to_all import ExtraBags
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
-from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
 
 @dataclass
@@ -55,28 +55,18 @@ class HybridLookupOutput:
     host_partial_units: List[int]
 
 
-class _ExtraBags:
-    """The owned hot rows as one-id bags: rows and features (sorted), and derived constants."""
-
-    def __init__(self, features: torch.Tensor, rows: torch.Tensor, num_features: int) -> None:
-        self.features, self.rows = features, rows.to(torch.int32)
-        self.per_feature = torch.bincount(features, minlength=num_features)
-        self.host_per_feature = self.per_feature.tolist()
-        # rank of each extra bag within its feature's extra bags
-        self.rank = torch.arange(rows.numel(), device=rows.device) - exclusive_cumsum(self.per_feature)[features]
-        self.ones = torch.ones(rows.numel(), dtype=torch.int32, device=rows.device)
-
-
-def cold_positions(lanes: LaneLayout, inp: HybridLookupInput, extra: _ExtraBags, q: torch.Tensor,
+def cold_positions(lanes: LaneLayout, inp: HybridLookupInput, extra: ExtraBags, q: torch.Tensor,
                    feature: torch.Tensor, rows_per_feature: torch.Tensor, batches: List[int]):
     """Where the received bags (``q``-th of ``feature``, arrival order) and the owned hot rows'
     extra bags (after each feature's received ones) lie in the owner's cold output, in units
-    (cells.LaneLayout.positions); the totals come from the host copies the cold exchange made,
-    so no sync."""
+    (cells.LaneLayout.positions, one call for both); the totals come from the host copies the cold
+    exchange made, so no sync."""
     returned = inp.cold.host_return_units
-    bag_pos = lanes.positions(q, feature, batches, None if returned is None else sum(returned))
+    bag_units = q.numel() if lanes.one_unit else sum(returned or [])
     row_q = rows_per_feature.index_select(0, extra.features) + extra.rank
-    return bag_pos, lanes.positions(row_q, extra.features, batches, lanes.units_of(extra.host_per_feature))
+    pos = lanes.positions(torch.cat([q, row_q]), torch.cat([feature, extra.features]), batches,
+                          bag_units + lanes.units_of(extra.host_per_feature))
+    return pos[:bag_units], pos[bag_units:]
 
 
 def _decays(config: GroupedEmbeddingConfig) -> bool:
@@ -187,11 +177,10 @@ class HybridLookup(nn.Module):
         replicas = state.replicas
         mine, hot_slots, hot_counts = layout.select(None if inp.touched is None else inp.touched())
         if self._extra is None or self._extra[0] is not mine:  # the same every step when all rows travel
-            self._extra = (mine, _ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
+            self._extra = (mine, ExtraBags(layout.feature[mine], layout.row[mine], self._num_features))
         extra = self._extra[1]
         with record_function("## hybrid:cold_lookup ##"):
-            kjts, batches, rows_per_feature, (q, feature) = inp.cold.lane_inputs(
-                self._lanes, self._lane_keys, extra.per_feature, extra.host_per_feature, extra.rows, extra.ones)
+            kjts, batches, rows_per_feature, (q, feature) = inp.cold.lane_inputs(self._lanes, self._lane_keys, extra)
             outs = _compat.grouped_lookup_forward(self.cold, kjts) if kjts else []
             if not outs:  # no cold rows here (only 0-row slices): nothing to look up, but the output
                 # all-to-all's backward must still run on this rank, so the empty output joins the graph
