@@ -194,9 +194,9 @@ def build_dists(w: Workload, pg: dist.ProcessGroup, device: torch.device, hot: L
     rows, hot set ``hot``), as ``hybrid_sharding.py`` builds them."""
     from torchrec_hybrid.sharding import row_blocks
     from torchrec_hybrid.sharding.cells import LaneLayout
+    from torchrec_hybrid.sharding.cold_all_to_all import ExtraBags
     from torchrec_hybrid.sharding.hot_state import build_hot_state
     from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
-    from torchrec_hybrid.sharding.lookup import _ExtraBags
     from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
 
     W, rank = pg.size(), pg.rank()
@@ -210,7 +210,7 @@ def build_dists(w: Workload, pg: dist.ProcessGroup, device: torch.device, hot: L
     out = HybridPooledEmbeddingDist(pg, [w.dim] * F, [False] * F, device)
     lanes = LaneLayout([list(range(F))], [w.dim] * F, device)
     mine = state.layout.select(None)[0]
-    extra = _ExtraBags(state.layout.feature[mine], state.layout.row[mine], F)
+    extra = ExtraBags(state.layout.feature[mine], state.layout.row[mine], F)
     g = torch.Generator().manual_seed(1234 + rank)
     rows = max(b[rank + 1] - b[rank] for b in bounds)
     cold_weight = torch.randn(max(rows, 1), w.dim, generator=g).to(device).requires_grad_()
@@ -247,8 +247,7 @@ def run_step(d: Dists, kjt, report_words: torch.Tensor, mark: Callable[[str], No
     extra, lanes = d.extra, d.lanes
     layout = inp.hot.layout
     mine, hot_slots, hot_counts = layout.select(None)
-    kjts, batches, rows_per_feature, (q, feature) = inp.cold.lane_inputs(
-        lanes, d.keys, extra.per_feature, extra.host_per_feature, extra.rows, extra.ones)
+    kjts, batches, rows_per_feature, (q, feature) = inp.cold.lane_inputs(lanes, d.keys, extra)
     F = lanes.num_features
     lane_kjt = kjts[0]
     lane_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lane_kjt.lengths().to(torch.int64))
