@@ -20,18 +20,17 @@ from typing import Any, Dict, Optional
 from torchrec_hybrid.planner.cost_model import ComputeCosts
 
 CPU_GLOO = ComputeCosts(
-    lookup=0.4608,
-    vector_stock=3.460,
-    vector_hybrid=4.159,
-    ids_stock=0.0,
-    ids_hybrid=8.579,
-    group_stock_ms=3.035,
-    group_hybrid_ms=4.043,
-    ns_per_byte=0.2076,
+    lookup=1.044,
+    vector_stock=5.831,
+    vector_hybrid=3.6,
+    ids_stock=17.01,
+    ids_hybrid=13.14,
+    group_stock_ms=3.69,
+    group_hybrid_ms=11.9,
+    ns_per_byte=0.115,
     collective_ms=0.0,
-    busiest_share=0.06560,
-    rms_ms=1.198,
-    rms_rel=0.07853,
+    busiest_share=0.1129,
+    rms_ms=3.073,
     source="benchmarks/results/calibration.json",
 )
 
