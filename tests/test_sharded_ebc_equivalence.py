@@ -432,8 +432,8 @@ def _cold_exchanges(rank, world, room_pad, **case):
 
 @pytest.mark.parametrize("world", [2, 3])
 def test_cold_exchange_past_its_room_trains_like_table_wise(world):
-    """After the first step the cold ids travel in one all-to-all, each pair of ranks given room for what it
-    sent the step before; a step with far more cold ids than the last (hot-only, then cold-only batches)
+    """After the first step the cold ids travel in one all-to-all, each pair of ranks given a room sized from
+    what it sent before; a step with far more cold ids than the last (hot-only, then cold-only batches)
     overflows some rooms, and every rank sends the rest in a second all-to-all: still table_wise's
     outputs, weights and optimizer state; every rank agrees on the spills, and each pair's ends on its room."""
     steps = ["hot_only", "cold_only", "mixed", "hot_only", "cold_only", "cold_only"]

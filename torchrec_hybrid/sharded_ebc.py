@@ -404,7 +404,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
 
     def cold_exchanges(self) -> List[ColdIdsAllToAll]:
         """The cold ids' all-to-all of every hybrid input dist: the pairs' rooms for the next step
-        (``rooms``) and how many steps outgrew them (``spills``: each took a second all-to-all)."""
+        (``rooms``; None on one rank, where nothing travels) and how many steps outgrew them (``spills``:
+        each took a second all-to-all)."""
         return [c for s in self._hybrid_shardings() for c in s.cold_exchanges()]
 
     def hot_ids(self) -> Dict[str, torch.Tensor]:

@@ -60,7 +60,9 @@ def _exchange(a2a, rank, world, weighted, lanes, step: int = 0, most: int = 3):
                weights=[None if k.weights_or_none() is None else k.weights().tolist() for k in kjts],
                stride=[k.stride() for k in kjts], keys=[k.keys() for k in kjts],
                length_per_key=[k.length_per_key() for k in kjts], positions=layout.positions(q, feature, batches),
-               rows_per_feature=rows_per_feature, reports=bags.reports, counts=bags.bag_counts)
+               rows_per_feature=rows_per_feature, reports=bags.reports, counts=bags.bag_counts,
+               split=[bags.host_return_units, bags.host_partial_units, bags.host_sent_bags,
+                      bags.host_feature_bags, bags.host_feature_ids])
     return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in out.items()}  # plain data across processes
 
 
@@ -125,13 +127,13 @@ def test_owner_receives_exactly_what_was_sent(world, weighted, lanes):
 STEPS = [3, 3, 30, 30, 1, 1]
 
 
-def _rank_steps(rank, world, weighted, lanes):
+def _rank_steps(rank, world, weighted, lanes, units):
     import torch.distributed as dist
 
     from torchrec_hybrid.sharding import cold_all_to_all
 
     cold_all_to_all.ROOM_PAD = 30  # this rank's process only: rooms the size of these runs
-    a2a = cold_all_to_all.ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu"))
+    a2a = cold_all_to_all.ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu"), units)
     out = []
     for step, most in enumerate(STEPS):
         rooms = a2a.rooms
@@ -141,20 +143,36 @@ def _rank_steps(rank, world, weighted, lanes):
     return out
 
 
-@pytest.mark.parametrize("world,weighted", [(2, False), (3, True)])
-def test_fused_exchanges_receive_exactly_what_was_sent(world, weighted):
+def _split(owner: int, world: int, weighted: bool, step: int, most: int, units):
+    """The output all-to-all's split sizes and the per-feature totals the owner's exchange must report."""
+    sent = [_sent(s, world, weighted, step, most) for s in range(world)]
+    u = torch.tensor(units or [1] * F)
+    ids = [torch.zeros(world * F, dtype=torch.int64).index_add_(
+        0, torch.repeat_interleave(torch.arange(world * F), c.view(-1)), ln).view(world, F) for c, ln, _, _ in sent]
+    mine = sent[owner][0]
+    returned = [int((sent[q][0][owner] * u).sum()) for q in range(world)]
+    partial = [int((mine[d] * u).sum()) for d in range(world)]
+    bags = [int(sum(sent[q][0][owner, f] for q in range(world))) for f in range(F)]
+    id_totals = [int(sum(ids[q][owner, f] for q in range(world))) for f in range(F)]
+    return [returned, partial, int(mine.sum()), bags, id_totals]
+
+
+@pytest.mark.parametrize("world,weighted,units", [(2, False, None), (3, True, None), (3, False, [1, 2, 1])])
+def test_fused_exchanges_receive_exactly_what_was_sent(world, weighted, units):
     """Step after step on one exchange: header and payload in one all-to-all from the second, rooms kept
     while the runs fit them, a run past its room sent in a second all-to-all, rooms resized after a run
-    that outgrew them or filled less than half: every owner still receives exactly what was sent, and
-    both ends of each pair agree on its room."""
+    that outgrew them or left them far too large: every owner still receives exactly what was sent, the
+    output all-to-all's split sizes (in units: several per bag where features differ in width) and the
+    per-feature totals are what the senders' bags make, and both ends of each pair agree on its room."""
     lanes = LANES["two"]
-    out = run_ranks(_rank_steps, world, weighted=weighted, lanes=lanes)
+    out = run_ranks(_rank_steps, world, weighted=weighted, lanes=lanes, units=units)
     for owner, steps in enumerate(out):
         for step, got in enumerate(steps):
             want = _expected(owner, world, weighted, lanes, step, STEPS[step])
             for key in ("lengths", "values", "weights", "stride", "keys", "length_per_key", "positions",
                         "rows_per_feature"):
                 assert got[key] == want[key], (owner, step, key)
+            assert got["split"] == _split(owner, world, weighted, step, STEPS[step], units), (owner, step)
             for q in range(world):
                 assert out[q][step]["recv"][owner] == got["send"][q], (owner, q, step)  # one room, two ends
         assert [s["spills"] for s in steps] == [s["spills"] for s in out[0]], owner  # every rank saw the flags

@@ -14,7 +14,7 @@ known to its receiver only from the header. The first exchange sends the headers
 their sizes to the host and sends the payloads (two collectives). After it, every pair of ranks
 knows what the pair sent last time - the source sent it, the destination received it - so each
 exchange sends header and payload in one all-to-all, each pair given a room sized from what it
-sent before (:func:`next_room`: kept while the runs fit it and fill half of it, else 1.15x the
+sent before (:func:`next_room`: kept while the runs fit it and it is at most twice a fresh room, else 1.15x the
 run plus 128 words; the room is sent whole, the margin is the bytes it costs, and rooms that
 stay put keep their gathers' index tensors). A run longer than its room sends the room's worth, and its source raises
 the flag every rank receives: after the host sync every rank then knows, and the words past the
@@ -94,7 +94,7 @@ class ColdBags:
     host_sent_bags: int = 0
 
     def record_stream(self, stream: torch.Stream) -> None:
-        for t in (self.payload, self.bag_counts, self.id_counts, self.reports):
+        for t in (self.payload, self.bag_counts, self.id_counts, self.counts_words, self.reports):
             if t is not None:
                 t.record_stream(stream)
 
@@ -187,7 +187,7 @@ def _lane_kjts(lanes: LaneLayout, keys: List[List[str]], batches: List[int], hos
 
 # The fused exchange's room for the payload of each (source, destination) pair, in int32 words. Both ends of a
 # pair know what it sent in the previous exchange (one sent it, the other received it) and decide alike: a
-# pair keeps its room while the run fits it with ROOM_MIN_SLACK to spare and fills at least half of it, else
+# pair keeps its room while the run fits it with ROOM_MIN_SLACK to spare and the room is at most twice a fresh one, else
 # gets ``room_for(run)``: ROOM_SLACK times the run plus ROOM_PAD. Rooms that stay put keep the send and
 # receive gathers' index tensors of the exchange (:class:`Rooms`) from one step to the next.
 ROOM_SLACK = 1.15

@@ -27,6 +27,7 @@ may then be updated (hot_replica.py).
 """
 
 import functools
+import sys
 from dataclasses import dataclass
 from typing import Callable, List, NamedTuple, Optional, Tuple
 
@@ -103,13 +104,15 @@ def id_report_words(report: torch.Tensor) -> torch.Tensor:
     """An int64 input-check report ``[code, index, value]`` (the rank's first problem - a bad
     id, a non-finite weight or a malformed batch, ``sharded_ebc.py``; zeros: none) as the
     int32 words the cold ids' header carries: ``[code, index, value low word, value high word]`` (one gather
-    of its int32 words: low words first, as on every platform torch runs on; code and index fit one)."""
+    of its int32 words, low word first; code and index fit one)."""
     return report.view(torch.int32).index_select(0, _report_word_index(report.device))
 
 
 @functools.lru_cache(maxsize=8)
 def _report_word_index(device: torch.device) -> torch.Tensor:
-    return torch.tensor([0, 2, 4, 5], dtype=torch.int64, device=device)
+    # the words of [code, index, value] as int64s: low then high words on a little-endian host, else high then low
+    order = [0, 2, 4, 5] if sys.byteorder == "little" else [1, 3, 5, 4]
+    return torch.tensor(order, dtype=torch.int64, device=device)
 
 
 def id_reports_from_words(words: List[int]) -> List[List[int]]:
