@@ -23,7 +23,6 @@ the problem.
 """
 
 import dataclasses
-import functools
 import logging
 import struct
 from dataclasses import dataclass
@@ -52,7 +51,7 @@ from torchrec_hybrid.sharding.input_dist import (
 )
 from torchrec_hybrid.sharding.output_dist import describe_codec_problems
 from torchrec_hybrid.sharding import variable_batch
-from torchrec_hybrid.sharding.segments import host_to_device
+from torchrec_hybrid.sharding.segments import cached_tensor, host_to_device
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
 
 logger = logging.getLogger(__name__)
@@ -130,22 +129,7 @@ _MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollec
 def _bare_report(code: torch.Tensor) -> torch.Tensor:
     """A device check's report ``[code, 0, 0]`` from its int64 scalar ``code`` (a :data:`_SEARCHED` code's
     details are found on the error path): one multiply."""
-    return code * _unit_report(code.device)
-
-
-@functools.lru_cache(maxsize=8)
-def _unit_report(device: torch.device) -> torch.Tensor:
-    return torch.tensor([1, 0, 0], dtype=torch.int64, device=device)
-
-
-@functools.lru_cache(maxsize=8)
-def _zero(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    return torch.zeros((), dtype=dtype, device=device)
-
-
-def _zero_like_scalar(t: torch.Tensor) -> torch.Tensor:
-    """A cached 0-dim zero of ``t``'s dtype and device (a lower bound for ``torch.clamp`` beside a tensor one)."""
-    return _zero(t.dtype, t.device)
+    return code * cached_tensor((1, 0, 0), torch.int64, code.device)
 
 
 def _pack_name(name: str) -> int:
@@ -565,7 +549,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             return features
         limits, _, _, known = self._id_limits(features)
         # every id clamped into its table (a new tensor: the batch is the user's); an id it changed was outside
-        checked = torch.clamp(values, _zero_like_scalar(values), limits)
+        checked = torch.clamp(values, cached_tensor(0, values.dtype, values.device), limits)
         if known is not None:  # ids of keys that are no feature are not checked and stay as they are
             checked = torch.where(known, checked, values)
         code = checked.ne(values).any() * _BAD_ID  # int64

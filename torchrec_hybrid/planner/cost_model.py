@@ -22,7 +22,7 @@ Frequency-hybrid per step and rank (see torchrec_hybrid/sharding/*):
 - input dist (cold_all_to_all.py): to each other rank the lengths of the bags holding >= 1
   cold id it owns (int32) and the cold ids it owns (int32), in rooms ``ROOM_SLACK`` times that
   (what a room is sized to from the runs before; it stays put while the runs fit it and it is at most twice
-  of it, so this prices a room as freshly sized; the whole room travels), and in the header two int32 counts per
+  a fresh one, so this prices a room as freshly sized; the whole room travels), and in the header two int32 counts per
   feature: ``s*(4*F*B*(W-1)*(1-(1-c/W)**L) + c*(W-1)/W*F*B*L*4) + (W-1)*F*8`` (c = 1 - coverage,
   s = ``ROOM_SLACK``);
 - output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of

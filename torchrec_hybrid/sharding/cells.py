@@ -13,7 +13,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from torchrec_hybrid.sharding.segments import host_segment_positions, host_to_device, segment_positions
+from torchrec_hybrid.sharding.segments import host_segment_positions, host_to_device, segment_positions, starts
 
 
 def unit_width(dims: List[int]) -> int:
@@ -114,10 +114,8 @@ class LaneLayout:
         """``3 F`` host ints for lanes of ``batches`` rows: per feature, where its lane's output starts plus its own
         offset in a row (units); where its first slot starts in the lanes' lengths; its lane's batch."""
         lane_of, in_row, local_of, lane_units = self._host
-        out_at, len_at = [0], [0]
-        for g, b in enumerate(batches[:-1]):
-            out_at.append(out_at[-1] + b * lane_units[g])
-            len_at.append(len_at[-1] + b * self.lane_slots[g])
+        out_at = starts([b * u for b, u in zip(batches, lane_units)])
+        len_at = starts([b * n for b, n in zip(batches, self.lane_slots)])
         return ([out_at[g] + o for g, o in zip(lane_of, in_row)]
                 + [len_at[g] + s * batches[g] for g, s in zip(lane_of, local_of)]
                 + [batches[g] for g in lane_of])

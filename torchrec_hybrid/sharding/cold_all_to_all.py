@@ -26,7 +26,6 @@ alone (``benchmarks/results/comm_floor.md``). The receiver turns the payload int
 lookup input with one FBGEMM segment permute (:meth:`ColdBags.lane_inputs`).
 """
 
-import functools
 from dataclasses import dataclass
 from typing import List, Optional
 
@@ -37,8 +36,8 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding.cells import LaneLayout
-from torchrec_hybrid.sharding.segments import (exclusive_cumsum, host_segment_positions, host_to_device,
-                                               round_robin_order, segment_arange, segment_positions)
+from torchrec_hybrid.sharding.segments import (cached_tensor, exclusive_cumsum, host_segment_positions, host_to_device,
+                                               round_robin_order, segment_arange, segment_positions, starts)
 
 
 class ExtraBags:
@@ -143,16 +142,10 @@ class ColdBags:
         """The received bags in arrival order - (source, feature, sample), the order they travel home in - as
         (row q, feature): run (s, f) of the arrival order holds bags first[s, f] ... of feature f."""
         size = self.bag_counts.view(-1)
-        run_feature = _run_features(W, F, size.device)
+        run_feature = cached_tensor(tuple(range(F)) * W, torch.int64, size.device)  # each run's feature
         arrival_feature = torch.repeat_interleave(run_feature, size, output_size=n_received)
         arrival_q = segment_positions(exclusive_cumsum(self.bag_counts, 0).view(-1), size, n_received)
         return arrival_q, arrival_feature
-
-
-@functools.lru_cache(maxsize=16)
-def _run_features(world: int, features: int, device: torch.device) -> torch.Tensor:
-    """The feature of each (source, feature) run: ``arange(W * F) % F``."""
-    return torch.arange(features, device=device).repeat(world)
 
 
 def _padded_lengths(lanes: LaneLayout, host_bags: List[int], data: torch.Tensor, n_bags: int,
@@ -217,6 +210,7 @@ class Rooms:
     head: int  # the header's words (the exchange's report words decide it)
     send: List[int]
     recv: List[int]
+    recv_at: List[int]  # where each source's header starts in the received rows
     send_dev: torch.Tensor  # the rooms per destination, on the device (this step's runs are compared with them)
     send_sizes: torch.Tensor  # [2W]: per destination its header, then its room
     send_local: torch.Tensor  # per word of the send buffer, its offset in its segment
@@ -227,13 +221,11 @@ class Rooms:
     def build(cls, head: int, send: List[int], recv: List[int], device: torch.device) -> "Rooms":
         W = len(send)
         sizes = host_to_device([n for r in send for n in (head, r)], device)
-        recv_at = [0]
-        for r in recv[:-1]:
-            recv_at.append(recv_at[-1] + head + r)
-        heads = host_to_device([a + i for a in recv_at for i in range(head)], device)
-        return cls(head, send, recv, host_to_device(send, device), sizes,
+        recv_at = starts([head + r for r in recv])
+        return cls(head, send, recv, recv_at, host_to_device(send, device), sizes,
                    segment_arange(sizes, W * head + sum(send)),
-                   torch.arange(W, dtype=torch.int64, device=device) * head, heads)
+                   torch.arange(W, dtype=torch.int64, device=device) * head,
+                   host_segment_positions(recv_at, [head] * W, device))
 
     @property
     def send_rows(self) -> List[int]:
@@ -266,7 +258,6 @@ class ColdIdsAllToAll:
         units = feature_units if feature_units is not None else [1] * num_features
         self._units = torch.tensor(units, dtype=torch.int64, device=device)
         self._one_unit = all(u == 1 for u in units)  # a bag's partial sum is one unit: units = bags
-        self._host_units = None if self._one_unit else list(units)
         # words per [bag, id] on the wire: a length per bag, an id (and a weight) per id
         self._part_words = {p: torch.tensor([[1], [p - 1]], dtype=torch.int64, device=device) for p in (2, 3)}
         # the next exchange's payload room per destination and per source (:class:`Rooms`); None until an
@@ -362,19 +353,24 @@ class ColdIdsAllToAll:
         head = recv_meta.size(1)
         # what this rank sent per peer (words, units) and every received header, in one copy to the host; the
         # per-source and per-feature sums over the headers (W * (2F + R + 1) ints) are the host's work
-        host = torch.cat([send_splits, sent_units, recv_meta.view(-1)]).tolist()
+        counts = recv_meta[:, :2 * F].view(W, 2, F)  # per source [bags, ids] per feature (int32)
+        # what this rank sent per peer (words, units), per source its [bags, ids] (and units), per feature the
+        # sources' totals, whether some rank's run exceeded its room, the reports: summed on the device, in
+        # one copy to the host
+        units_in = [] if self._one_unit else [(counts[:, 0] * self._units).sum(1)]
+        host = torch.cat([send_splits, sent_units, counts.sum(2).view(-1), *units_in, counts.sum(0).view(-1),
+                          recv_meta[:, -1].max().view(1), recv_meta[:, 2 * F:-1].reshape(-1)]).tolist()
         at = W + sent_units.numel()
         send, sent, sent_bags = host[:W], host[W:2 * W], host[at - W:at]
-        heads = [host[at + q * head:at + (q + 1) * head] for q in range(W)]
-        words = 3 if weighted else 2
-        recv = [sum(h[:F]) + (words - 1) * sum(h[F:2 * F]) for h in heads]
-        units = self._host_units
-        return_units = [sum(h[:F]) if units is None else sum(n * u for n, u in zip(h[:F], units)) for h in heads]
-        totals = [sum(c) for c in zip(*(h[:2 * F] for h in heads))]  # per feature over the sources: bags, ids
+        bags_in, ids_in = host[at:at + 2 * W:2], host[at + 1:at + 2 * W:2]
+        at += 2 * W
+        recv = [b + ((3 if weighted else 2) - 1) * n for b, n in zip(bags_in, ids_in)]
+        return_units = bags_in if self._one_unit else host[at:at + W]
+        at += 0 if self._one_unit else W
         split = dict(host_return_units=return_units, host_partial_units=sent, host_sent_bags=sum(sent_bags),
-                     host_feature_bags=totals[:F], host_feature_ids=totals[F:])
-        spilled = any(h[-1] for h in heads)  # some rank's run exceeded its room: every rank saw its flag
-        reports = [w for h in heads for w in h[2 * F:-1]] if head > 2 * F + 1 else None
+                     host_feature_bags=host[at:at + F], host_feature_ids=host[at + F:at + 2 * F])
+        spilled = bool(host[at + 2 * F])  # some rank's run exceeded its room: every rank saw its flag
+        reports = host[at + 2 * F + 1:] if head > 2 * F + 1 else None
         meta = recv_meta[:, :-1]
         if W > 1:
             kept = rooms if rooms is not None and rooms.head == head else None
@@ -396,26 +392,18 @@ class ColdIdsAllToAll:
         assert rows is not None and rooms is not None
         # per source: its first ``min(run, room)`` words after its header, then (spilled) its rest after the rows
         cut = [min(n, r) for n, r in zip(recv, rooms.recv)]
-        at_rows = [0]
-        for r in rooms.recv_rows[:-1]:
-            at_rows.append(at_rows[-1] + r)
-        bases, pieces = [a + head for a in at_rows], cut
+        bases, pieces = [a + head for a in rooms.recv_at], cut
         rest: Optional[torch.Tensor] = None
         if spilled:  # every rank: the words past each pair's room, in one more all-to-all
             self.spills += 1
             over_send = [n - c for n, c in zip(send, (min(n, r) for n, r in zip(send, rooms.send)))]
             over_recv = [n - c for n, c in zip(recv, cut)]
-            sent_at = [0]
-            for n in send[:-1]:
-                sent_at.append(sent_at[-1] + n)
-            rest_index = host_segment_positions([a + r for a, r in zip(sent_at, rooms.send)], over_send,
+            rest_index = host_segment_positions([a + r for a, r in zip(starts(send), rooms.send)], over_send,
                                                 payload.device)
             rest = payload.new_empty(sum(over_recv))
             work = dist.all_to_all_single(rest, payload.index_select(0, rest_index), over_recv, over_send,
                                           group=self._pg, async_op=True)
-            rest_at = [rows.numel()]
-            for n in over_recv[:-1]:
-                rest_at.append(rest_at[-1] + n)
+            rest_at = [rows.numel() + a for a in starts(over_recv)]
             bases = [x for pair in zip(bases, rest_at) for x in pair]
             pieces = [x for pair in zip(cut, over_recv) for x in pair]
         index = host_segment_positions(bases, pieces, payload.device)

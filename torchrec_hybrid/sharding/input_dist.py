@@ -26,7 +26,6 @@ also all-gathered (a bit mask), overlapping the all-to-alls: only rows some rank
 may then be updated (hot_replica.py).
 """
 
-import functools
 import sys
 from dataclasses import dataclass
 from typing import Callable, List, NamedTuple, Optional, Tuple
@@ -43,7 +42,7 @@ from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.sharding.cells import partial_units
 from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll
 from torchrec_hybrid.sharding.hot_state import HotState
-from torchrec_hybrid.sharding.segments import exclusive_cumsum
+from torchrec_hybrid.sharding.segments import cached_tensor, exclusive_cumsum
 
 
 @dataclass
@@ -105,14 +104,9 @@ def id_report_words(report: torch.Tensor) -> torch.Tensor:
     id, a non-finite weight or a malformed batch, ``sharded_ebc.py``; zeros: none) as the
     int32 words the cold ids' header carries: ``[code, index, value low word, value high word]`` (one gather
     of its int32 words, low word first; code and index fit one)."""
-    return report.view(torch.int32).index_select(0, _report_word_index(report.device))
-
-
-@functools.lru_cache(maxsize=8)
-def _report_word_index(device: torch.device) -> torch.Tensor:
     # the words of [code, index, value] as int64s: low then high words on a little-endian host, else high then low
-    order = [0, 2, 4, 5] if sys.byteorder == "little" else [1, 3, 5, 4]
-    return torch.tensor(order, dtype=torch.int64, device=device)
+    order = (0, 2, 4, 5) if sys.byteorder == "little" else (1, 3, 5, 4)
+    return report.view(torch.int32).index_select(0, cached_tensor(order, torch.int64, report.device))
 
 
 def id_reports_from_words(words: List[int]) -> List[List[int]]:

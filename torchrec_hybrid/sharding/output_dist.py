@@ -38,7 +38,7 @@ from torchrec_hybrid._compat import Deferred
 from torchrec_hybrid.sharding.cells import CellPositions
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
-from torchrec_hybrid.sharding.segments import host_segment_positions, segment_positions
+from torchrec_hybrid.sharding.segments import host_segment_positions, segment_positions, starts
 
 
 # (replica_dst, units per owner, order, units per owner as host ints)
@@ -232,12 +232,8 @@ def _interleave(a: List[int], b: List[int], device: torch.device):
     """Positions of two runs per rank laid out ``a_0, b_0, a_1, b_1, ...`` (counts ``a``, ``b`` per rank, host
     ints: the cold exchange's sync made them). Returns where the items of the ``a`` runs (rank after rank) and
     of the ``b`` runs go: one segment gather whose shifts and sizes the host works out."""
-    bases_a, bases_b, at = [], [], 0
-    for x, y in zip(a, b):
-        bases_a.append(at)
-        bases_b.append(at + x)
-        at += x + y
-    pos = host_segment_positions(bases_a + bases_b, list(a) + list(b), device)
+    at = starts([n for pair in zip(a, b) for n in pair])  # a_0, b_0, a_1, b_1, ...
+    pos = host_segment_positions(at[0::2] + at[1::2], list(a) + list(b), device)
     n = sum(a)
     return pos[:n], pos[n:]
 

@@ -1,6 +1,8 @@
 """Small vectorised helpers on segmented (jagged) index ranges."""
 
-from typing import Optional, Sequence
+import functools
+import itertools
+from typing import List, Optional, Sequence, Tuple, Union
 
 import fbgemm_gpu  # noqa: F401  (registers torch.ops.fbgemm)
 import torch
@@ -32,22 +34,32 @@ def segment_positions(base: torch.Tensor, lengths: torch.Tensor, total: Optional
     return torch.arange(total, device=lengths.device) + torch.repeat_interleave(shift, lengths, output_size=total)
 
 
+def starts(sizes: Sequence[int]) -> List[int]:
+    """Host ints: where consecutive segments of ``sizes`` start (the exclusive prefix sum)."""
+    return [0, *itertools.accumulate(sizes)][:len(sizes)]
+
+
 def host_segment_positions(base: Sequence[int], lengths: Sequence[int], device: torch.device) -> torch.Tensor:
     """:func:`segment_positions` of segments known on the host: their shifts and lengths reach the device
     in one copy (:func:`host_to_device`), no sync."""
-    shift, at = [], 0
-    for b, n in zip(base, lengths):
-        shift.append(b - at)
-        at += n
+    shift = [b - a for b, a in zip(base, starts(lengths))]
+    total = sum(lengths)
     both = host_to_device(shift + list(lengths), device)
     k = len(shift)
-    return torch.arange(at, device=device) + torch.repeat_interleave(both[:k], both[k:], output_size=at)
+    return torch.arange(total, device=device) + torch.repeat_interleave(both[:k], both[k:], output_size=total)
 
 
 def round_robin_order(lists: int, n: int, device: torch.device) -> torch.Tensor:
     """Segment order taking run i of each of ``lists`` lists (``n`` runs each) in turn:
     ``0, n, 2n, ..., 1, n+1, ...`` (for FBGEMM's ``permute_1D_sparse_data``)."""
     return torch.arange(lists * n, dtype=torch.int32, device=device).view(lists, n).t().reshape(-1)
+
+
+@functools.lru_cache(maxsize=64)
+def cached_tensor(data: Union[int, Tuple[int, ...]], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small constant tensor (``data``: an int for a 0-dim one, else a tuple), built once per dtype and
+    device and shared: never write to it."""
+    return torch.tensor(data, dtype=dtype, device=device)
 
 
 def host_to_device(values: Sequence[int], device: torch.device) -> torch.Tensor:
