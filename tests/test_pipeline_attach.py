@@ -18,12 +18,15 @@ from tests.multiprocess import run_ranks
 from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, InvalidIdError, frequency_hybrid
 
 
-def detach_attach_losses(rank, world, kind, bad_batch=None):
+def dlrm_pair(rank, world, kind, bad_batch=None):
+    """The same small DLRM sharded by our sharder and by TorchRec's (table_wise for
+    frequency_hybrid), from one unsharded model's weights, and ``batches(seed)`` (this rank's:
+    seeds 100 + rank train, 200 + rank held out; ``bad_batch``: the last rank's training
+    batch of that index has an id of no row)."""
     from torchrec.datasets.utils import Batch
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan, data_parallel, table_wise
-    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
     from torchrec.distributed.types import ShardingPlan
     from torchrec.models.dlrm import DLRM, DLRMTrain
 
@@ -64,6 +67,13 @@ def detach_attach_losses(rank, world, kind, bad_batch=None):
     reference = dlrm("cpu").state_dict()  # both start from one unsharded model's weights
     ours.load_state_dict(reference.copy())  # DMP renames the dense keys of the dict it gets in place
     stock.load_state_dict(reference.copy())
+    return ours, stock, batches
+
+
+def detach_attach_losses(rank, world, kind, bad_batch=None):
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    ours, stock, batches = dlrm_pair(rank, world, kind, bad_batch)
     out = {}
     for name, dmp in (("ours", ours),) if bad_batch is not None else (("ours", ours), ("stock", stock)):
         opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1)
@@ -98,3 +108,60 @@ def test_bad_id_in_flight_at_attach_fails_on_every_rank(kind):
     there fails every rank with the same error, naming the rank that had it."""
     messages = run_ranks(detach_attach_losses, 2, timeout=120, kind=kind, bad_batch=3)
     assert messages[0] == messages[1] and "rank 1" in messages[0] and "'f0'" in messages[0], messages
+
+
+def pipeline_step_counts(rank, world, kind):
+    """Collectives and host syncs of 3 pipelined steps (after 3 to warm up), ours and stock's."""
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    from benchmarks.step_counts import counting
+
+    ours, stock, batches = dlrm_pair(rank, world, kind)
+    out = {}
+    for name, dmp in (("ours", ours), ("stock", stock)):
+        opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1)
+        pipeline = TrainPipelineSparseDist(dmp, opt, torch.device("cpu"))
+        train = batches(100 + rank)
+        for _ in range(3):
+            pipeline.progress(train)
+        with counting() as counter:
+            for _ in range(3):
+                pipeline.progress(train)
+        out[name] = counter.summary()
+    return out
+
+
+@pytest.mark.parametrize("kind", ["tw", "tw+dp"])
+def test_pipelined_step_takes_no_collective_of_its_own_for_the_id_check(kind):
+    """Under ``TrainPipelineSparseDist`` the input dists' split-size exchanges are fused into one
+    by the pipeline; the id check's verdicts ride it, so a pipelined step of a module without
+    hybrid tables issues exactly the collectives and host syncs of the same plan under TorchRec's
+    sharder."""
+    for got in run_ranks(pipeline_step_counts, 2, timeout=120, kind=kind):
+        for what in ("collectives", "host_syncs"):
+            assert got["ours"][what] == got["stock"][what], (what, got)
+
+
+def pipelined_bad_id(rank, world, kind):
+    from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
+
+    ours, _, batches = dlrm_pair(rank, world, kind, bad_batch=4)
+    opt = torch.optim.SGD([p for p in ours.parameters() if p.requires_grad], lr=0.1)
+    pipeline = TrainPipelineSparseDist(ours, opt, torch.device("cpu"))
+    train = batches(100 + rank)
+    for step in range(8):
+        try:
+            pipeline.progress(train)
+        except InvalidIdError as err:
+            return step, str(err)
+    return None
+
+
+@pytest.mark.parametrize("kind", ["tw", "tw+dp"])
+def test_bad_id_in_a_pipelined_step_fails_on_every_rank(kind):
+    """A bad id in a batch whose verdict rode the pipeline's fused split-size exchange fails
+    that batch's step on every rank, naming the rank that had it."""
+    got = run_ranks(pipelined_bad_id, 2, timeout=120, kind=kind)
+    assert got[0] is not None and got[0] == got[1], got
+    step, message = got[0]
+    assert step == 4 and "rank 1" in message and "'f0'" in message, got

@@ -11,7 +11,9 @@ from typing import Callable, Iterator, List, Mapping, NamedTuple, Optional, Tupl
 import torch
 import torch.distributed as dist
 import torchrec.distributed.dist_data as _tr_dist_data
+import torchrec.distributed.embedding_sharding as _tr_embedding_sharding
 import torchrec.distributed.planner.stats as _tr_stats
+from torchrec.distributed.embedding_sharding import KJTSplitsAllToAllMeta
 from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import Awaitable, ShardingEnv
@@ -35,15 +37,39 @@ class Deferred(Awaitable):
 
 
 class SplitsRows:
-    """Rows that rode a stock ``KJTAllToAll``'s split-size all-to-all (see
-    :func:`splits_exchange_with_rows`). ``received`` (host ints, set when TorchRec waits for the
-    splits): row r, column j = what rank j sent as its row r; None until then."""
+    """Rows that rode (or wait to ride) a stock split-size all-to-all (see
+    :func:`splits_exchange_with_rows`). ``received`` (host ints, set when the exchange is
+    waited for): row r, column j = what rank j sent as its row r; None until then.
+    ``attached``: an exchange took them; ``deferred``: they wait for the next one on their group
+    (:meth:`defer_to_pipeline`)."""
 
     def __init__(self, rows: List[torch.Tensor], pg: dist.ProcessGroup) -> None:
         self.rows, self.pg = rows, pg
         self.attached = False
+        self.deferred = False
         self.received: Optional[List[List[int]]] = None
         self._exchange: Optional["_SplitsAllToAllWithRows"] = None  # the exchange that took them
+
+    def defer_to_pipeline(self) -> None:
+        """Keeps the rows for the next split-size exchange on their group, which
+        ``TrainPipelineSparseDist`` builds after every pipelined module's ``input_dist`` has run:
+        it fuses their exchanges into one ``FusedKJTListSplitsAwaitable`` (which builds its
+        ``SplitsAllToAllAwaitable`` from ``embedding_sharding``'s namespace, swapped here for
+        as long as rows wait; checked against torchrec 1.8.0)."""
+        if self.attached or self.deferred:
+            return
+        self.deferred = True
+        _pending_rows.append(self)
+        _tr_embedding_sharding.SplitsAllToAllAwaitable = _SplitsAllToAllWithRows  # type: ignore[misc]
+
+    def cancel(self) -> bool:
+        """Stops waiting for an exchange; True if none took the rows (the caller sends them
+        itself: every rank alike, the exchanges being the same on every rank)."""
+        if self.attached:
+            return False
+        _unpend(self)
+        self.deferred = False
+        return True
 
     def wait(self) -> List[List[int]]:
         """The received rows, waiting for the exchange that carries them where TorchRec has
@@ -59,37 +85,45 @@ class SplitsRows:
 
 
 _pending_rows: List[SplitsRows] = []
+_STOCK_SPLITS_AWAITABLE = _tr_dist_data.SplitsAllToAllAwaitable
 
 
-class _SplitsAllToAllWithRows(_tr_dist_data.SplitsAllToAllAwaitable):
-    """TorchRec's ``SplitsAllToAllAwaitable`` that sends the pending :class:`SplitsRows` as extra
-    rows of its splits tensor, ahead of TorchRec's (whose last row, the stride, its own checks
-    read; its collective tag goes after all of them), and strips them before TorchRec reads
-    the splits (checked against torchrec 1.8.0). Only the first exchange on the rows' process
-    group carries them, and none while torch.compile traces (TorchRec then asserts every
-    received entry is a size, and the reports may be negative)."""
+def _unpend(rows: SplitsRows) -> None:
+    if rows in _pending_rows:
+        _pending_rows.remove(rows)
+    if not any(r.deferred for r in _pending_rows):  # nothing waits for a pipeline's exchange
+        _tr_embedding_sharding.SplitsAllToAllAwaitable = _STOCK_SPLITS_AWAITABLE  # type: ignore[misc]
+
+
+class _SplitsAllToAllWithRows(_STOCK_SPLITS_AWAITABLE):  # type: ignore[valid-type,misc]
+    """TorchRec's ``SplitsAllToAllAwaitable`` that sends every pending :class:`SplitsRows` of its
+    process group as extra rows of its splits tensor, ahead of TorchRec's (whose last row, the
+    stride, its own checks read; its collective tag goes after all of them), and strips them
+    before TorchRec reads the splits (checked against torchrec 1.8.0). The first exchange on
+    the rows' group takes them, and none while torch.compile traces (TorchRec then asserts
+    every received entry is a size, and the reports may be negative)."""
 
     def __init__(self, input_tensors, pg, *args, **kwargs) -> None:
-        carried = None
-        pending = _pending_rows[-1] if _pending_rows else None
-        if (pending is not None and not pending.attached and pg is pending.pg and input_tensors
-                and not torch.compiler.is_compiling()):
-            carried = pending
-            carried.attached = True
-            carried._exchange = self
-            like = input_tensors[0]
-            input_tensors = [r.to(device=like.device, dtype=like.dtype) for r in carried.rows] + list(input_tensors)
+        carried: List[SplitsRows] = []
+        if input_tensors and not torch.compiler.is_compiling():
+            carried = [r for r in _pending_rows if r.pg is pg and not r.attached]
+        like = input_tensors[0] if carried else None
+        for r in carried:
+            r.attached, r._exchange = True, self
+            _unpend(r)
+        rows = [t.to(device=like.device, dtype=like.dtype) for r in carried for t in r.rows] if like is not None else []
         self._carried = carried
-        super().__init__(input_tensors, pg, *args, **kwargs)
+        super().__init__(rows + list(input_tensors), pg, *args, **kwargs)
 
     def _wait_impl(self):
         ret = super()._wait_impl()
-        if self._carried is None:
-            return ret
-        n = len(self._carried.rows)
-        self._carried.received = ret[:n]
-        self._carried._exchange = None  # received: no cycle between the rows and this exchange
-        return ret[n:]
+        start = 0
+        for r in self._carried:
+            r.received = ret[start:start + len(r.rows)]
+            r._exchange = None  # received: no cycle between the rows and this exchange
+            start += len(r.rows)
+        self._carried = []
+        return ret[start:]
 
 
 @contextlib.contextmanager
@@ -99,20 +133,28 @@ def splits_exchange_with_rows(rows: List[torch.Tensor], pg: dist.ProcessGroup) -
     collective and no host sync of their own (TorchRec's ``tolist`` of the splits reads them
     too). Yields a :class:`SplitsRows`; ``attached`` tells whether an exchange took them. None
     does with one rank, in a module with no such input dist (data_parallel tables only), on a
-    sharding sub-group (2D parallel), or under ``TrainPipelineSparseDist`` from its second
-    batch on (it replaces the input dists' forward and fuses their splits exchanges into one,
-    built outside the module's ``input_dist``). Swaps the class TorchRec's
+    sharding sub-group (2D parallel), or under ``TrainPipelineSparseDist``, whose input dists
+    only describe their exchange (:func:`exchange_left_to_pipeline`; the rows can then wait for
+    the pipeline's fused one, :meth:`SplitsRows.defer_to_pipeline`). Swaps the class TorchRec's
     ``KJTAllToAllSplitsAwaitable`` builds for the duration (``dist_data.SplitsAllToAllAwaitable``;
     checked against torchrec 1.8.0; input dists run on the training thread)."""
     carried = SplitsRows(rows, pg)
-    stock = _tr_dist_data.SplitsAllToAllAwaitable
     _pending_rows.append(carried)
     _tr_dist_data.SplitsAllToAllAwaitable = _SplitsAllToAllWithRows  # type: ignore[misc]
     try:
         yield carried
     finally:
-        _pending_rows.pop()
-        _tr_dist_data.SplitsAllToAllAwaitable = stock  # type: ignore[misc]
+        _tr_dist_data.SplitsAllToAllAwaitable = _STOCK_SPLITS_AWAITABLE  # type: ignore[misc]
+        if not carried.attached:
+            _unpend(carried)
+
+
+def exchange_left_to_pipeline(splits: Awaitable, pg: dist.ProcessGroup) -> bool:
+    """Whether ``splits`` (a stock ``input_dist``'s result) holds a split-size exchange on ``pg``
+    that was described but not started: ``TrainPipelineSparseDist`` replaces each
+    ``KJTAllToAll``'s forward by one returning a ``KJTSplitsAllToAllMeta`` and starts every
+    such exchange in one fused all-to-all after the input dists (checked against torchrec 1.8.0)."""
+    return any(isinstance(a, KJTSplitsAllToAllMeta) and a.pg is pg for a in getattr(splits, "awaitables", ()))
 
 
 # --- TorchRec embedding shardings ---------------------------------------------------------

@@ -146,6 +146,17 @@ def _unpack_name(value: int) -> str:
     return repr(text.decode("utf-8", "replace") + ("..." if n > _NAME_BYTES else ""))
 
 
+def exchange_reports(report: torch.Tensor, pg: dist.ProcessGroup) -> Tuple[torch.Tensor, dist.Work]:
+    """Every rank's id-check report ``[code, index, value]`` in an all-to-all of its own, started
+    asynchronously: ``(gathered [W * 3], work)``. One all-to-all round rather than an all-gather
+    (gloo's takes W - 1 rounds)."""
+    w, dev = dist.get_world_size(pg), collective_device(pg)
+    gathered = torch.empty(w * 3, dtype=torch.int64, device=dev)
+    work = dist.all_to_all_single(gathered, report.to(dev).repeat(w), group=pg, async_op=True)
+    assert work is not None  # async_op=True
+    return gathered, work
+
+
 @dataclass
 class IdCheck:
     """One step's id check, from the input dist to the lookups.
@@ -154,8 +165,9 @@ class IdCheck:
     carried: every rank's report rides the hybrid cold ids' header and arrives in the lookup
         input (:attr:`HybridLookupInput.id_reports`).
     rider: otherwise, every rank's report as extra rows of a stock input dist's split-size
-        all-to-all (``_compat.splits_exchange_with_rows``), read when TorchRec reads the splits
-        (or, where it never does - a pipeline's ``attach`` re-runs the input dists - here).
+        all-to-all (``_compat.splits_exchange_with_rows``), or of the one ``TrainPipelineSparseDist``
+        fuses from every input dist's, read when TorchRec reads the splits (or, where it never
+        does - a pipeline's ``attach`` re-runs the input dists - here).
     gathered / work: else (no exchange took the rows, :meth:`input_dist`) the async
         exchange of every rank's report (an all-to-all of its own; None on one rank).
     batch: the batch as this rank got it, where a bad id or weight is searched for when
@@ -176,6 +188,9 @@ class IdCheck:
             words = next(x for x in dist_input if isinstance(x, HybridLookupInput)).id_reports
             assert words is not None  # carried: the cold ids' header brought every rank's report
             return id_reports_from_words(words)
+        if self.rider is not None and self.rider.cancel():  # left to a pipeline's exchange, which did not take them
+            self.gathered, self.work = exchange_reports(self.report, self.rider.pg)
+            self.rider = None
         if self.rider is not None:
             codes, index, value = self.rider.wait()  # host ints already, unless TorchRec never waited them
             if not any(codes):  # every step but a rejected one: no per-rank work
@@ -513,21 +528,21 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                                        check: IdCheck, pg: dist.ProcessGroup):
         """The stock input dists, every rank's report riding the first stock split-size all-to-all
         on the module's group as 3 extra rows (no collective, no host sync of its own: TorchRec's
-        ``tolist`` of the splits reads them). Where no exchange takes them - no stock input dist
-        (data_parallel tables only), a sharding sub-group (2D), or ``TrainPipelineSparseDist``
-        from its second batch on, which fuses the splits of every input dist outside this
-        call - they go in one all-to-all of their own, after the dists' (every rank alike)."""
+        ``tolist`` of the splits reads them). Under ``TrainPipelineSparseDist`` the input dists
+        only describe their exchanges and the pipeline fuses them into one after every module's
+        input dist: the rows wait for that one. Where no exchange takes them - no stock input
+        dist (data_parallel tables only) or a sharding sub-group (2D) - they go in one
+        all-to-all of their own, after the dists' (every rank alike)."""
         w = dist.get_world_size(pg)
         rows = list(check.report.view(3, 1).expand(3, w).unbind(0))
         with _compat.splits_exchange_with_rows(rows, pg) as rider:
             splits = super().input_dist(ctx, features)
-        if rider.attached:
+        if not rider.attached and _compat.exchange_left_to_pipeline(splits, pg):
+            rider.defer_to_pipeline()
+        if rider.attached or rider.deferred:
             check.rider = rider
-        else:  # one all-to-all round rather than an all-gather: gloo's takes W - 1 rounds
-            dev = collective_device(pg)
-            check.gathered = torch.empty(w * 3, dtype=torch.int64, device=dev)
-            check.work = dist.all_to_all_single(check.gathered, check.report.to(dev).repeat(w), group=pg,
-                                                async_op=True)
+        else:
+            check.gathered, check.work = exchange_reports(check.report, pg)
         return splits
 
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck,
