@@ -97,10 +97,22 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
         dist.barrier()
         counts[name] = count_training_step(models[name], batches[-1])
     out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
-                           "faults": measured["faults"], "counts": counts}
+                           "faults": measured["faults"], "counts": counts,
+                           "spills": {m: cold_spills(models[m], len(batches) + 1) for m in MODELS}}
     if rank == 0:
         out.update(_planner_report(planners, plans), allocator=malloc.current())
     emit(out)
+
+
+def cold_spills(model: Any, steps: int) -> List[int]:
+    """``[spilled, exchanges]``: of the ``exchanges`` (``steps`` x cold all-to-alls per step) the model's
+    hybrid sharded modules ran, how many outgrew their rooms and took a second all-to-all (every
+    rank sees the same spill flag, so every rank counts the same)."""
+    from torchrec_hybrid import HybridShardedEmbeddingBagCollection
+
+    cold = [c for m in model.modules() if isinstance(m, HybridShardedEmbeddingBagCollection)
+            for c in m.cold_exchanges()]
+    return [sum(c.spills for c in cold), len(cold) * steps]
 
 
 def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None,
@@ -242,7 +254,9 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
                   "estimate_per_rank": est,
                   "estimate_error_per_rank": None if not est else [e / s - 1 for e, s in zip(est, sent)],
                   # per step, the busiest rank's count (collectives are the same on every rank)
-                  "counts": {k: max(o["counts"][m][k] for o in outs) for k in r0["counts"][m]}}
+                  "counts": {k: max(o["counts"][m][k] for o in outs) for k in r0["counts"][m]},
+                  # cold exchanges that outgrew their rooms, of those run, over every run (rank 0's: all alike)
+                  "spills": [sum(run[0]["spills"][m][i] for run in runs) for i in (0, 1)]}
     s = res["stock_planner"]
     # per run and step, the plan's slowest rank over the stock planner's on the same batch
     paired = {m: [paired_step_ratios(run, m, "stock_planner") for run in runs] for m in HYBRID_MODELS}
@@ -293,15 +307,17 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
                          f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
     lines += ["", "Per training step (forward / backward), counted by a dispatch hook "
               "(`benchmarks/step_counts.py`), busiest rank; minor page faults per timed step (the rank with the "
-              "most, median over steps; `benchmarks/malloc.py`):", "",
-              "| workload | W | plan | collectives | host syncs | ops dispatched | page faults |",
-              "|---|---:|---|---:|---:|---:|---:|"]
+              "most, median over steps; `benchmarks/malloc.py`); cold spills: the hybrid cold-id all-to-alls "
+              "that outgrew their rooms and took a second one, of all those run (warm-up included):", "",
+              "| workload | W | plan | collectives | host syncs | ops dispatched | page faults | cold spills |",
+              "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in results:
         for m in MODELS:
-            c = r[m]["counts"]
+            c, spills = r[m]["counts"], r[m].get("spills")
+            spilled = "-" if not spills or not spills[1] else f"{spills[0]} of {spills[1]}"
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / {c['bwd_collectives']} | "
                          f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} | "
-                         f"{malloc.faults_text(r[m].get('page_faults_per_step'))} |")
+                         f"{malloc.faults_text(r[m].get('page_faults_per_step'))} | {spilled} |")
     lines += ["", f"Allocator: {malloc.described(results)}."]
     return lines
 
