@@ -53,10 +53,12 @@ PHASES = (
     ("cold TBE forward (TorchRec lookup)", "torchrec_hybrid._compat", None, "grouped_lookup_forward"),
     ("output dist forward (pack, send)", "torchrec_hybrid.sharding.output_dist", "HybridPooledEmbeddingDist",
      "forward"),
-    ("unpack partial sums and hot rows", "torchrec_hybrid.sharding.output_dist", "_Unpack", "forward"),
+    ("receive partial sums and hot rows (wait, replica)", "torchrec_hybrid.sharding.output_dist", "_AllToAllWait",
+     "forward"),
     ("add partial sums to hot pooling", "torchrec_hybrid.sharding.output_dist", "_AddPartials", "forward"),
     ("backward: add partial sums", "torchrec_hybrid.sharding.output_dist", "_AddPartials", "backward"),
-    ("backward: unpack", "torchrec_hybrid.sharding.output_dist", "_Unpack", "backward"),
+    ("backward: received units' gradient, send it", "torchrec_hybrid.sharding.output_dist", "_AllToAllWait",
+     "backward"),
     ("backward: pack", "torchrec_hybrid.sharding.output_dist", "_Pack", "backward"),
 )
 

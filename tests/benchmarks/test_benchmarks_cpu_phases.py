@@ -43,10 +43,11 @@ def test_phase_timers_put_the_originals_back():
     from benchmarks.cpu_phases import phase_timers
     from torchrec_hybrid.sharding import input_dist, output_dist
 
-    route, unpack = input_dist.HybridSparseFeaturesDist._route, vars(output_dist._Unpack)["forward"]
+    route, unpack = input_dist.HybridSparseFeaturesDist._route, vars(output_dist._AllToAllWait)["forward"]
     totals = defaultdict(float)
     with phase_timers(totals):
         assert input_dist.HybridSparseFeaturesDist._route is not route
-        assert isinstance(vars(output_dist._Unpack)["forward"], staticmethod)  # autograd still finds a staticmethod
+        # autograd still finds a staticmethod
+        assert isinstance(vars(output_dist._AllToAllWait)["forward"], staticmethod)
     assert input_dist.HybridSparseFeaturesDist._route is route
-    assert vars(output_dist._Unpack)["forward"] is unpack
+    assert vars(output_dist._AllToAllWait)["forward"] is unpack

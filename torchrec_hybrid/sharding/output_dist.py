@@ -205,27 +205,50 @@ class _AllToAllRequest(torch.autograd.Function):
 
 
 class _AllToAllWait(torch.autograd.Function):
-    """Waits for the request's all-to-all and returns what arrived (decoded); backward starts
-    the reverse all-to-all of the gradient (async; encoded by the backward codec, TorchRec's
-    ``All2All_Pooled_Wait``) and hands the token its (empty) gradient."""
+    """Waits for the request's all-to-all and unpacks what arrived (decoded) as ``[units, unit]``:
+    returns ``(received, replica)``, the received buffer with its hot-row units zeroed once the
+    assembled hot replica has copied them, so that :class:`_AddPartials` adds the whole buffer
+    in where it arrived (its partial sums, and zeros: no gather of the partials first).
+    ``replica_src`` names, for every replica position, the received unit it copies (any unit
+    where no owner sent one: rows nobody looked up, never read; None when no row was sent at
+    all). Backward: the buffer's gradient is the partials' as :class:`_AddPartials` gathered it
+    for every unit, the hot-row units overwritten by the replica's; then starts the reverse
+    all-to-all of it (async; encoded by the backward codec, TorchRec's ``All2All_Pooled_Wait``)
+    and hands the token its (empty) gradient."""
 
     @staticmethod
-    def forward(ctx, token, req: _Request):
-        ctx.req = req
+    def forward(ctx, token, req: _Request, unit: int, row_src, row_dst, replica_src, replica_size: int):
+        ctx.req, ctx.shape = req, None
         assert req.work is not None and req.out is not None
         req.work.wait()
         out = req.out
         if req.codecs.forward is not None:
             out = req.codecs.forward.decode(out, req.qctx)
         req.work = req.out = req.qctx = None  # the output must not stay reachable from its own grad_fn (a cycle)
-        return out
+        recv = out.view(-1, unit)
+        ctx.save_for_backward(row_src, row_dst)
+        ctx.shape = recv.shape
+        if replica_src is None:
+            replica = recv.new_zeros((replica_size, unit))
+        else:
+            replica = recv.index_select(0, replica_src)
+        recv.index_fill_(0, row_src, 0)  # the hot rows are in the replica now: they add nothing below
+        return recv, replica
 
     @staticmethod
-    def backward(ctx, grad):
+    def backward(ctx, grad_recv, grad_replica):
         req = ctx.req
+        row_src, row_dst = ctx.saved_tensors
+        if grad_recv is None:  # nothing was added in (an empty batch): only the hot rows have a gradient
+            grad_recv = torch.zeros(ctx.shape, dtype=grad_replica.dtype, device=grad_replica.device)
+        if grad_replica is not None:
+            grad_recv.index_copy_(0, row_src, grad_replica.index_select(0, row_dst))
+        else:
+            grad_recv.index_fill_(0, row_src, 0)
+        grad = grad_recv.reshape(-1)
         req.grad_out, req.grad_work, req.grad_qctx = _start_all_to_all(req.pg, grad, req.codecs.backward, req.recv,
                                                                        req.send)
-        return grad.new_empty(0), None
+        return grad.new_empty(0), None, None, None, None, None, None
 
 
 def _interleave(a: List[int], b: List[int], device: torch.device):
@@ -268,35 +291,9 @@ class _Pack(torch.autograd.Function):
         return out, None, None, None, None, None
 
 
-class _Unpack(torch.autograd.Function):
-    """Sample side receive buffer -> (partial sums in send order, the assembled hot replica).
-
-    ``replica_src`` names, for every replica position, the received unit it copies (any
-    unit where no owner sent one: rows nobody looked up, never read; None when no row was
-    sent at all). The backward needs no zero fill: partial and hot-row positions cover the
-    whole buffer.
-    """
-
-    @staticmethod
-    def forward(ctx, recv, part_src, row_src, row_dst, replica_src, replica_size):
-        ctx.save_for_backward(part_src, row_src, row_dst)
-        ctx.shape = recv.shape
-        if replica_src is None:
-            replica = recv.new_zeros((replica_size,) + tuple(recv.shape[1:]))
-        else:
-            replica = recv.index_select(0, replica_src)
-        return recv.index_select(0, part_src), replica
-
-    @staticmethod
-    def backward(ctx, grad_partials, grad_replica):
-        part_src, row_src, row_dst = ctx.saved_tensors
-        out = grad_partials.new_empty(ctx.shape).index_copy_(0, part_src, grad_partials)
-        out.index_copy_(0, row_src, grad_replica.index_select(0, row_dst))
-        return out, None, None, None, None, None
-
-
 class _AddPartials(torch.autograd.Function):
-    """``hot`` += received partials at their rows, in place (hot is a fresh, private tensor).
+    """``hot`` += each received unit at its position, in place (hot is a fresh, private tensor;
+    the received hot-row units are zeros, :class:`_AllToAllWait`).
 
     Spares the copy of an out-of-place ``index_add`` and, unlike an in-place op on a view,
     autograd's CopySlices machinery, which clones the whole gradient.
@@ -408,6 +405,10 @@ class HybridPooledEmbeddingDist(nn.Module):
         replica_size = out.layout.flat_size // unit
         part_src, row_src = _interleave(out.host_partial_units, host_replica_units, part_pos.device)
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
+        # where each received unit adds in: its partial's cell, or cell 0 for a hot-row unit (zeroed on arrival)
+        recv_units = sum(out.host_partial_units) + sum(host_replica_units)
+        recv_pos = torch.zeros(recv_units, dtype=torch.int64, device=part_pos.device).scatter_(0, part_src, part_pos)
+        cells = out.lengths.numel()  # (feature, sample) cells of the pooled output, in units below
 
         send = _Pack.apply(out.cold.reshape(-1, unit), index, source, row_pos, row_dst, W)
         # split sizes from the host copies the cold exchange made (no sync of its own)
@@ -418,10 +419,10 @@ class HybridPooledEmbeddingDist(nn.Module):
 
         @record_function("## hybrid:output_dist_wait ##")
         def finish() -> torch.Tensor:
-            recv = _AllToAllWait.apply(token, req)
-            partials, replica = _Unpack.apply(recv.view(-1, unit), part_src, row_src, replica_dst, replica_src,
-                                              replica_size)
-            pooled = _AddPartials.apply(out.hot(replica.reshape(-1)), partials.reshape(-1), part_pos, unit)
+            recv, replica = _AllToAllWait.apply(token, req, unit, row_src, replica_dst, replica_src, replica_size)
+            pooled = out.hot(replica.reshape(-1))
+            if cells:  # else no partial arrived (an empty batch) and nothing adds in
+                pooled = _AddPartials.apply(pooled, recv.reshape(-1), recv_pos, unit)
             if self._any_mean:
                 per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
                 divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
