@@ -165,3 +165,28 @@ def test_bad_id_in_a_pipelined_step_fails_on_every_rank(kind):
     assert got[0] is not None and got[0] == got[1], got
     step, message = got[0]
     assert step == 4 and "rank 1" in message and "'f0'" in message, got
+
+
+def carried_rows(rank, world):
+    import torch.distributed as dist
+    import torchrec.distributed.dist_data as dist_data
+
+    from torchrec_hybrid import _compat
+
+    pg = dist.GroupMember.WORLD
+    ours = [torch.full((world,), 10 * rank + k, dtype=torch.int64) for k in range(3)]
+    theirs = [torch.arange(world, dtype=torch.int64) + 100 * rank, torch.full((world,), 7, dtype=torch.int64)]
+    with _compat.splits_exchange_with_rows(ours, pg) as rider:
+        exchange = dist_data.SplitsAllToAllAwaitable(theirs, pg)  # what a stock KJTAllToAll builds
+    first, second = exchange.wait(), exchange.wait()
+    return rider.attached, rider.wait(), first, second
+
+
+def test_rows_ride_a_split_size_exchange_and_leave_its_splits_as_they_were():
+    """Rows carried by a stock split-size exchange arrive as every rank sent them, and every wait of
+    that exchange - TorchRec's and any later one - returns TorchRec's own splits alone."""
+    got = run_ranks(carried_rows, 2, timeout=60)
+    for rank, (attached, rows, first, second) in enumerate(got):
+        assert attached
+        assert rows == [[10 * src + k for src in range(2)] for k in range(3)]
+        assert first == second == [[100 * src + rank for src in range(2)], [7, 7]]

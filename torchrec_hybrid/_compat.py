@@ -40,8 +40,8 @@ class SplitsRows:
     """Rows that rode (or wait to ride) a stock split-size all-to-all (see
     :func:`splits_exchange_with_rows`). ``received`` (host ints, set when the exchange is
     waited for): row r, column j = what rank j sent as its row r; None until then.
-    ``attached``: an exchange took them; ``deferred``: they wait for the next one on their group
-    (:meth:`defer_to_pipeline`)."""
+    ``attached``: an exchange took them; ``deferred``: they were left to the next one on their
+    group (:meth:`defer_to_pipeline`), taken or not since."""
 
     def __init__(self, rows: List[torch.Tensor], pg: dist.ProcessGroup) -> None:
         self.rows, self.pg = rows, pg
@@ -105,7 +105,8 @@ class _SplitsAllToAllWithRows(_STOCK_SPLITS_AWAITABLE):  # type: ignore[valid-ty
 
     def __init__(self, input_tensors, pg, *args, **kwargs) -> None:
         carried: List[SplitsRows] = []
-        if input_tensors and not torch.compiler.is_compiling():
+        # int64 splits only (TorchRec's): a report's value needs all 64 bits
+        if input_tensors and input_tensors[0].dtype == torch.int64 and not torch.compiler.is_compiling():
             carried = [r for r in _pending_rows if r.pg is pg and not r.attached]
         like = input_tensors[0] if carried else None
         for r in carried:
@@ -113,9 +114,12 @@ class _SplitsAllToAllWithRows(_STOCK_SPLITS_AWAITABLE):  # type: ignore[valid-ty
             _unpend(r)
         rows = [t.to(device=like.device, dtype=like.dtype) for r in carried for t in r.rows] if like is not None else []
         self._carried = carried
+        self._splits: Optional[List[List[int]]] = None  # TorchRec's rows, once received (a second wait: the same)
         super().__init__(rows + list(input_tensors), pg, *args, **kwargs)
 
     def _wait_impl(self):
+        if not self._carried:
+            return super()._wait_impl() if self._splits is None else self._splits
         ret = super()._wait_impl()
         start = 0
         for r in self._carried:
@@ -123,7 +127,8 @@ class _SplitsAllToAllWithRows(_STOCK_SPLITS_AWAITABLE):  # type: ignore[valid-ty
             r._exchange = None  # received: no cycle between the rows and this exchange
             start += len(r.rows)
         self._carried = []
-        return ret[start:]
+        self._splits = ret[start:]
+        return self._splits
 
 
 @contextlib.contextmanager
@@ -153,8 +158,11 @@ def exchange_left_to_pipeline(splits: Awaitable, pg: dist.ProcessGroup) -> bool:
     """Whether ``splits`` (a stock ``input_dist``'s result) holds a split-size exchange on ``pg``
     that was described but not started: ``TrainPipelineSparseDist`` replaces each
     ``KJTAllToAll``'s forward by one returning a ``KJTSplitsAllToAllMeta`` and starts every
-    such exchange in one fused all-to-all after the input dists (checked against torchrec 1.8.0)."""
-    return any(isinstance(a, KJTSplitsAllToAllMeta) and a.pg is pg for a in getattr(splits, "awaitables", ()))
+    such exchange in one fused all-to-all after the input dists, one per process group, a module's
+    on the group of its first such exchange (``train_pipeline.utils._fuse_input_dist_splits``;
+    checked against torchrec 1.8.0)."""
+    first = next((a for a in getattr(splits, "awaitables", ()) if isinstance(a, KJTSplitsAllToAllMeta)), None)
+    return first is not None and first.pg is pg
 
 
 # --- TorchRec embedding shardings ---------------------------------------------------------

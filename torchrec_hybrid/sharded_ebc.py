@@ -168,8 +168,9 @@ class IdCheck:
         all-to-all (``_compat.splits_exchange_with_rows``), or of the one ``TrainPipelineSparseDist``
         fuses from every input dist's, read when TorchRec reads the splits (or, where it never
         does - a pipeline's ``attach`` re-runs the input dists - here).
-    gathered / work: else (no exchange took the rows, :meth:`input_dist`) the async
-        exchange of every rank's report (an all-to-all of its own; None on one rank).
+    gathered / work: else the async exchange of every rank's report (an all-to-all of its own;
+        None on one rank), started in :meth:`input_dist` where no exchange takes the rows, or in
+        :meth:`reports` where they were left to a pipeline's exchange that did not take them.
     batch: the batch as this rank got it, where a bad id or weight is searched for when
         some rank reports one.
     """
@@ -346,6 +347,7 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._has_hybrid = bool(hybrid)
         self._module_weighted = bool(module.is_weighted())
         self._check_pg = env.process_group
+        self._deferred_rows: Optional[_compat.SplitsRows] = None  # the last report rows left to a pipeline
         self._rows_by_feature = {f: c.num_embeddings for c in configs for f in c.feature_names}
         self._table_by_feature = {f: c.name for c in configs for f in c.feature_names}
         self._feature_names = tuple(f for c in configs for f in c.feature_names)
@@ -538,7 +540,12 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         with _compat.splits_exchange_with_rows(rows, pg) as rider:
             splits = super().input_dist(ctx, features)
         if not rider.attached and _compat.exchange_left_to_pipeline(splits, pg):
+            # the last step's rows were taken by the pipeline's exchange right after its input dists,
+            # unless something raised in between: then they must not ride this step's
+            if self._deferred_rows is not None:
+                self._deferred_rows.cancel()
             rider.defer_to_pipeline()
+            self._deferred_rows = rider
         if rider.attached or rider.deferred:
             check.rider = rider
         else:

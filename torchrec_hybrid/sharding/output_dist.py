@@ -211,14 +211,16 @@ class _AllToAllWait(torch.autograd.Function):
     in where it arrived (its partial sums, and zeros: no gather of the partials first).
     ``replica_src`` names, for every replica position, the received unit it copies (any unit
     where no owner sent one: rows nobody looked up, never read; None when no row was sent at
-    all). Backward: the buffer's gradient is the partials' as :class:`_AddPartials` gathered it
-    for every unit, the hot-row units overwritten by the replica's; then starts the reverse
+    all). The sums are the old gather's, in the same order (only a -0.0 where a hot unit adds
+    its zeros becomes +0.0). Backward: the buffer's gradient is the partials' as
+    :class:`_AddPartials` gathered it for every unit, the hot-row units overwritten by the
+    replica's; then starts the reverse
     all-to-all of it (async; encoded by the backward codec, TorchRec's ``All2All_Pooled_Wait``)
     and hands the token its (empty) gradient."""
 
     @staticmethod
     def forward(ctx, token, req: _Request, unit: int, row_src, row_dst, replica_src, replica_size: int):
-        ctx.req, ctx.shape = req, None
+        ctx.req = req
         assert req.work is not None and req.out is not None
         req.work.wait()
         out = req.out
@@ -227,7 +229,6 @@ class _AllToAllWait(torch.autograd.Function):
         req.work = req.out = req.qctx = None  # the output must not stay reachable from its own grad_fn (a cycle)
         recv = out.view(-1, unit)
         ctx.save_for_backward(row_src, row_dst)
-        ctx.shape = recv.shape
         if replica_src is None:
             replica = recv.new_zeros((replica_size, unit))
         else:
@@ -239,12 +240,9 @@ class _AllToAllWait(torch.autograd.Function):
     def backward(ctx, grad_recv, grad_replica):
         req = ctx.req
         row_src, row_dst = ctx.saved_tensors
-        if grad_recv is None:  # nothing was added in (an empty batch): only the hot rows have a gradient
-            grad_recv = torch.zeros(ctx.shape, dtype=grad_replica.dtype, device=grad_replica.device)
-        if grad_replica is not None:
-            grad_recv.index_copy_(0, row_src, grad_replica.index_select(0, row_dst))
-        else:
-            grad_recv.index_fill_(0, row_src, 0)
+        # autograd materialises unused gradients as zeros (never None); grad_recv is this node's alone
+        # (_AddPartials.backward's fresh gather, or those zeros), so the hot rows' go in in place
+        grad_recv.index_copy_(0, row_src, grad_replica.index_select(0, row_dst))
         grad = grad_recv.reshape(-1)
         req.grad_out, req.grad_work, req.grad_qctx = _start_all_to_all(req.pg, grad, req.codecs.backward, req.recv,
                                                                        req.send)
@@ -405,10 +403,13 @@ class HybridPooledEmbeddingDist(nn.Module):
         replica_size = out.layout.flat_size // unit
         part_src, row_src = _interleave(out.host_partial_units, host_replica_units, part_pos.device)
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
-        # where each received unit adds in: its partial's cell, or cell 0 for a hot-row unit (zeroed on arrival)
+        # where each received unit adds in: its partial's place, or, for a hot-row unit (zeroed on arrival), any
+        # place, spread (its zeros pile on no one address: a GPU's index_add_ adds atomically)
         recv_units = sum(out.host_partial_units) + sum(host_replica_units)
-        recv_pos = torch.zeros(recv_units, dtype=torch.int64, device=part_pos.device).scatter_(0, part_src, part_pos)
-        cells = out.lengths.numel()  # (feature, sample) cells of the pooled output, in units below
+        cells = out.lengths.numel()  # (feature, sample) bags of the pooled output; 0: an empty batch
+        pooled_units = out.lengths.size(1) * self._total_dim // unit  # [B, sum(dims)] in units
+        spread = torch.arange(recv_units, device=part_pos.device) % max(1, pooled_units)
+        recv_pos = spread.scatter_(0, part_src, part_pos)
 
         send = _Pack.apply(out.cold.reshape(-1, unit), index, source, row_pos, row_dst, W)
         # split sizes from the host copies the cold exchange made (no sync of its own)
