@@ -249,6 +249,9 @@ class _AllToAllWait(torch.autograd.Function):
         return grad.new_empty(0), None, None, None, None, None, None
 
 
+_ZERO_SPREAD = 256  # output units the received hot rows' zeros are added to, round robin
+
+
 def _interleave(a: List[int], b: List[int], device: torch.device):
     """Positions of two runs per rank laid out ``a_0, b_0, a_1, b_1, ...`` (counts ``a``, ``b`` per rank, host
     ints: the cold exchange's sync made them). Returns where the items of the ``a`` runs (rank after rank) and
@@ -404,11 +407,12 @@ class HybridPooledEmbeddingDist(nn.Module):
         part_src, row_src = _interleave(out.host_partial_units, host_replica_units, part_pos.device)
         replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
         # where each received unit adds in: its partial's place, or, for a hot-row unit (zeroed on arrival), any
-        # place, spread (its zeros pile on no one address: a GPU's index_add_ adds atomically)
+        # place, spread over the first few (its zeros pile on no one address - a GPU's index_add_ adds
+        # atomically - and stay in a few cached rows on a CPU)
         recv_units = sum(out.host_partial_units) + sum(host_replica_units)
         cells = out.lengths.numel()  # (feature, sample) bags of the pooled output; 0: an empty batch
         pooled_units = out.lengths.size(1) * self._total_dim // unit  # [B, sum(dims)] in units
-        spread = torch.arange(recv_units, device=part_pos.device) % max(1, pooled_units)
+        spread = torch.arange(recv_units, device=part_pos.device) % max(1, min(pooled_units, _ZERO_SPREAD))
         recv_pos = spread.scatter_(0, part_src, part_pos)
 
         send = _Pack.apply(out.cold.reshape(-1, unit), index, source, row_pos, row_dst, W)
