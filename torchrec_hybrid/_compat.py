@@ -108,19 +108,20 @@ class _SplitsAllToAllWithRows(_STOCK_SPLITS_AWAITABLE):  # type: ignore[valid-ty
         # int64 splits only (TorchRec's): a report's value needs all 64 bits
         if input_tensors and input_tensors[0].dtype == torch.int64 and not torch.compiler.is_compiling():
             carried = [r for r in _pending_rows if r.pg is pg and not r.attached]
-        like = input_tensors[0] if carried else None
         for r in carried:
             r.attached, r._exchange = True, self
             _unpend(r)
-        rows = [t.to(device=like.device, dtype=like.dtype) for r in carried for t in r.rows] if like is not None else []
+        rows = [t.to(device=input_tensors[0].device, dtype=torch.int64) for r in carried for t in r.rows]
         self._carried = carried
         self._splits: Optional[List[List[int]]] = None  # TorchRec's rows, once received (a second wait: the same)
         super().__init__(rows + list(input_tensors), pg, *args, **kwargs)
 
     def _wait_impl(self):
-        if not self._carried:
-            return super()._wait_impl() if self._splits is None else self._splits
+        if self._splits is not None:
+            return self._splits
         ret = super()._wait_impl()
+        if not self._carried:
+            return ret
         start = 0
         for r in self._carried:
             r.received = ret[start:start + len(r.rows)]

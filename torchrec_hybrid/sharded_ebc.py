@@ -649,9 +649,8 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                 logger.exception("searching this rank's batch for its bad id or weight failed")
         if pg is None or len(reports) == 1:
             return [mine.tolist()]
-        dev = collective_device(pg)
-        gathered = torch.empty(len(reports) * 3, dtype=torch.int64, device=dev)
-        dist.all_to_all_single(gathered, mine.to(dev).repeat(len(reports)), group=pg)
+        gathered, work = exchange_reports(mine, pg)
+        work.wait()
         return gathered.view(-1, 3).tolist()
 
     def _id_limits(self, features: KeyedJaggedTensor

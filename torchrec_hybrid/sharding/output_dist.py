@@ -211,12 +211,11 @@ class _AllToAllWait(torch.autograd.Function):
     in where it arrived (its partial sums, and zeros: no gather of the partials first).
     ``replica_src`` names, for every replica position, the received unit it copies (any unit
     where no owner sent one: rows nobody looked up, never read; None when no row was sent at
-    all). The sums are the old gather's, in the same order (only a -0.0 where a hot unit adds
-    its zeros becomes +0.0). Backward: the buffer's gradient is the partials' as
+    all). The sums are a gather-then-add's, in the same order (only a -0.0 where a hot unit
+    adds its zeros becomes +0.0). Backward: the buffer's gradient is the partials' as
     :class:`_AddPartials` gathered it for every unit, the hot-row units overwritten by the
-    replica's; then starts the reverse
-    all-to-all of it (async; encoded by the backward codec, TorchRec's ``All2All_Pooled_Wait``)
-    and hands the token its (empty) gradient."""
+    replica's; then starts the reverse all-to-all of it (async; encoded by the backward codec,
+    TorchRec's ``All2All_Pooled_Wait``) and hands the token its (empty) gradient."""
 
     @staticmethod
     def forward(ctx, token, req: _Request, unit: int, row_src, row_dst, replica_src, replica_size: int):
@@ -410,8 +409,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         # place, spread over the first few (its zeros pile on no one address - a GPU's index_add_ adds
         # atomically - and stay in a few cached rows on a CPU)
         recv_units = sum(out.host_partial_units) + sum(host_replica_units)
-        cells = out.lengths.numel()  # (feature, sample) bags of the pooled output; 0: an empty batch
-        pooled_units = out.lengths.size(1) * self._total_dim // unit  # [B, sum(dims)] in units
+        pooled_units = out.lengths.size(1) * self._total_dim // unit  # [B, sum(dims)] in units; 0: an empty batch
         spread = torch.arange(recv_units, device=part_pos.device) % max(1, min(pooled_units, _ZERO_SPREAD))
         recv_pos = spread.scatter_(0, part_src, part_pos)
 
@@ -426,7 +424,7 @@ class HybridPooledEmbeddingDist(nn.Module):
         def finish() -> torch.Tensor:
             recv, replica = _AllToAllWait.apply(token, req, unit, row_src, replica_dst, replica_src, replica_size)
             pooled = out.hot(replica.reshape(-1))
-            if cells:  # else no partial arrived (an empty batch) and nothing adds in
+            if pooled_units:  # else no partial arrived (an empty batch) and nothing adds in
                 pooled = _AddPartials.apply(pooled, recv.reshape(-1), recv_pos, unit)
             if self._any_mean:
                 per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
