@@ -400,7 +400,7 @@ def table_results_cpu_phases() -> str:
 def table_results_device_check() -> str:
     from benchmarks.device_check import markdown
 
-    return "\n".join(markdown(load("device_check_h100")).splitlines()[4:])  # the table, without its preamble
+    return "\n".join(markdown(load("device_check_h200")).splitlines()[4:])  # the table, without its preamble
 
 
 TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
@@ -517,14 +517,16 @@ def _same_plan_facts() -> Dict[str, str]:
 
 def _device_check_facts() -> Dict[str, str]:
     """The GPU check's W=1 (NCCL) rows: the kernels' own time against the step, and the launches."""
-    rows = [r for r in load("device_check_h100")["rows"] if r["world"] == 1]
+    result = load("device_check_h200")
+    rows = [r for r in result["rows"] if r["world"] == 1]
     kernels = [r["launches_per_step"]["kernels"] for r in rows]
     per_launch = [1000 * (r["step_ms"] - r["launches_per_step"]["gpu_kernel_ms"]) / r["launches_per_step"]["kernels"]
                   for r in rows]
     return {"dc_kernel_ms": span((r["launches_per_step"]["gpu_kernel_ms"] for r in rows), lambda v: f"{v:.1f}"),
             "dc_step_ms": span((r["step_ms"] for r in rows), lambda v: f"{v:.1f}"),
             "dc_launches": str(unique(kernels, "GPU check launches")),
-            "dc_per_launch_us": str(round(statistics.median(per_launch)))}
+            "dc_per_launch_us": str(round(statistics.median(per_launch))),
+            "dc_gpu": result["gpu"].removeprefix("NVIDIA ").split()[0]}
 
 
 def _product_run_facts(p: Dict[Tuple[str, int], Dict[str, Any]]) -> Dict[str, str]:
@@ -951,7 +953,7 @@ SNIPPETS: List[Tuple[str, str]] = [
                         "{cal_runs} on a shared box: "
                         "calibration.json) ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
-    ("docs/results.md", "{dc_kernel_ms} ms of a {dc_step_ms} ms step at W=1 on one H100, the rest is the host "
+    ("docs/results.md", "{dc_kernel_ms} ms of a {dc_step_ms} ms step at W=1 on one {dc_gpu}, the rest is the host "
                         "launching about {dc_launches} kernels (some {dc_per_launch_us} µs each"),
     # benchmarks/README.md
     ("benchmarks/README.md", "--headline   # the acceptance configuration alone ({headline_minutes} here)"),

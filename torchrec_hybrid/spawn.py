@@ -8,8 +8,9 @@ real jobs use torchrun (see ``examples/dlrm``); this is for many short runs in o
 Gloo ranks start from a fork server that has imported torch, TorchRec, FBGEMM and this package
 once (about 5 s of CPU per rank otherwise); each rank gets the caller's environment as it is
 at the call, except what those imports read from it (e.g. ``OMP_NUM_THREADS``: the server's,
-as at its start; set threads with ``torch.set_num_threads`` in the rank). NCCL ranks are
-spawned fresh, so no CUDA state can leak through a fork.
+as at its start; set threads with ``torch.set_num_threads`` in the rank). NCCL ranks, and every
+rank on a machine with CUDA, are spawned fresh: the server's imports can initialise CUDA
+and a forked child of a process with CUDA state cannot use CUDA.
 """
 
 import datetime
@@ -41,7 +42,7 @@ _PRELOAD = ["torch.distributed", "fbgemm_gpu", "torchrec", "torchrec.distributed
 
 
 def _context(backend: str):
-    if backend == "nccl" or "forkserver" not in mp.get_all_start_methods():
+    if backend == "nccl" or torch.cuda.is_available() or "forkserver" not in mp.get_all_start_methods():
         return mp.get_context("spawn")
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(_PRELOAD)  # takes effect when the server starts (first call)
