@@ -6,6 +6,7 @@ import pathlib
 
 import pytest
 import torch
+import torchrec
 
 from torchrec_hybrid import FREQUENCY_HYBRID, _compat
 from torchrec_hybrid.planner import compute_costs
@@ -304,3 +305,69 @@ def test_the_comparison_says_whether_ties_go_to_the_fewest_bytes():
     banded, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=2.5)
     head = banded.comparison_table()[0]
     assert "ties within 2.50 ms go to the fewest bytes" in head and "no tie band" not in head
+
+
+def test_virtual_features_cost_their_owner_the_measured_scalar_backward():
+    """An owner that looks a one-hot, one-feature table up through virtual features (most of its
+    cold rows: table-wise cold) leaves FBGEMM's vectorised CPU backward (row-wise AdaGrad); the
+    model adds VIRTUAL_BACKWARD_EXTRA of that owner's lookups, nowhere else and in no other case."""
+    from torchrec_hybrid.planner.plan_cost import virtual_owners
+    from torchrec_hybrid.sharding.lookup import MULTI_HOT_POOLING
+
+    t = dataclasses.replace(_traffic(1.0), features=1)
+    W = t.world
+    tw_bounds = [0, 0, t.rows, t.rows, t.rows]  # table-wise cold on rank 1
+    virtual = virtual_owners(t, tw_bounds, scalar_virtual=True)
+    assert virtual is not None and virtual.tolist() == [False, True, False, False]
+    assert virtual_owners(t, [0, 12_500, 25_000, 37_500, 50_000], True) is None  # even row blocks: no owner heavy
+    assert virtual_owners(t, tw_bounds, scalar_virtual=False) is None  # not CPU, or no vectorised path to leave
+    assert virtual_owners(dataclasses.replace(t, pooling=MULTI_HOT_POOLING), tw_bounds, True) is None  # own TBE call
+    assert virtual_owners(dataclasses.replace(t, features=2), tw_bounds, True) is None  # scalar either way
+    shares = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
+    hot = torch.tensor([0.0, 300.0, 0.0, 0.0], dtype=torch.float64)
+    plain = cm.hybrid_rank_work(t, 0.6, shares, hot)
+    priced = cm.hybrid_rank_work(t, 0.6, shares, hot, virtual=virtual)
+    lookup = cm.WORK_TERMS.index("lookup")
+    owned = (0.4 * W * t.lookups + 300.0) * t.dim  # the owner's cold lookups and its hot rows
+    extra = priced - plain
+    assert extra[1, lookup] == pytest.approx(cm.VIRTUAL_BACKWARD_EXTRA * owned)
+    extra[1, lookup] = 0.0
+    assert extra.eq(0).all()
+
+
+def test_the_virtual_backward_price_is_the_committed_measurement():
+    """``cost_model.VIRTUAL_BACKWARD_EXTRA`` is what ``python -m benchmarks.tbe_paths`` measured."""
+    measured = json.loads((ROOT / "benchmarks" / "results" / "tbe_paths.json").read_text())
+    assert cm.VIRTUAL_BACKWARD_EXTRA == round(measured["extra_share"], 2)
+
+
+def test_only_a_vectorised_cpu_backward_prices_virtual_features():
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from torchrec_hybrid.planner.estimators import vectorised_cpu_backward
+
+    assert vectorised_cpu_backward({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
+    assert not vectorised_cpu_backward({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "weight_decay": 0.01})
+    assert not vectorised_cpu_backward({"optimizer": EmbOptimType.EXACT_SGD})
+    assert not vectorised_cpu_backward(None)  # FBGEMM's default, EXACT_SGD
+
+
+def test_cpu_prices_keep_one_hot_tables_off_virtual_features():
+    """With the CPU prices and row-wise AdaGrad, a one-hot table's table-wise cold option costs its
+    owner more than with SGD (whose CPU backward is scalar anyway); the byte model is the same."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+    from torchrec_hybrid.planner import HybridEnumerator, gloo_topology
+
+    cfg = tables({"t": 20_000}, dim=16)
+    st = exact_stats(cfg, {"t": zipf_probs(20_000, 1.2)})
+    perf = {}
+    for opt in (EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.EXACT_SGD):
+        enum = HybridEnumerator(gloo_topology(4), 256, frequency_stats=st, compute_costs=compute_costs.CPU_GLOO)
+        sharder = HybridEmbeddingBagCollectionSharder(fused_params={"optimizer": opt, "learning_rate": 0.1})
+        opts = enum.enumerate(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")), [sharder])
+        perf[opt] = {o.hybrid_choice.cold_layout: o.total_perf for o in opts if o.sharding_type == FREQUENCY_HYBRID}
+    rowwise, sgd = perf[EmbOptimType.EXACT_ROWWISE_ADAGRAD], perf[EmbOptimType.EXACT_SGD]
+    assert rowwise["table_wise"] > sgd["table_wise"]
+    assert rowwise["row_wise"] == pytest.approx(sgd["row_wise"])

@@ -463,12 +463,26 @@ def data_parallel_rank_work(t: TableTraffic) -> torch.Tensor:
     return out
 
 
-def hybrid_rank_work(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_owner: torch.Tensor) -> torch.Tensor:
+# FBGEMM's CPU TBE backward has a vectorised path (SpMDM, the row-wise AdaGrad kernel) only for
+# EXACT_ROWWISE_ADAGRAD on a table looked up by one feature. The owner that holds most of a one-hot
+# table's cold rows (table-wise cold) looks each feature up as W virtual features of it
+# (sharding/cells.py LaneLayout), which takes the scalar path: its extra backward per id, as a share
+# of the one-feature lookup's forward + backward per id (``python -m benchmarks.tbe_paths``,
+# benchmarks/results/tbe_paths.json; a test keeps the two equal). It is priced as that much more
+# lookup work on such an owner (:func:`hybrid_rank_work`'s ``virtual``).
+VIRTUAL_BACKWARD_EXTRA = 0.80
+
+
+def hybrid_rank_work(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_owner: torch.Tensor,
+                     virtual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Frequency-hybrid with any cold layout (``shares`` / ``hot_per_owner`` as for
     :func:`hybrid_rank_bytes`): every rank routes its ids, moves the hot ones to the front
     (a fixed shape, no host sync) and pools them against the replica, assembles the replica
     and unpacks the partial sums it gets back; owner j looks up its share of every rank's
-    cold ids and its hot rows, and packs partial sums and W copies of the rows."""
+    cold ids and its hot rows, and packs partial sums and W copies of the rows. ``virtual``
+    (bool ``[W]``, None: none): the owners that look the table up through virtual features on
+    FBGEMM's scalar CPU backward, which costs :data:`VIRTUAL_BACKWARD_EXTRA` of their lookups
+    more."""
     w, d = t.world, t.dim
     cov = float(coverage)
     cold = max(0.0, 1.0 - cov)
@@ -476,7 +490,10 @@ def hybrid_rank_work(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_ow
     m = shares.to(torch.float64)
     hot = hot_per_owner.to(torch.float64)
     out = _work(w)
-    out[:, _W["lookup"]] = min(cov, 1.0) * t.lookups * d + cold * m * w * t.lookups * d + hot * d
+    owned = (cold * m * w * t.lookups + hot) * d  # the owner's lookups: its cold ids and its hot rows
+    out[:, _W["lookup"]] = min(cov, 1.0) * t.lookups * d + owned
+    if virtual is not None:
+        out[:, _W["lookup"]] += VIRTUAL_BACKWARD_EXTRA * owned * virtual.to(torch.float64)
     out[:, _W["vector_hybrid"]] = (float(hit.sum()) + 1.0) * t.bags * d + float(hot.sum()) * d \
         + w * t.bags * hit * d + w * hot * d
     out[:, _W["ids_hybrid"]] = t.lookups + cold * m * w * t.lookups

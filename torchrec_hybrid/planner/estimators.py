@@ -37,13 +37,39 @@ def bandwidths(topology: Topology) -> Dict[str, float]:
     }
 
 
+def fused_params(sharder_data_map, so: ShardingOption) -> Dict[str, Any]:
+    """The fused_params of the option's sharder ({} if none given)."""
+    data = (sharder_data_map or {}).get(so.module_type_key)
+    return getattr(data, "fused_params", None) or {}
+
+
 def optimizer_name(sharder_data_map, so: ShardingOption) -> Optional[str]:
     """The fused optimizer's name from the sharder's fused_params (None if not given)."""
-    data = (sharder_data_map or {}).get(so.module_type_key)
-    opt = (getattr(data, "fused_params", None) or {}).get("optimizer")
+    opt = fused_params(sharder_data_map, so).get("optimizer")
     if opt is None:
         return None
     return getattr(opt, "name", None) or str(opt)
+
+
+def vectorised_cpu_backward(params: Optional[Dict[str, Any]]) -> bool:
+    """Whether FBGEMM's CPU TBE backward takes its vectorised path for a table looked up by one
+    feature under these fused params - EXACT_ROWWISE_ADAGRAD (none given: FBGEMM's EXACT_SGD, whose
+    backward is scalar either way) without weight decay (with it, heavy tables get a call of their
+    own, lookup.py): then looking such a table up through virtual features costs its scalar path
+    (``cost_model.VIRTUAL_BACKWARD_EXTRA``)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    p = params or {}
+    return (p.get("optimizer", EmbOptimType.EXACT_SGD) == EmbOptimType.EXACT_ROWWISE_ADAGRAD
+            and not float(p.get("weight_decay", 0.0) or 0.0))
+
+
+def sharder_vectorised_backward(sharders: Iterable[Any]) -> Dict[str, bool]:
+    """:func:`vectorised_cpu_backward` of each sharder's fused_params by the module type it shards
+    (the key of ``ShardingOption.module_type_key``)."""
+    from torchrec.distributed.planner.utils import sharder_name
+
+    return {sharder_name(s.module_type): vectorised_cpu_backward(getattr(s, "fused_params", None)) for s in sharders}
 
 
 def comm_elems(sharder_data_map, so: ShardingOption) -> Optional[cm.CommElems]:

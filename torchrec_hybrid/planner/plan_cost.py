@@ -74,6 +74,14 @@ class TrafficTable:
     traffic: Dict[str, cm.TableTraffic]
     gloo: bool = True
     comms: Dict[str, cm.CommElems] = field(default_factory=dict)
+    # per module type: whether its sharder's fused optimizer has FBGEMM's vectorised CPU backward for a
+    # table looked up by one feature (estimators.vectorised_cpu_backward; absent: no)
+    vectorised: Dict[str, bool] = field(default_factory=dict)
+
+    def scalar_virtual(self, so: ShardingOption) -> bool:
+        """Whether an owner that looks ``so``'s table up through virtual features leaves FBGEMM's
+        vectorised backward for its scalar path (on CPU only: :func:`virtual_owners`)."""
+        return self.gloo and self.vectorised.get(so.module_type_key, False)
 
     def of(self, so: ShardingOption, world: int) -> cm.TableTraffic:
         t = self.traffic.get(so.name)
@@ -122,16 +130,34 @@ def _hybrid_loads(so: ShardingOption, t: cm.TableTraffic, world: int, owner: Opt
     return out
 
 
+def virtual_owners(t: cm.TableTraffic, bounds: List[int], scalar_virtual: bool) -> Optional[torch.Tensor]:
+    """The owners (bool ``[W]``) that look a table laid out in row blocks ``bounds`` up through
+    virtual features on FBGEMM's scalar CPU backward, as the lookup builds them (lookup.py): the
+    owners of most of its rows (``cells.heavy_tables``) when the table has one feature and one-id
+    bags (multi-hot ones get a TBE call of their own, ``lookup.own_lane_pays``) and
+    ``scalar_virtual`` (:meth:`TrafficTable.scalar_virtual`); None when there are none."""
+    from torchrec_hybrid.sharding.cells import heavy_tables
+    from torchrec_hybrid.sharding.lookup import MULTI_HOT_POOLING
+
+    if not scalar_virtual or t.features != 1 or t.pooling >= MULTI_HOT_POOLING:
+        return None
+    heavy = heavy_tables(t.world, [b - a for a, b in zip(bounds, bounds[1:])], [t.rows] * t.world)
+    return torch.tensor(heavy, dtype=torch.bool) if any(heavy) else None
+
+
 def option_rank_cost(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: bool = True,
-                     owner: Optional[int] = None) -> Tuple[torch.Tensor, torch.Tensor]:
+                     owner: Optional[int] = None, scalar_virtual: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Bytes each rank sends (``[W]``) and each rank's compute work (``[W, len(WORK_TERMS)]``)
     per step for this option's table: the one dispatch from a sharding type to the cost
-    model. Owners are the shards' ranks (or ``owner`` for a one-shard option not yet placed)."""
+    model. Owners are the shards' ranks (or ``owner`` for a one-shard option not yet placed);
+    ``scalar_virtual``: :meth:`TrafficTable.scalar_virtual` of the option."""
     st = so.sharding_type
     if st == FREQUENCY_HYBRID:  # column-wise cold: the sum of its slices, each laid out table-wise
         loads = _hybrid_loads(so, t, world, owner)
+        virtual = [virtual_owners(x[0], bounds, scalar_virtual)
+                   for x, (_, bounds) in zip(loads, hybrid_slices(so, world, owner))]
         return (sum(cm.hybrid_rank_bytes(*x) for x in loads),  # type: ignore[return-value]
-                sum(cm.hybrid_rank_work(*x) for x in loads))
+                sum(cm.hybrid_rank_work(*x, virtual=v) for x, v in zip(loads, virtual)))
     if st == cm.TABLE_WISE:
         rank = owner if owner is not None else (so.shards[0].rank or 0)
         return cm.table_wise_rank_bytes(t, rank), cm.table_wise_rank_work(t, rank)
@@ -174,7 +200,8 @@ def plan_rank_cost(options: List[ShardingOption], traffic: TrafficTable, world: 
     sent = torch.zeros(world, dtype=torch.float64)
     work = torch.zeros(world, len(cm.WORK_TERMS), dtype=torch.float64)
     for so in options:
-        b, w = option_rank_cost(so, traffic.of(so, world), world, traffic.gloo)
+        b, w = option_rank_cost(so, traffic.of(so, world), world, traffic.gloo,
+                                scalar_virtual=traffic.scalar_virtual(so))
         sent += b
         work += w
     for path, types in sharding_groups(options).items():
@@ -246,7 +273,7 @@ class BytesPerfEstimator(ShardEstimator):
         self._compute = compute
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
-        from torchrec_hybrid.planner.estimators import bandwidths, comm_elems
+        from torchrec_hybrid.planner.estimators import bandwidths, comm_elems, fused_params, vectorised_cpu_backward
 
         w = self._topology.world_size
         bw = bandwidths(self._topology)["a2a"]
@@ -256,7 +283,9 @@ class BytesPerfEstimator(ShardEstimator):
             if comm is not None and comm != t.comm:
                 t = dataclasses.replace(t, comm=comm)
             single = len(so.shards) == 1
-            sent, work = option_rank_cost(so, t, w, self._traffic.gloo, owner=0 if single else None)
+            scalar = self._traffic.gloo and vectorised_cpu_backward(fused_params(sharder_data_map, so))
+            sent, work = option_rank_cost(so, t, w, self._traffic.gloo, owner=0 if single else None,
+                                          scalar_virtual=scalar)
             ms = None if self._compute is None else self._compute.ms(work, sent)
             sliced = column_sliced(so)
             for i, shard in enumerate(so.shards):

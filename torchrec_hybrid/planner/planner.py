@@ -30,7 +30,7 @@ from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
 from torchrec_hybrid.planner.compute_costs import default_compute_costs, finite_nonnegative
 from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
-from torchrec_hybrid.planner.estimators import sharder_comms
+from torchrec_hybrid.planner.estimators import sharder_comms, sharder_vectorised_backward
 from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfModel, TrafficTable, column_sliced,
                                                hybrid_bounds, plan_cost, plan_rank_bytes, traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
@@ -221,6 +221,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._chosen: Optional[PlanCandidate] = None
         self._traffic_table: Optional[TrafficTable] = None
         self._comms: Dict[str, CommElems] = {}  # quantized comms per module type (the sharders')
+        self._vectorised: Dict[str, bool] = {}  # FBGEMM's vectorised CPU backward per module type (the sharders')
 
     # -- planning ----------------------------------------------------------------------------
     def collective_plan(self, module, sharders=None, pg=None) -> ShardingPlan:
@@ -267,6 +268,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         _check_sharder_hot_ids(module, sharders)
         _check_constraint_tables(module, self._user_constraints, sharders)
         self._comms = sharder_comms(sharders or [])
+        self._vectorised = sharder_vectorised_backward(sharders or [])
         mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
                                 _compat.planner_best_plan(self))
         self.candidates = [mixed]
@@ -302,7 +304,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             src = TrafficTable({so.name: traffic_of(so, topo.world_size) for so in options},
                                gloo=topo.compute_device == "cpu")
             self._traffic_table = src
-        src.comms = self._comms  # the sharders of this plan call
+        src.comms, src.vectorised = self._comms, self._vectorised  # the sharders of this plan call
         return src
 
     def _pure_candidates(self, module, sharders, mixed: PlanCandidate) -> List[PlanCandidate]:
