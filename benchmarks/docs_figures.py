@@ -451,6 +451,7 @@ def facts() -> Dict[str, str]:
     f.update(_drift_facts())
     f.update(_headline_and_sweep_facts())
     f.update(_device_check_facts())
+    f["tbe_extra_share"] = f"{load('tbe_paths')['extra_share']:.2f}"
     f.update(_same_plan_facts())
     f.update(_allocator_facts())
     f.update(_comm_floor_facts())
@@ -953,6 +954,8 @@ SNIPPETS: List[Tuple[str, str]] = [
                         "{cal_runs} on a shared box: "
                         "calibration.json) ranks the CPU-priced plan {w4_cpu_cost} the stock plan's cost at W=4"),
     ("docs/results.md", "{proj_cap}-row cap), {proj_setup}"),
+    ("docs/results.md", "the extra backward per id is {tbe_extra_share} of a one-feature lookup's forward + "
+                        "backward per id"),
     ("docs/results.md", "{dc_kernel_ms} ms of a {dc_step_ms} ms step at W=1 on one {dc_gpu}, the rest is the host "
                         "launching about {dc_launches} kernels (some {dc_per_launch_us} µs each"),
     # benchmarks/README.md
