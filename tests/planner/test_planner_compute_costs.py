@@ -371,3 +371,57 @@ def test_cpu_prices_keep_one_hot_tables_off_virtual_features():
     rowwise, sgd = perf[EmbOptimType.EXACT_ROWWISE_ADAGRAD], perf[EmbOptimType.EXACT_SGD]
     assert rowwise["table_wise"] > sgd["table_wise"]
     assert rowwise["row_wise"] == pytest.approx(sgd["row_wise"])
+
+
+def _table_wise_cold_perf(cfg, sharder, stats=None, constraints=None):
+    """The table-wise cold option of the single table of ``cfg`` under the CPU prices."""
+    from torchrec_hybrid.planner import HybridEnumerator, gloo_topology
+
+    enum = HybridEnumerator(gloo_topology(4), 256, frequency_stats=stats, compute_costs=compute_costs.CPU_GLOO,
+                            constraints=constraints)
+    opts = enum.enumerate(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")), [sharder])
+    return [o for o in opts if o.sharding_type == FREQUENCY_HYBRID and o.hybrid_choice.cold_layout == "table_wise"][0]
+
+
+def test_a_table_of_two_features_is_never_priced_the_virtual_features_path():
+    """Without per-feature statistics TorchRec gives a table one pooling factor, whatever its features;
+    the feature count comes from the module's config: a table of two features takes FBGEMM's scalar
+    backward in every layout, so no layout pays it extra."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.planner.types import ParameterConstraints
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+
+    cfg = [torchrec.EmbeddingBagConfig(name="t", embedding_dim=16, num_embeddings=20_000, feature_names=["a", "b"])]
+    perf = {}
+    for opt in (EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.EXACT_SGD):
+        sharder = HybridEmbeddingBagCollectionSharder(hot_ids={"t": torch.arange(500)},
+                                                      fused_params={"optimizer": opt, "learning_rate": 0.1})
+        only_hybrid = {"t": ParameterConstraints(sharding_types=[FREQUENCY_HYBRID])}  # no statistics: forced
+        perf[opt] = _table_wise_cold_perf(cfg, sharder, constraints=only_hybrid).total_perf
+    assert perf[EmbOptimType.EXACT_ROWWISE_ADAGRAD] == pytest.approx(perf[EmbOptimType.EXACT_SGD])
+
+
+def test_the_planner_prices_its_candidates_with_the_sharders_optimizer():
+    """The candidates' costs (plan_rank_cost) read the optimizer from the planner's sharders, as the
+    enumerator's estimates read it from TorchRec's sharder data: the same extra on the same owner."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+    from torchrec_hybrid.planner.plan_cost import plan_rank_work
+
+    cfg = tables({"t": 20_000}, dim=16)
+    st = exact_stats(cfg, {"t": zipf_probs(20_000, 1.2)})
+    lookup = cm.WORK_TERMS.index("lookup")
+    work = {}
+    for opt in (EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.EXACT_SGD):
+        sharder = HybridEmbeddingBagCollectionSharder(fused_params={"optimizer": opt, "learning_rate": 0.1})
+        planner, _ = plan_for(cfg, st, world=4, batch=256, sharder=sharder)
+        traffic = planner.traffic_table()
+        assert traffic is not None and set(traffic.vectorised.values()) == {opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD}
+        tw = _table_wise_cold_perf(cfg, sharder, st)
+        for shard in tw.shards:
+            shard.rank = 2
+        work[opt] = plan_rank_work([tw], traffic, 4)[:, lookup]
+    extra = work[EmbOptimType.EXACT_ROWWISE_ADAGRAD] - work[EmbOptimType.EXACT_SGD]
+    assert extra[2] > 0 and extra[[0, 1, 3]].eq(0).all()

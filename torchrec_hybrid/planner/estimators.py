@@ -56,7 +56,8 @@ def vectorised_cpu_backward(params: Optional[Dict[str, Any]]) -> bool:
     feature under these fused params - EXACT_ROWWISE_ADAGRAD (none given: FBGEMM's EXACT_SGD, whose
     backward is scalar either way) without weight decay (with it, heavy tables get a call of their
     own, lookup.py): then looking such a table up through virtual features costs its scalar path
-    (``cost_model.VIRTUAL_BACKWARD_EXTRA``)."""
+    (``cost_model.VIRTUAL_BACKWARD_EXTRA``). Only the sharder's fused_params are read: an optimizer
+    set per parameter (``apply_optimizer_in_backward``) is not seen here (nor by :func:`optimizer_name`)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     p = params or {}

@@ -130,16 +130,30 @@ def _hybrid_loads(so: ShardingOption, t: cm.TableTraffic, world: int, owner: Opt
     return out
 
 
-def virtual_owners(t: cm.TableTraffic, bounds: List[int], scalar_virtual: bool) -> Optional[torch.Tensor]:
+def option_features(so: ShardingOption) -> Optional[int]:
+    """How many features look the option's table up, from its module's config (None: not found).
+    ``so.input_lengths`` tells only with per-feature statistics or constraints: TorchRec's
+    enumerator gives a table without them one pooling factor, whatever its features."""
+    module = so.module[1] if so.module else None
+    configs = getattr(module, "embedding_bag_configs", None)
+    for c in (configs() if callable(configs) else []):
+        if c.name == so.name:
+            return len(c.feature_names)
+    return None
+
+
+def virtual_owners(t: cm.TableTraffic, bounds: List[int], scalar_virtual: bool,
+                   features: Optional[int] = None) -> Optional[torch.Tensor]:
     """The owners (bool ``[W]``) that look a table laid out in row blocks ``bounds`` up through
     virtual features on FBGEMM's scalar CPU backward, as the lookup builds them (lookup.py): the
-    owners of most of its rows (``cells.heavy_tables``) when the table has one feature and one-id
-    bags (multi-hot ones get a TBE call of their own, ``lookup.own_lane_pays``) and
-    ``scalar_virtual`` (:meth:`TrafficTable.scalar_virtual`); None when there are none."""
+    owners of most of its rows (``cells.heavy_tables``) when the table has one feature (``features``,
+    else ``t.features``: a table of several takes the scalar path in every layout) and one-id bags
+    (multi-hot ones get a TBE call of their own, ``lookup.own_lane_pays``) and ``scalar_virtual``
+    (:meth:`TrafficTable.scalar_virtual`); None when there are none."""
     from torchrec_hybrid.sharding.cells import heavy_tables
     from torchrec_hybrid.sharding.lookup import MULTI_HOT_POOLING
 
-    if not scalar_virtual or t.features != 1 or t.pooling >= MULTI_HOT_POOLING:
+    if not scalar_virtual or (t.features if features is None else features) != 1 or t.pooling >= MULTI_HOT_POOLING:
         return None
     heavy = heavy_tables(t.world, [b - a for a, b in zip(bounds, bounds[1:])], [t.rows] * t.world)
     return torch.tensor(heavy, dtype=torch.bool) if any(heavy) else None
@@ -150,11 +164,14 @@ def option_rank_cost(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: b
     """Bytes each rank sends (``[W]``) and each rank's compute work (``[W, len(WORK_TERMS)]``)
     per step for this option's table: the one dispatch from a sharding type to the cost
     model. Owners are the shards' ranks (or ``owner`` for a one-shard option not yet placed);
-    ``scalar_virtual``: :meth:`TrafficTable.scalar_virtual` of the option."""
+    ``scalar_virtual``: :meth:`TrafficTable.scalar_virtual` of the option (FBGEMM's vectorised
+    backward also needs fp32 weights: other tables take the scalar path in every layout)."""
     st = so.sharding_type
     if st == FREQUENCY_HYBRID:  # column-wise cold: the sum of its slices, each laid out table-wise
-        loads = _hybrid_loads(so, t, world, owner)
-        virtual = [virtual_owners(x[0], bounds, scalar_virtual)
+        loads = _hybrid_loads(so, t, world, owner)  # per slice, in hybrid_slices' order
+        scalar = scalar_virtual and so.tensor.dtype == torch.float32
+        features = option_features(so) if scalar else None
+        virtual = [virtual_owners(x[0], bounds, scalar, features)
                    for x, (_, bounds) in zip(loads, hybrid_slices(so, world, owner))]
         return (sum(cm.hybrid_rank_bytes(*x) for x in loads),  # type: ignore[return-value]
                 sum(cm.hybrid_rank_work(*x, virtual=v) for x, v in zip(loads, virtual)))
