@@ -22,13 +22,18 @@ def _traffic(pooling: float = 1.0, world: int = 4) -> cm.TableTraffic:
 
 
 @pytest.mark.parametrize("pooling", [1.0, 12.0])
-def test_mean_work_is_the_mean_of_the_rank_work(pooling):
+@pytest.mark.parametrize("virtual", [None, [True, False, False, True]])
+def test_mean_work_is_the_mean_of_the_rank_work(pooling, virtual):
     t = _traffic(pooling)
     shares = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
+    v = None if virtual is None else torch.tensor(virtual)
     hot = 400
-    per_rank = cm.hybrid_rank_work(t, 0.6, shares, shares * hot)  # hot rows spread as the cold lookups
-    mean = cm.hybrid_mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares)
+    per_rank = cm.hybrid_rank_work(t, 0.6, shares, shares * hot, virtual=v)  # hot rows spread as the cold lookups
+    mean = cm.hybrid_mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares, virtual=v)
     torch.testing.assert_close(per_rank.mean(0), mean)
+    if v is not None:  # and the owners' extra is in it
+        assert float(mean[cm.WORK_TERMS.index("lookup")]) > float(
+            cm.hybrid_mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares)[cm.WORK_TERMS.index("lookup")])
 
 
 def test_table_wise_work_sits_on_the_owner_and_sums_like_row_wise():
@@ -368,9 +373,15 @@ def test_cpu_prices_keep_one_hot_tables_off_virtual_features():
         sharder = HybridEmbeddingBagCollectionSharder(fused_params={"optimizer": opt, "learning_rate": 0.1})
         opts = enum.enumerate(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")), [sharder])
         perf[opt] = {o.hybrid_choice.cold_layout: o.total_perf for o in opts if o.sharding_type == FREQUENCY_HYBRID}
+        choices = enum.choices["t"]
+        perf[opt]["sizing virtual"] = {k: c.profile.virtual for k, c in choices.items()}
     rowwise, sgd = perf[EmbOptimType.EXACT_ROWWISE_ADAGRAD], perf[EmbOptimType.EXACT_SGD]
     assert rowwise["table_wise"] > sgd["table_wise"]
     assert rowwise["row_wise"] == pytest.approx(sgd["row_wise"])
+    # the hot-set sizing prices the same owner the same way (row-wise blocks: sized as even ones)
+    sized = rowwise["sizing virtual"]
+    assert sized["table_wise"] is not None and sized["table_wise"].tolist() == [True, False, False, False]
+    assert sized["row_wise"] is None and all(v is None for v in sgd["sizing virtual"].values())
 
 
 def _table_wise_cold_perf(cfg, sharder, stats=None, constraints=None):
@@ -414,14 +425,16 @@ def test_the_planner_prices_its_candidates_with_the_sharders_optimizer():
     st = exact_stats(cfg, {"t": zipf_probs(20_000, 1.2)})
     lookup = cm.WORK_TERMS.index("lookup")
     work = {}
+    tw = None
     for opt in (EmbOptimType.EXACT_ROWWISE_ADAGRAD, EmbOptimType.EXACT_SGD):
         sharder = HybridEmbeddingBagCollectionSharder(fused_params={"optimizer": opt, "learning_rate": 0.1})
         planner, _ = plan_for(cfg, st, world=4, batch=256, sharder=sharder)
         traffic = planner.traffic_table()
         assert traffic is not None and set(traffic.vectorised.values()) == {opt == EmbOptimType.EXACT_ROWWISE_ADAGRAD}
-        tw = _table_wise_cold_perf(cfg, sharder, st)
-        for shard in tw.shards:
-            shard.rank = 2
+        if tw is None:  # one option (one hot set) priced under both planners' tables
+            tw = _table_wise_cold_perf(cfg, sharder, st)
+            for shard in tw.shards:
+                shard.rank = 2
         work[opt] = plan_rank_work([tw], traffic, 4)[:, lookup]
     extra = work[EmbOptimType.EXACT_ROWWISE_ADAGRAD] - work[EmbOptimType.EXACT_SGD]
     assert extra[2] > 0 and extra[[0, 1, 3]].eq(0).all()

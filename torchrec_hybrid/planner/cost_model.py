@@ -501,9 +501,11 @@ def hybrid_rank_work(t: TableTraffic, coverage, shares: torch.Tensor, hot_per_ow
 
 
 def hybrid_mean_work(t: TableTraffic, coverage, hot_rows, shares: torch.Tensor,
-                     share_counts: Optional[torch.Tensor] = None) -> torch.Tensor:
+                     share_counts: Optional[torch.Tensor] = None,
+                     virtual: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Mean over ranks of :func:`hybrid_rank_work` with hot rows spread as the cold lookups
-    (for hot-set sizing; ``coverage`` and ``hot_rows`` may be curves): ``[..., len(WORK_TERMS)]``."""
+    (for hot-set sizing; ``coverage`` and ``hot_rows`` may be curves): ``[..., len(WORK_TERMS)]``.
+    ``virtual``: as for :func:`hybrid_rank_work`, per entry of ``shares``."""
     cov = torch.as_tensor(coverage, dtype=torch.float64)
     h = torch.as_tensor(hot_rows, dtype=torch.float64)
     cold = (1.0 - cov).clamp(min=0.0)
@@ -512,6 +514,9 @@ def hybrid_mean_work(t: TableTraffic, coverage, hot_rows, shares: torch.Tensor,
     hit_sum = ((1.0 - torch.pow(1.0 - cold.unsqueeze(-1) * m, t.pooling)) * n).sum(-1)
     out = torch.zeros(cov.shape + (len(WORK_TERMS),), dtype=torch.float64)
     out[..., _W["lookup"]] = t.lookups * t.dim * (cov.clamp(max=1.0) + cold) + h * t.dim / t.world
+    if virtual is not None:  # the owners' lookups (cold ids, hot rows) through virtual features, over the ranks
+        owned = (cold.unsqueeze(-1) * m * t.world * t.lookups + h.unsqueeze(-1) * m) * t.dim
+        out[..., _W["lookup"]] += VIRTUAL_BACKWARD_EXTRA * (owned * virtual.to(torch.float64) * n).sum(-1) / t.world
     out[..., _W["vector_hybrid"]] = (2.0 * hit_sum + 1.0) * t.bags * t.dim + 2.0 * h * t.dim
     out[..., _W["ids_hybrid"]] = t.lookups * (1.0 + cold)
     return out

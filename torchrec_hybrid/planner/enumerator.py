@@ -40,8 +40,10 @@ from torchrec.distributed.types import ShardingType
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
-from torchrec_hybrid.planner.estimators import HybridStorageEstimator, bandwidths, comm_elems, optimizer_name
-from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator, TrafficTable, traffic_of
+from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, optimizer_name,
+                                                vectorised_cpu_backward)
+from torchrec_hybrid.planner.plan_cost import (BytesPerfEstimator, TrafficTable, option_features, traffic_of,
+                                               virtual_owners)
 from torchrec_hybrid.planner.types import HotSetChoice
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -243,7 +245,9 @@ class HybridEnumerator(EmbeddingEnumerator):
         bw = bandwidths(self._topology)
         for layout in row_blocks.COLD_LAYOUTS:
             profiles = {
-                n: dataclasses.replace(p, shares=_layout_shares(layout, world)) for n, (_, p) in candidates.items()
+                n: dataclasses.replace(p, shares=_layout_shares(layout, world),
+                                       virtual=self._sizing_virtual(template, by_type, p, layout))
+                for n, (template, p) in candidates.items()
             }
             hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed,
                                                self._compute)
@@ -265,6 +269,21 @@ class HybridEnumerator(EmbeddingEnumerator):
                 for kernel in self._hybrid_kernels(name, sharder):
                     hybrid.append(self._hybrid_option(template, kernel, choice))
         return hybrid
+
+    def _sizing_virtual(self, template: ShardingOption, by_type: Dict[Any, Any], profile: hot_set.TableProfile,
+                        layout: str) -> Optional[torch.Tensor]:
+        """The owners the hot-set sizing of ``layout`` prices on FBGEMM's scalar CPU backward, as placement
+        does (``plan_cost.virtual_owners``): a table-wise (or column-slice) owner - rank 0 of the sizing's
+        shares - where the table's lookups would take that path; row-wise blocks are sized as even ones,
+        which no owner holds most of."""
+        if layout == row_blocks.ROW_WISE:
+            return None
+        sharder = by_type.get(type(template.module[1]))
+        scalar = (self._topology.compute_device == "cpu" and template.tensor.dtype == torch.float32
+                  and vectorised_cpu_backward(getattr(sharder, "fused_params", None)))
+        t = profile.traffic
+        return virtual_owners(t, row_blocks.single_owner_bounds(t.rows, t.world, 0), scalar,
+                              option_features(template) if scalar else None)
 
     def _gate(self, hybrid: List[ShardingOption], stock: List[ShardingOption]) -> List[ShardingOption]:
         """Hybrid options that beat the table's cheapest stock option by ``min_saving`` (by

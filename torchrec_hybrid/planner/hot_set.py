@@ -33,6 +33,9 @@ class TableProfile:
     bytes_per_hot_row: int
     source: str = "stats"
     shares: Optional[torch.Tensor] = None  # owners' shares of cold lookups (None: even row-wise)
+    # the owners (per entry of shares) that look it up through virtual features on FBGEMM's scalar CPU
+    # backward (plan_cost.virtual_owners; None: none)
+    virtual: Optional[torch.Tensor] = None
 
 
 def profile_from_stats(stats, table: str, traffic: cm.TableTraffic, bytes_per_hot_row: int,
@@ -74,7 +77,7 @@ def cost_curve(p: TableProfile, a2a_bw: float, hot_bw: float,
         shares = p.shares
     if compute is not None:
         sent = cm.hybrid_layout_bytes(p.traffic, p.coverage, h, shares)
-        curve = curve + compute.ms(cm.hybrid_mean_work(p.traffic, p.coverage, h, shares), sent)
+        curve = curve + compute.ms(cm.hybrid_mean_work(p.traffic, p.coverage, h, shares, virtual=p.virtual), sent)
     return curve
 
 
