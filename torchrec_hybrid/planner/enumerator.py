@@ -42,8 +42,7 @@ from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
 from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, optimizer_name,
                                                 vectorised_cpu_backward)
-from torchrec_hybrid.planner.plan_cost import (BytesPerfEstimator, TrafficTable, option_features, traffic_of,
-                                               virtual_owners)
+from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator, TrafficTable, option_virtual_owners, traffic_of
 from torchrec_hybrid.planner.types import HotSetChoice
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -279,11 +278,10 @@ class HybridEnumerator(EmbeddingEnumerator):
         if layout == row_blocks.ROW_WISE:
             return None
         sharder = by_type.get(type(template.module[1]))
-        scalar = (self._topology.compute_device == "cpu" and template.tensor.dtype == torch.float32
-                  and vectorised_cpu_backward(getattr(sharder, "fused_params", None)))
+        params = getattr(sharder, "fused_params", None)
+        scalar = self._topology.compute_device == "cpu" and vectorised_cpu_backward(params)
         t = profile.traffic
-        return virtual_owners(t, row_blocks.single_owner_bounds(t.rows, t.world, 0), scalar,
-                              option_features(template) if scalar else None)
+        return option_virtual_owners(template, t, row_blocks.single_owner_bounds(t.rows, t.world, 0), scalar)
 
     def _gate(self, hybrid: List[ShardingOption], stock: List[ShardingOption]) -> List[ShardingOption]:
         """Hybrid options that beat the table's cheapest stock option by ``min_saving`` (by

@@ -159,19 +159,26 @@ def virtual_owners(t: cm.TableTraffic, bounds: List[int], scalar_virtual: bool,
     return torch.tensor(heavy, dtype=torch.bool) if any(heavy) else None
 
 
+def option_virtual_owners(so: ShardingOption, t: cm.TableTraffic, bounds: List[int],
+                          scalar_virtual: bool) -> Optional[torch.Tensor]:
+    """:func:`virtual_owners` of an option's table laid out in ``bounds``: its features counted from its
+    module's config (:func:`option_features`), and only for fp32 weights (FBGEMM's vectorised backward
+    needs them: other tables take the scalar path in every layout)."""
+    if not scalar_virtual or so.tensor.dtype != torch.float32:
+        return None
+    return virtual_owners(t, bounds, True, option_features(so))
+
+
 def option_rank_cost(so: ShardingOption, t: cm.TableTraffic, world: int, gloo: bool = True,
                      owner: Optional[int] = None, scalar_virtual: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
     """Bytes each rank sends (``[W]``) and each rank's compute work (``[W, len(WORK_TERMS)]``)
     per step for this option's table: the one dispatch from a sharding type to the cost
     model. Owners are the shards' ranks (or ``owner`` for a one-shard option not yet placed);
-    ``scalar_virtual``: :meth:`TrafficTable.scalar_virtual` of the option (FBGEMM's vectorised
-    backward also needs fp32 weights: other tables take the scalar path in every layout)."""
+    ``scalar_virtual``: :meth:`TrafficTable.scalar_virtual` of the option (:func:`option_virtual_owners`)."""
     st = so.sharding_type
     if st == FREQUENCY_HYBRID:  # column-wise cold: the sum of its slices, each laid out table-wise
         loads = _hybrid_loads(so, t, world, owner)  # per slice, in hybrid_slices' order
-        scalar = scalar_virtual and so.tensor.dtype == torch.float32
-        features = option_features(so) if scalar else None
-        virtual = [virtual_owners(x[0], bounds, scalar, features)
+        virtual = [option_virtual_owners(so, x[0], bounds, scalar_virtual)
                    for x, (_, bounds) in zip(loads, hybrid_slices(so, world, owner))]
         return (sum(cm.hybrid_rank_bytes(*x) for x in loads),  # type: ignore[return-value]
                 sum(cm.hybrid_rank_work(*x, virtual=v) for x, v in zip(loads, virtual)))
