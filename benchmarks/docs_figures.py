@@ -403,6 +403,41 @@ def table_results_device_check() -> str:
     return "\n".join(markdown(load("device_check_h200")).splitlines()[4:])  # the table, without its preamble
 
 
+# ---------------------------------------------------------------- every candidate plan, trained (benchmarks.candidates)
+
+
+def table_results_candidates() -> str:
+    from benchmarks.candidates import markdown
+
+    return "\n".join(markdown(load("candidates"))[2:-2])  # the table, without its preamble and allocator line
+
+
+def _candidates_facts() -> Dict[str, str]:
+    """Whether the CPU-priced planner's model orders its candidates as their measured process CPU and median
+    step do, per workload (benchmarks.candidates)."""
+    res = load("candidates")
+    agree_cpu = agree_step = mixed_slower = 0
+    for r in res:
+        priced = [p for p in r["plans"] if "hybrid_planner" in p["priced"]]
+        by_model = sorted(range(len(priced)), key=lambda i: priced[i]["priced"]["hybrid_planner"]["cost_ms"])
+        agree_cpu += by_model == sorted(range(len(priced)), key=lambda i: priced[i]["cpu_ms_sum"])
+        agree_step += by_model == sorted(range(len(priced)), key=lambda i: priced[i]["median_step_ms"])
+        # the mixed candidate against the best pure one (TorchRec's plan, every eligible table hybrid): measured
+        # slower and priced dearer
+        mixed = [p for p in priced if p["priced"]["hybrid_planner"]["name"].startswith("hybrid planner")]
+        pure = [p for p in priced if p not in mixed]
+        mixed_slower += bool(mixed) and bool(pure) and all(
+            m["median_step_ms"] > min(p["median_step_ms"] for p in pure)
+            and m["priced"]["hybrid_planner"]["cost_ms"] > min(p["priced"]["hybrid_planner"]["cost_ms"] for p in pure)
+            for m in mixed)
+    n = len(res)
+    return {"cand_world": str(unique((r["world"] for r in res), "candidates world")),
+            "cand_steps": str(unique((r["steps"] for r in res), "candidates steps")),
+            "cand_workloads": ", ".join(r["workload"] for r in res),
+            "cand_cpu_agree": f"{agree_cpu} of {n}", "cand_step_agree": f"{agree_step} of {n}",
+            "cand_mixed_slower": f"{mixed_slower} of {n}"}
+
+
 TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "readme_product": ("README.md", table_readme_product),
     "readme_headline": ("README.md", table_readme_headline),
@@ -417,6 +452,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_qcomms": ("docs/results.md", table_results_qcomms),
     "results_cold_layouts": ("docs/results.md", table_results_cold_layouts),
     "results_same_plan": ("docs/results.md", table_results_same_plan),
+    "results_candidates": ("docs/results.md", table_results_candidates),
     "results_comm_floor": ("docs/results.md", table_results_comm_floor),
     "results_cpu_phases": ("docs/results.md", table_results_cpu_phases),
     "results_device_check": ("docs/results.md", table_results_device_check),
@@ -453,6 +489,7 @@ def facts() -> Dict[str, str]:
     f.update(_device_check_facts())
     f["tbe_extra_share"] = f"{load('tbe_paths')['extra_share']:.2f}"
     f.update(_same_plan_facts())
+    f.update(_candidates_facts())
     f.update(_allocator_facts())
     f.update(_comm_floor_facts())
     return f
@@ -827,6 +864,11 @@ def _run_time_facts(hd: Dict[str, Any], full: Dict[str, Any], quick: Dict[str, A
 
 # (doc, template): the filled template must stand in the doc, whitespace folded
 SNIPPETS: List[Tuple[str, str]] = [
+    # docs/results.md: every candidate plan, trained (benchmarks.candidates)
+    ("docs/results.md", "({cand_steps} interleaved steps at W={cand_world}; identical candidates train once)"),
+    ("docs/results.md", "orders its three candidates as their measured process CPU on {cand_cpu_agree} workloads "
+                        "({cand_workloads}) and as their median steps on {cand_step_agree}"),
+    ("docs/results.md", "slower than the best pure candidate, and priced dearer, on {cand_mixed_slower} workloads"),
     # README.md and docs/results.md: TorchRec's plan under our sharder (benchmarks.same_plan)
     ("README.md", "measured on its own over {sp_steps} interleaved steps, {sp_oh_step} and {sp_mh_step} the stock step "
                   "with one id per feature and with multi-hot bags"),

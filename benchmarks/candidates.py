@@ -1,0 +1,164 @@
+"""Every plan the hybrid planner weighed, trained: does its cost model rank them as the steps do?
+
+``HybridEmbeddingShardingPlanner`` prices three candidate plans - TorchRec's planner's plan, its
+own mixed plan (stock and frequency_hybrid options through TorchRec's partitioner) and every
+eligible table frequency_hybrid - and returns the cheapest (``planner.py``: never more
+busiest-rank bytes than the stock plan). The product benchmark trains only the plans it returns.
+This one trains every candidate of both pricings - the CPU-priced planner's (this machine's
+default) and the network-priced one's (bytes and collectives) - on the same tables, statistics
+and batches as ``benchmarks/product.py``, in one gloo process group, step by step in a Williams
+order, and reports per candidate the model's cost against the measured median step (the slowest
+rank's), the paired per-step ratio to the stock plan, process CPU and bytes per rank. Identical
+candidates (TorchRec's plan is one in both) train once.
+
+    python -m benchmarks.candidates                                      # W=4, onehot + multihot + uniform
+    python -m benchmarks.candidates --out benchmarks/results             # the committed run
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import statistics
+from typing import Any, Dict, List, Tuple
+
+import torch
+
+from benchmarks import malloc
+from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
+from benchmarks.product import (HYBRID_MODELS, WORKLOADS, fused_params, interleaved_steps, plan_models, plan_types,
+                                workload_data)
+from benchmarks.report import write_results
+
+logger = logging.getLogger(__name__)
+
+STOCK = "stock: TorchRec's EmbeddingShardingPlanner"  # the name the planner gives TorchRec's plan
+
+
+def plan_signature(plan: Any) -> Tuple:
+    """What makes two plans train alike: per table its type, cold layout, shard placements and hot rows."""
+    out = []
+    for path, module_plan in sorted(plan.plan.items()):
+        for name, ps in sorted(module_plan.items()):
+            shards = tuple((tuple(s.shard_offsets), tuple(s.shard_sizes), str(s.placement))
+                           for s in (ps.sharding_spec.shards if ps.sharding_spec is not None else []))
+            hot = getattr(ps, "hot_ids", None)
+            out.append((path, name, ps.sharding_type, getattr(ps, "cold_layout", None), tuple(ps.ranks or ()),
+                        shards, None if hot is None else tuple(hot.tolist())))
+    return tuple(out)
+
+
+def _candidates(planners: Dict[str, Any]) -> List[Dict[str, Any]]:
+    """Rank 0's candidates of every pricing, identical plans merged: per plan, the pricings that weighed it
+    (with its model cost and whether that planner chose it), its types and the plan itself."""
+    merged: Dict[Tuple, Dict[str, Any]] = {}
+    for pricing, planner in planners.items():
+        for c in planner.candidates:
+            entry = merged.setdefault(plan_signature(c.plan), {"plan": c.plan, "types": plan_types(c.plan),
+                                                                "names": [], "priced": {}})
+            if c.name not in entry["names"]:
+                entry["names"].append(c.name)
+            entry["priced"][pricing] = {"name": c.name, "cost_ms": c.cost["cost_ms"],
+                                        "busiest_bytes": c.cost["busiest_bytes"], "chosen": c is planner.chosen}
+    return list(merged.values())
+
+
+def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, stats_batches: int, warmup: int,
+               steps: int) -> None:
+    torch.set_num_threads(1)
+    import torch.distributed as dist
+    import torchrec
+    from torchrec.distributed.model_parallel import DistributedModelParallel
+
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+
+    spec = WORKLOADS[workload]
+    tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
+    planners, _, _ = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
+    # the planners compare their candidates on rank 0 (collective_plan sends the other ranks the winner only)
+    found = [_candidates(planners) if rank == 0 else None]
+    dist.broadcast_object_list(found, src=0)
+    cands = found[0]
+    assert cands is not None
+    sharder = HybridEmbeddingBagCollectionSharder(fused_params=fused_params())
+    names = [f"plan {i}" for i in range(len(cands))]
+    models = {n: DistributedModelParallel(torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta")),
+                                          device=torch.device("cpu"), plan=c["plan"], sharders=[sharder])
+              for n, c in zip(names, cands)}
+    orders = balanced_orders(len(names))
+    logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
+    measured = interleaved_steps(models, batches, warmup, lambda i: [names[j] for j in orders[i % len(orders)]])
+    emit(dict(measured, names=names, candidates=[{k: c[k] for k in ("types", "names", "priced")} for c in cands],
+              allocator=malloc.current()))
+
+
+def run_one(workload: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int) -> Dict[str, Any]:
+    outs = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
+                                                     rows_cap=rows_cap, stats_batches=stats_batches,
+                                                     warmup=warmup, steps=steps)]
+    r0 = outs[0]
+    stock = next(n for n, c in zip(r0["names"], r0["candidates"]) if STOCK in c["names"])
+    stock_step = slowest_rank([o["wall"][stock] for o in outs])
+    stock_cpu = sum(statistics.median(o["cpu"][stock]) for o in outs)
+    plans = []
+    for n, c in zip(r0["names"], r0["candidates"]):
+        step = slowest_rank([o["wall"][n] for o in outs])
+        sent = [statistics.mean(o["sent"][n]) for o in outs]
+        cpu = sum(statistics.median(o["cpu"][n]) for o in outs)
+        plans.append(dict(c, median_step_ms=statistics.median(step) * 1e3,
+                          paired_step_ci=median_ci([a / b for a, b in zip(step, stock_step)]),
+                          cpu_ms_sum=cpu * 1e3, cpu_vs_stock=cpu / stock_cpu,
+                          mean_bytes=sum(sent) / world, busiest_bytes=max(sent)))
+    return {"workload": workload, "world": world, "batch": WORKLOADS[workload]["batch"], "steps": steps,
+            "warmup": warmup, "rows_cap": rows_cap, "allocator": r0["allocator"], "plans": plans}
+
+
+def _types_text(types: Dict[str, int]) -> str:
+    return ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
+
+
+def markdown(results: List[Dict[str, Any]]) -> List[str]:
+    pricings = list(HYBRID_MODELS)
+    lines = ["Per workload, every candidate plan of the CPU-priced planner (`hybrid_planner`, the default here) and "
+             "of the network-priced one (`hybrid_planner_bytes`), trained in one process group; model cost: the "
+             "planner's estimate (ms; its units differ between the two pricings), * where that planner chose the "
+             "plan; step: the slowest rank's, median over the interleaved steps, and the per-step ratio to TorchRec's "
+             "plan with its 95% interval; CPU: process CPU per step, summed over the ranks.", "",
+             "| workload | W | candidate | its types | model cost: CPU-priced / network-priced | median step, ms "
+             "| per-step ratio to stock [95% CI] | CPU, ms (vs stock) | MB / rank: mean / busiest |",
+             "|---|---:|---|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        for p in r["plans"]:
+            cost = " / ".join("-" if m not in p["priced"] else
+                              f"{p['priced'][m]['cost_ms']:.2f}" + ("*" if p["priced"][m]["chosen"] else "")
+                              for m in pricings)
+            lines.append(f"| {r['workload']} | {r['world']} | {'; '.join(p['names'])} | {_types_text(p['types'])} | "
+                         f"{cost} | {p['median_step_ms']:.1f} | {ci_text(p['paired_step_ci'])} | "
+                         f"{p['cpu_ms_sum']:.1f} ({p['cpu_vs_stock']:.2f}x) | "
+                         f"{p['mean_bytes'] / 1e6:.2f} / {p['busiest_bytes'] / 1e6:.2f} |")
+    lines += ["", f"Allocator: {malloc.described(results)}."]
+    return lines
+
+
+def main(argv=None) -> List[Dict[str, Any]]:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--world", type=int, default=4)
+    ap.add_argument("--workloads", nargs="+", default=["onehot", "multihot", "uniform"], choices=list(WORKLOADS))
+    ap.add_argument("--rows-cap", type=int, default=100_000)
+    ap.add_argument("--stats-batches", type=int, default=8)
+    ap.add_argument("--warmup", type=int, default=4)
+    ap.add_argument("--steps", type=int, default=40)
+    ap.add_argument("--out", default="out/candidates")
+    a = ap.parse_args(argv)
+    for name, value, low in (("world", a.world, 2), ("rows-cap", a.rows_cap, 1), ("stats-batches", a.stats_batches, 1),
+                             ("warmup", a.warmup, 0), ("steps", a.steps, 1)):
+        if value < low:
+            ap.error(f"--{name} must be >= {low}, got {value}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
+    results = [run_one(w, a.world, a.rows_cap, a.stats_batches, a.warmup, a.steps) for w in a.workloads]
+    print(write_results(a.out, "candidates", results, ["# Every candidate plan, trained", ""] + markdown(results)))
+    return results
+
+
+if __name__ == "__main__":
+    main()
