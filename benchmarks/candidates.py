@@ -33,24 +33,33 @@ from benchmarks.report import write_results
 logger = logging.getLogger(__name__)
 
 STOCK = "stock: TorchRec's EmbeddingShardingPlanner"  # the name the planner gives TorchRec's plan
+MIXED = "hybrid planner: stock + hybrid options"  # ... and its partitioner's plan over both kinds of options
+LEGEND = ("Per workload, every candidate plan of the CPU-priced planner (`hybrid_planner`, the default here) and of "
+          "the network-priced one (`hybrid_planner_bytes`), each under our sharder, trained in one process group; "
+          "model cost: the planner's estimate (ms; its units differ between the two pricings; - where that planner "
+          "did not weigh the plan), * on the plan it returned; step: the slowest rank's, median over the "
+          "interleaved steps, and the per-step ratio to TorchRec's plan (under our sharder too) with its 95% "
+          "interval; CPU: process CPU per step, summed over the ranks.")
 
 
 def plan_signature(plan: Any) -> Tuple:
-    """What makes two plans train alike: per table its type, cold layout, shard placements and hot rows."""
+    """What makes two plans train alike: per table its type, kernel, cold layout, shard placements, hot rows
+    and pooling factor (the last two only for hybrid tables)."""
     out = []
     for path, module_plan in sorted(plan.plan.items()):
         for name, ps in sorted(module_plan.items()):
             shards = tuple((tuple(s.shard_offsets), tuple(s.shard_sizes), str(s.placement))
                            for s in (ps.sharding_spec.shards if ps.sharding_spec is not None else []))
             hot = getattr(ps, "hot_ids", None)
-            out.append((path, name, ps.sharding_type, getattr(ps, "cold_layout", None), tuple(ps.ranks or ()),
-                        shards, None if hot is None else tuple(hot.tolist())))
+            out.append((path, name, ps.sharding_type, ps.compute_kernel, getattr(ps, "cold_layout", None),
+                        tuple(ps.ranks or ()), shards, None if hot is None else tuple(hot.tolist()),
+                        getattr(ps, "pooling_factor", None)))
     return tuple(out)
 
 
 def _candidates(planners: Dict[str, Any]) -> List[Dict[str, Any]]:
     """Rank 0's candidates of every pricing, identical plans merged: per plan, the pricings that weighed it
-    (with its model cost and whether that planner chose it), its types and the plan itself."""
+    (the names that pricing gave it, its model cost, whether that planner chose it), its types, the plan."""
     merged: Dict[Tuple, Dict[str, Any]] = {}
     for pricing, planner in planners.items():
         for c in planner.candidates:
@@ -58,8 +67,11 @@ def _candidates(planners: Dict[str, Any]) -> List[Dict[str, Any]]:
                                                                 "names": [], "priced": {}})
             if c.name not in entry["names"]:
                 entry["names"].append(c.name)
-            entry["priced"][pricing] = {"name": c.name, "cost_ms": c.cost["cost_ms"],
-                                        "busiest_bytes": c.cost["busiest_bytes"], "chosen": c is planner.chosen}
+            mine = entry["priced"].setdefault(pricing, {"names": [], "cost_ms": c.cost["cost_ms"],
+                                                        "busiest_bytes": c.cost["busiest_bytes"], "chosen": False})
+            # one planner may weigh the same plan twice (its mixed plan = TorchRec's): one entry, either's mark
+            mine["names"].append(c.name)
+            mine["chosen"] = mine["chosen"] or c is planner.chosen
     return list(merged.values())
 
 
@@ -74,7 +86,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, stats_
 
     spec = WORKLOADS[workload]
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
-    planners, _, _ = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)
+    planners, returned = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD)[:2]  # (its models unused)
     # the planners compare their candidates on rank 0 (collective_plan sends the other ranks the winner only)
     found = [_candidates(planners) if rank == 0 else None]
     dist.broadcast_object_list(found, src=0)
@@ -89,7 +101,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, stats_
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     measured = interleaved_steps(models, batches, warmup, lambda i: [names[j] for j in orders[i % len(orders)]])
     emit(dict(measured, names=names, candidates=[{k: c[k] for k in ("types", "names", "priced")} for c in cands],
-              allocator=malloc.current()))
+              returned={m: plan_types(returned[m]) for m in HYBRID_MODELS}, allocator=malloc.current()))
 
 
 def run_one(workload: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int) -> Dict[str, Any]:
@@ -110,7 +122,8 @@ def run_one(workload: str, world: int, rows_cap: int, stats_batches: int, warmup
                           cpu_ms_sum=cpu * 1e3, cpu_vs_stock=cpu / stock_cpu,
                           mean_bytes=sum(sent) / world, busiest_bytes=max(sent)))
     return {"workload": workload, "world": world, "batch": WORKLOADS[workload]["batch"], "steps": steps,
-            "warmup": warmup, "rows_cap": rows_cap, "allocator": r0["allocator"], "plans": plans}
+            "warmup": warmup, "rows_cap": rows_cap, "allocator": r0["allocator"], "returned": r0["returned"],
+            "plans": plans}
 
 
 def _types_text(types: Dict[str, int]) -> str:
@@ -119,11 +132,7 @@ def _types_text(types: Dict[str, int]) -> str:
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
     pricings = list(HYBRID_MODELS)
-    lines = ["Per workload, every candidate plan of the CPU-priced planner (`hybrid_planner`, the default here) and "
-             "of the network-priced one (`hybrid_planner_bytes`), trained in one process group; model cost: the "
-             "planner's estimate (ms; its units differ between the two pricings), * where that planner chose the "
-             "plan; step: the slowest rank's, median over the interleaved steps, and the per-step ratio to TorchRec's "
-             "plan with its 95% interval; CPU: process CPU per step, summed over the ranks.", "",
+    lines = [LEGEND, "",
              "| workload | W | candidate | its types | model cost: CPU-priced / network-priced | median step, ms "
              "| per-step ratio to stock [95% CI] | CPU, ms (vs stock) | MB / rank: mean / busiest |",
              "|---|---:|---|---|---|---:|---:|---:|---:|"]

@@ -25,11 +25,10 @@ def test_candidates_tiny(tmp_path):
         assert len(priced) >= 2, pricing
         chosen = [p for p in priced if p["priced"][pricing]["chosen"]]
         assert len(chosen) == 1, pricing
+        # the marked candidate is the plan collective_plan returned on every rank
+        assert chosen[0]["types"] == r["returned"][pricing], pricing
         # the planner never returns more busiest-rank bytes than TorchRec's plan, by its own estimate
         assert chosen[0]["priced"][pricing]["busiest_bytes"] <= stock[0]["priced"][pricing]["busiest_bytes"]
-        # the chosen plan is the cheapest the planner priced, or within its tie band of it
-        cheapest = min(p["priced"][pricing]["cost_ms"] for p in priced)
-        assert chosen[0]["priced"][pricing]["cost_ms"] <= cheapest * 1.25 + 1e-9, pricing
     for p in plans:
         assert p["median_step_ms"] > 0 and p["cpu_ms_sum"] > 0 and p["busiest_bytes"] >= p["mean_bytes"] > 0
         assert sum(p["types"].values()) == 26
