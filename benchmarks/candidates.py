@@ -27,7 +27,7 @@ import torch
 from benchmarks import malloc
 from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
 from benchmarks.product import (HYBRID_MODELS, WORKLOADS, fused_params, interleaved_steps, plan_models, plan_types,
-                                workload_data)
+                                types_text, workload_data)
 from benchmarks.report import write_results
 
 logger = logging.getLogger(__name__)
@@ -109,25 +109,20 @@ def run_one(workload: str, world: int, rows_cap: int, stats_batches: int, warmup
                                                      rows_cap=rows_cap, stats_batches=stats_batches,
                                                      warmup=warmup, steps=steps)]
     r0 = outs[0]
-    stock = next(n for n, c in zip(r0["names"], r0["candidates"]) if STOCK in c["names"])
-    stock_step = slowest_rank([o["wall"][stock] for o in outs])
-    stock_cpu = sum(statistics.median(o["cpu"][stock]) for o in outs)
+    names = r0["names"]
+    step = {n: slowest_rank([o["wall"][n] for o in outs]) for n in names}  # per batch, the slowest rank's
+    cpu = {n: sum(statistics.median(o["cpu"][n]) for o in outs) for n in names}  # summed over the ranks
+    stock = next(n for n, c in zip(names, r0["candidates"]) if STOCK in c["names"])
     plans = []
-    for n, c in zip(r0["names"], r0["candidates"]):
-        step = slowest_rank([o["wall"][n] for o in outs])
+    for n, c in zip(names, r0["candidates"]):
         sent = [statistics.mean(o["sent"][n]) for o in outs]
-        cpu = sum(statistics.median(o["cpu"][n]) for o in outs)
-        plans.append(dict(c, median_step_ms=statistics.median(step) * 1e3,
-                          paired_step_ci=median_ci([a / b for a, b in zip(step, stock_step)]),
-                          cpu_ms_sum=cpu * 1e3, cpu_vs_stock=cpu / stock_cpu,
+        plans.append(dict(c, median_step_ms=statistics.median(step[n]) * 1e3,
+                          paired_step_ci=median_ci([a / b for a, b in zip(step[n], step[stock])]),
+                          cpu_ms_sum=cpu[n] * 1e3, cpu_vs_stock=cpu[n] / cpu[stock],
                           mean_bytes=sum(sent) / world, busiest_bytes=max(sent)))
     return {"workload": workload, "world": world, "batch": WORKLOADS[workload]["batch"], "steps": steps,
             "warmup": warmup, "rows_cap": rows_cap, "allocator": r0["allocator"], "returned": r0["returned"],
             "plans": plans}
-
-
-def _types_text(types: Dict[str, int]) -> str:
-    return ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
@@ -141,7 +136,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
             cost = " / ".join("-" if m not in p["priced"] else
                               f"{p['priced'][m]['cost_ms']:.2f}" + ("*" if p["priced"][m]["chosen"] else "")
                               for m in pricings)
-            lines.append(f"| {r['workload']} | {r['world']} | {'; '.join(p['names'])} | {_types_text(p['types'])} | "
+            lines.append(f"| {r['workload']} | {r['world']} | {'; '.join(p['names'])} | {types_text(p['types'])} | "
                          f"{cost} | {p['median_step_ms']:.1f} | {ci_text(p['paired_step_ci'])} | "
                          f"{p['cpu_ms_sum']:.1f} ({p['cpu_vs_stock']:.2f}x) | "
                          f"{p['mean_bytes'] / 1e6:.2f} / {p['busiest_bytes'] / 1e6:.2f} |")

@@ -33,7 +33,7 @@ import torch
 
 from benchmarks import malloc
 from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
-from benchmarks.product import MODELS, WORKLOADS, plan_models, plan_types, workload_data
+from benchmarks.product import MODELS, WORKLOADS, plan_models, plan_types, types_text, workload_data
 from benchmarks.report import write_results
 
 logger = logging.getLogger(__name__)
@@ -234,7 +234,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
              "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         for name, p in r["plans"].items():
-            types = ", ".join(f"{c} {t}" for t, c in sorted(p["types"].items()))
+            types = types_text(p["types"])
             lines.append(
                 f"| {r['workload']} B={r['batch']} | {name} | {types} | {len(p['collectives'])} | "
                 f"{p['median_step_s'] * 1e3:.1f} | {p['median_collectives_s'] * 1e3:.1f} | "

@@ -30,7 +30,7 @@ from typing import Any, Dict, Iterator, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, plan_models, plan_types, workload_data
+from benchmarks.product import WORKLOADS, plan_models, plan_types, types_text, workload_data
 from benchmarks.report import write_results
 from benchmarks import malloc
 
@@ -172,7 +172,7 @@ def markdown(res: Dict[str, Any], title: bool = True) -> List[str]:
               "|---:|---|---|" + "---:|" * (len(PARTS) + 2)]
     for r in runs:
         for n, p in r["plans"].items():
-            types = ", ".join(f"{c} {t}" for t, c in sorted(p["types"].items()))
+            types = types_text(p["types"])
             cells = [_mean_max(p["main_thread_ms"][part]) for part in PARTS]
             lines.append(f"| {r['batch']} | {n} | {types} | " + " | ".join(cells) + f" | "
                          f"{_mean_max(p['main_thread_total_ms'])} | {_mean_max(p['process_ms'])} |")

@@ -425,11 +425,11 @@ def _candidates_facts() -> Dict[str, str]:
     fastest = {"hybrid_planner": 0, "hybrid_planner_bytes": 0}
     sizes = set()
     for r in res:
-        for m in fastest:
-            priced = [p for p in r["plans"] if m in p["priced"]]
+        weighed = {m: [p for p in r["plans"] if m in p["priced"]] for m in fastest}
+        for m, priced in weighed.items():
             chosen = single([p for p in priced if p["priced"][m]["chosen"]], f"candidates {r['workload']} {m} choice")
             fastest[m] += chosen["median_step_ms"] == min(p["median_step_ms"] for p in priced)
-        priced = [p for p in r["plans"] if "hybrid_planner" in p["priced"]]
+        priced = weighed["hybrid_planner"]
         sizes.add(len(priced))
         cost = [p["priced"]["hybrid_planner"]["cost_ms"] for p in priced]
         by_model = sorted(range(len(priced)), key=cost.__getitem__)

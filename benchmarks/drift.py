@@ -45,7 +45,7 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.data import rank_slice  # one rank's part of a global batch
-from benchmarks.product import fused_params, step_models
+from benchmarks.product import fused_params, step_models, types_text
 
 from torchrec_hybrid.comm_bytes import count_sent_bytes
 from benchmarks import malloc
@@ -306,7 +306,7 @@ def markdown(r: Dict[str, Any]) -> List[str]:
              f"({r['tables_with_hot_rows']} tables) chosen from {a['stats_batches']} batches; refresh every "
              f"{a['every']} steps from statistics decayed by {a['decay']:g} per batch; {r['steps']} timed steps, "
              f"points of {a['point']} steps. Stock plan: "
-             + ", ".join(f"{n} {t}" for t, n in sorted(r["stock_types"].items())) + ".", "",
+             + types_text(r["stock_types"]) + ".", "",
              "| plan | MB / rank / step (mean over run) | busiest rank | first point | last point "
              "| last point / ideal | max over points / ideal | vs stock (mean) | median step |",
              "|---|---:|---:|---:|---:|---:|---:|---:|---:|"]

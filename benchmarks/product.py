@@ -220,6 +220,11 @@ def plan_types(plan) -> Dict[str, int]:
     return counts
 
 
+def types_text(types: Dict[str, int]) -> str:
+    """A plan's :func:`plan_types` as the reports print it: ``"21 frequency_hybrid/row_wise-cold, 5 ..."``."""
+    return ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
+
+
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
             prices: Optional[Any] = None, tie_ms: Any = "auto", repeats: int = 1,
             allocator: str = malloc.DEFAULT_MODE) -> Dict[str, Any]:
@@ -300,7 +305,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
         for m in HYBRID_MODELS:
             h, q = r[m], r["ratios"][m]
             paired = paired_text(q)
-            types = ", ".join(f"{n} {k}" for k, n in sorted(r["types"][m].items()))
+            types = types_text(r["types"][m])
             lines.append(f"| {r['workload']} | {r['world']} | {m} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
                          f"{s['busiest_bytes'] / 1e6:.2f} | **{q['busiest']:.2f}x** | {q['mean']:.2f}x | "
                          f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | {paired} | "
