@@ -6,10 +6,12 @@ fitted prices (test_planner_compute_costs), not on what these tests check."""
 
 import pickle
 
+import pytest
 import torch
+import torchrec
 from torchrec.distributed.planner import ParameterConstraints, Topology
 
-from torchrec_hybrid import FREQUENCY_HYBRID
+from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
 from torchrec_hybrid.planner import HybridParameterSharding
 from torchrec_hybrid.planner import cost_model as cm
 from tests.planner.planner_testutils import exact_stats, mixture_probs, plan_for, tables, zipf_probs
@@ -180,3 +182,69 @@ def test_the_comparison_is_logged_once_under_the_names_of_its_candidates(caplog)
         single, _ = plan_for(cfg, st, compute_costs=None, compare_plans=False)
     assert len(single.candidates) == 1
     assert not [r for r in caplog.records if r.getMessage().startswith("plan candidates")]
+
+
+def test_small_tables_forced_hybrid_get_a_row_on_every_rank():
+    """Even row-wise cold blocks of a table with at least W rows leave no rank without rows (stock
+    ceil blocks of 6 rows on 4 ranks would be 2, 2, 2, 0, which sharding refuses)."""
+    from torchrec_hybrid.sharding import row_blocks
+
+    for rows, world in ((6, 4), (9, 4), (10, 8), (40, 4)):
+        _, mp = plan_for(tables({"t": rows}, dim=16), world=world, compute_costs=None,
+                         constraints={"t": ParameterConstraints(sharding_types=[FREQUENCY_HYBRID])})
+        ps = mp["t"]
+        (sl,) = row_blocks.slices_of("t", ps, rows, 16, world)  # what sharding reads; raises on an empty block
+        assert min(b - a for a, b in zip(sl.bounds, sl.bounds[1:])) >= 1, (rows, world, sl.bounds)
+
+
+def test_a_second_plan_call_prices_its_own_module():
+    """The workload a plan is priced on is the module of that call, not the first call's."""
+    planner, _ = plan_for(tables({"t": 200_000}), compute_costs=None)
+    big = planner.estimated_rank_bytes()
+    fresh, _ = plan_for(tables({"t": 100}), compute_costs=None)
+    ebc = torchrec.EmbeddingBagCollection(tables=tables({"t": 100}), device=torch.device("meta"))
+    planner.plan(ebc, [HybridEmbeddingBagCollectionSharder()])
+    assert planner.traffic_table().traffic["t"].rows == 100
+    assert planner.estimated_rank_bytes() == fresh.estimated_rank_bytes() != big
+
+
+def test_a_users_enumerator_sizes_every_candidate():
+    """Statistics given on a user's HybridEnumerator size the all-hybrid candidate too (it was planned
+    without them: no hot rows), and the planner refuses a second, different statistics object."""
+    from torchrec.distributed.planner.stats import NoopEmbeddingStats
+
+    from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, HybridEnumerator, gloo_topology
+
+    cfgs = tables({"a": 20000, "c": 20000})
+    st = exact_stats(cfgs, {"a": zipf_probs(20000, 1.2), "c": zipf_probs(20000, 0.3)})
+    ebc = torchrec.EmbeddingBagCollection(tables=cfgs, device=torch.device("meta"))
+    topo = gloo_topology(4)
+
+    def candidates(**kw):
+        p = HybridEmbeddingShardingPlanner(topology=topo, batch_size=1024, compute_costs=None,
+                                           stats=[NoopEmbeddingStats()], **kw)
+        p.plan(ebc, [HybridEmbeddingBagCollectionSharder()])
+        return {c.name: {so.name: getattr(getattr(so, "hybrid_choice", None), "hot_rows", None) for so in c.options}
+                for c in p.candidates}
+
+    by_planner = candidates(frequency_stats=st)
+    by_enumerator = candidates(enumerator=HybridEnumerator(topo, 1024, frequency_stats=st))
+    assert by_enumerator == by_planner
+    assert by_planner["every eligible table frequency_hybrid"]["a"] > 0
+    with pytest.raises(ValueError, match="two different FrequencyStats"):
+        HybridEmbeddingShardingPlanner(topology=topo, batch_size=1024, frequency_stats=exact_stats(cfgs, {}),
+                                       enumerator=HybridEnumerator(topo, 1024, frequency_stats=st))
+
+
+def test_the_communication_table_names_each_tables_best_stock_type():
+    from torchrec_hybrid.planner.stats import communication_table
+
+    cfgs = tables({"a": 20000, "b": 20000})
+    planner, _ = plan_for(cfgs, exact_stats(cfgs, {n: zipf_probs(20000, 1.2) for n in ("a", "b")}),
+                          compute_costs=None)
+    choices = planner.hybrid_choices()
+    assert set(choices) == {"a", "b"}
+    for ch in choices.values():
+        assert ch.best_stock_type == "table_wise" and ch.best_stock_bytes > 0 and ch.best_stock_cost > 0
+    rows = [line.split() for line in communication_table(planner.planned_options(), 4)]
+    assert [r[-2] for r in rows if r[0] in ("a", "b")] == ["table_wise", "table_wise"]

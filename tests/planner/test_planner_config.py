@@ -120,3 +120,17 @@ def test_compute_costs_choices(tmp_path):
         parse_hot_set({"compute_costs": str(tmp_path / "nowhere.json")})
     with pytest.raises(PlannerConfigError, match="hot_set.compute_costs"):
         parse_hot_set({"compute_costs": 3})
+
+
+def test_a_relative_calibration_path_is_read_from_the_configs_folder(tmp_path, monkeypatch):
+    """``hot_set.compute_costs: cal.json`` in a YAML is found beside the YAML, as ``statistics`` is,
+    wherever the program runs from."""
+    import json as _json
+
+    fit = {f: 2.0 for f in ("lookup", "vector_stock", "vector_hybrid", "ids_stock", "ids_hybrid",
+                            "group_stock_ms", "group_hybrid_ms", "ns_per_byte")}
+    (tmp_path / "cal.json").write_text(_json.dumps({"fit": {"costs": fit}}))
+    cfg = write(tmp_path, "topology: {world_size: 2, compute_device: cpu}\nhot_set: {compute_costs: cal.json}\n")
+    monkeypatch.chdir("/")
+    got = load_planner_config(cfg)["compute_costs"]
+    assert got.lookup == 2.0 and got.source == str(tmp_path / "cal.json")

@@ -100,3 +100,23 @@ def _column_wise_cold_plan_trains(rank, world):
 def test_planner_column_wise_cold_plan_trains_like_column_wise():
     hot = run_ranks(_column_wise_cold_plan_trains, 2, timeout=240)
     assert hot[0] == hot[1] > 0
+
+
+def _plan_on_ranks_1_and_2(rank, world):
+    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
+    from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, gloo_topology
+
+    pg = dist.new_group([1, 2])  # every rank creates it; rank 0 is not in it
+    if rank == 0:
+        return None
+    planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(2), batch_size=64, compute_costs=None,
+                                             stats=[NoopEmbeddingStats()])
+    ebc = torchrec.EmbeddingBagCollection(tables=tables({"t": 1000, "u": 50}), device=torch.device("meta"))
+    plan = planner.collective_plan(ebc, [HybridEmbeddingBagCollectionSharder()], pg)
+    return {name: (ps.sharding_type, ps.ranks) for name, ps in plan.plan[""].items()}
+
+
+def test_collective_plan_on_a_group_without_global_rank_0():
+    """The group's first rank plans and broadcasts (it used to name global rank 0, not in the group)."""
+    plans = run_ranks(_plan_on_ranks_1_and_2, 3, timeout=120)
+    assert plans[0] is None and plans[1] == plans[2] and set(plans[1]) == {"t", "u"}

@@ -60,3 +60,30 @@ def test_hybrid_storage_terms():
     for shard in so.shards:
         assert shard.storage.hbm == 0
         assert shard.storage.ddr == shard.size[0] * per_row + max(H, 1) * D * 4 + io  # replica: no state
+
+
+def test_stock_column_shards_are_each_priced_as_a_table_wise_exchange():
+    """Each column shard of a stock column_wise option costs its own table-wise exchange, whatever
+    its index: a table cut in more column shards than there are ranks used to crash the CPU-priced
+    planner (a rank's cost looked up by shard index) and its second shard was priced at a non-owner's
+    share (a fifth of the first)."""
+    from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner
+    from torchrec_hybrid.planner.compute_costs import CPU_GLOO
+    from torchrec.distributed.planner import ParameterConstraints
+    from torchrec.distributed.planner.stats import NoopEmbeddingStats
+
+    ebc = torchrec.EmbeddingBagCollection(tables=tables({"t": 1000}, dim=256), device=torch.device("meta"))
+    options = HybridEnumerator(gloo_topology(4), 64, compute_costs=CPU_GLOO).enumerate(
+        ebc, [HybridEmbeddingBagCollectionSharder()])
+    by_type = {so.sharding_type: so for so in options}
+    shards = by_type["column_wise"].shards
+    assert len(shards) > 1
+    assert all(math.isclose(s.perf.fwd_compute, shards[0].perf.fwd_compute) for s in shards)
+    # two half-width exchanges cost more compute than one full-width one, not less
+    assert sum(s.perf.fwd_compute for s in shards) > by_type["table_wise"].shards[0].perf.fwd_compute
+    # more column shards than ranks: planned, every shard placed
+    wide = torchrec.EmbeddingBagCollection(tables=tables({"t": 1000}, dim=512), device=torch.device("meta"))
+    planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(2), batch_size=64, stats=[NoopEmbeddingStats()],
+                                             constraints={"t": ParameterConstraints(sharding_types=["column_wise"])})
+    spec = planner.plan(wide, [HybridEmbeddingBagCollectionSharder()]).plan[""]["t"].sharding_spec
+    assert len(spec.shards) > 2

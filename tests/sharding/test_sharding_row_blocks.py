@@ -88,3 +88,17 @@ def test_bucketization_sends_every_id_to_its_owner_and_hot_ids_to_bucket_w(bound
     assert rows_out[:rows].tolist() == (torch.sort(owner, stable=True).indices - b[owner.sort(stable=True).values]
                                         ).tolist()
     assert rows_out[rows:].tolist() == replica_rows.tolist()
+
+
+@pytest.mark.parametrize("rows,world", [(6, 4), (9, 4), (10, 8)])
+def test_hand_written_row_wise_cold_gives_every_rank_a_row(rows, world):
+    """``frequency_hybrid()`` on a table of at least W rows whose stock ceil blocks would leave a rank
+    none (6 rows on 4 ranks: 2, 2, 2, 0) writes blocks of ``rows // W`` or one more, which sharding
+    takes; where stock's blocks are fine, it keeps them."""
+    from torchrec_hybrid import frequency_hybrid
+
+    (sl,) = row_blocks.slices_of("t", _ps(frequency_hybrid(), rows=rows, cols=16, world=world), rows, 16, world)
+    assert sl.bounds == row_blocks.even_bounds(rows, world) and sl.bounds[-1] == rows
+    assert min(b - a for a, b in zip(sl.bounds, sl.bounds[1:])) >= 1
+    (sl,) = row_blocks.slices_of("t", _ps(frequency_hybrid()), 40, 64, 4)
+    assert sl.bounds == row_blocks.stock_bounds(40, 4) == [0, 10, 20, 30, 40]

@@ -34,7 +34,7 @@ The ``hot_set`` and ``tables`` sections are shared with the DLRM example's confi
 from __future__ import annotations
 
 import os
-from typing import AbstractSet, Any, Dict, List
+from typing import AbstractSet, Any, Dict, List, Optional
 
 import yaml
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -183,12 +183,13 @@ def _statistics(path: Any, base_dir: str) -> Any:
         raise PlannerConfigError(f"statistics: cannot read {full!r}: {e}") from e
 
 
-def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
+def parse_hot_set(sec: Any, where: str = "hot_set", base_dir: Optional[str] = None) -> Dict[str, Any]:
     """``{budget_mb, max_rows, min_saving, compute_costs, tie_ms}`` -> planner kwargs
     (``hot_budget_bytes``, ``max_hot_rows``, ``min_saving``, ``compute_costs``, ``tie_ms``); a
     missing or null value keeps the planner's default. ``compute_costs``: ``default`` (the fit for the
     topology's device), ``network`` (bytes and collectives only, as for a network-bound
-    cluster) or the path of a ``benchmarks/calibrate.py`` results JSON."""
+    cluster) or the path of a ``benchmarks/calibrate.py`` results JSON (a relative one from
+    ``base_dir``, the YAML's folder as for ``statistics``; None: the working directory)."""
     hot = _mapping(sec, where)
     _check_keys(hot, set(HOT_SET_KEYS), where)
     out: Dict[str, Any] = {}
@@ -217,6 +218,8 @@ def parse_hot_set(sec: Any, where: str = "hot_set") -> Dict[str, Any]:
         elif cc != "default":
             from torchrec_hybrid.planner.compute_costs import load_calibration
 
+            if base_dir is not None and not os.path.isabs(cc):
+                cc = os.path.join(base_dir, cc)
             try:
                 out["compute_costs"] = load_calibration(cc)
             except ValueError as e:
@@ -245,9 +248,10 @@ def load_planner_config(path: str) -> Dict[str, Any]:
     if "batch_size" in cfg:
         out["batch_size"] = _positive(cfg["batch_size"], "batch_size", int)
     out["constraints"] = _constraints(_mapping(cfg.get("tables"), "tables")) or None
+    base_dir = os.path.dirname(os.path.abspath(path))  # relative paths in the file are from its folder
     if cfg.get("statistics") is not None:
-        out["frequency_stats"] = _statistics(cfg["statistics"], os.path.dirname(os.path.abspath(path)))
-    out.update(parse_hot_set(cfg.get("hot_set"), "hot_set"))
+        out["frequency_stats"] = _statistics(cfg["statistics"], base_dir)
+    out.update(parse_hot_set(cfg.get("hot_set"), "hot_set", base_dir))
     return out
 
 

@@ -42,7 +42,8 @@ from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
 from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, optimizer_name,
                                                 vectorised_cpu_backward)
-from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator, TrafficTable, option_virtual_owners, traffic_of
+from torchrec_hybrid.planner.plan_cost import (BytesPerfEstimator, TrafficTable, option_mean_bytes,
+                                              option_virtual_owners, traffic_of)
 from torchrec_hybrid.planner.types import HotSetChoice
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -126,6 +127,10 @@ class HybridEnumerator(EmbeddingEnumerator):
         super().__init__(topology, batch_size, without_hybrid(constraints, [_TEMPLATE]), estimator,
                          use_exact_enumerate_order)
         self._topology = topology
+        self._settings = dict(batch_size=batch_size, estimator=estimator,
+                              use_exact_enumerate_order=use_exact_enumerate_order, frequency_stats=frequency_stats,
+                              hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows, min_saving=min_saving,
+                              compute_costs=compute_costs)
         self._all_constraints = constraints or {}
         self._frequency_stats = frequency_stats
         if hot_budget_bytes is None:
@@ -141,6 +146,16 @@ class HybridEnumerator(EmbeddingEnumerator):
                                         compute_costs)
         self.choices: Dict[str, Dict[str, HotSetChoice]] = {}
         self.offered: set = set()  # tables with a hybrid option left after the gate
+
+    @property
+    def frequency_stats(self) -> Any:
+        """The statistics the hybrid options are sized from (None: none given)."""
+        return self._frequency_stats
+
+    def with_constraints(self, constraints: Optional[Dict[str, ParameterConstraints]]) -> "HybridEnumerator":
+        """A fresh enumerator with this one's settings and ``constraints`` (the planner's all-hybrid
+        candidate is planned with the same statistics, budget and prices as its mixed plan)."""
+        return HybridEnumerator(self._topology, constraints=constraints, **self._settings)
 
     # -- constraints -------------------------------------------------------------------------
     def _allowed(self, name: str, sharding_type: str) -> bool:
@@ -286,14 +301,18 @@ class HybridEnumerator(EmbeddingEnumerator):
     def _gate(self, hybrid: List[ShardingOption], stock: List[ShardingOption]) -> List[ShardingOption]:
         """Hybrid options that beat the table's cheapest stock option by ``min_saving`` (by
         the same cost model), or that the constraints force."""
-        best: Dict[str, float] = {}
+        best: Dict[str, ShardingOption] = {}
         for so in stock:
-            best[so.name] = min(best.get(so.name, float("inf")), so.total_perf)
+            if so.name not in best or so.total_perf < best[so.name].total_perf:
+                best[so.name] = so
         kept = []
         for so in hybrid:
             ch = so.hybrid_choice
             ch.step_cost = so.total_perf
-            ch.best_stock_cost = best.get(so.name)
+            cheapest = best.get(so.name)
+            ch.best_stock_cost = None if cheapest is None else cheapest.total_perf
+            ch.best_stock_type = None if cheapest is None else cheapest.sharding_type
+            ch.best_stock_bytes = None if cheapest is None else option_mean_bytes(cheapest, self._topology.world_size)
             if (
                 ch.forced
                 or ch.best_stock_cost is None

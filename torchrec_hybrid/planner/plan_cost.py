@@ -311,12 +311,27 @@ class BytesPerfEstimator(ShardEstimator):
             sent, work = option_rank_cost(so, t, w, self._traffic.gloo, owner=0 if single else None,
                                           scalar_virtual=scalar)
             ms = None if self._compute is None else self._compute.ms(work, sent)
-            sliced = column_sliced(so)
             for i, shard in enumerate(so.shards):
-                fwd = 0.0 if ms is None else float(ms.sum() / len(so.shards) if sliced else ms.sum() if single
-                                                   else ms[i])
+                fwd = 0.0 if ms is None else self._shard_ms(so, t, i, ms, single)
                 comms = shard_traffic(so, t, w, i, sent) / bw
                 shard.perf = Perf(fwd_compute=fwd, fwd_comms=comms, bwd_compute=0.0, bwd_comms=0.0)
+
+    def _shard_ms(self, so: ShardingOption, t: cm.TableTraffic, index: int, ms: torch.Tensor, single: bool) -> float:
+        """Compute ms of shard ``index`` of ``so``, whose ranks cost ``ms`` (``[W]``): all of it for a
+        one-shard option; a stock column shard, its own table-wise exchange on one rank (a table may
+        have more column shards than there are ranks, and unplaced ones all sit on rank 0 in ``ms``,
+        as :func:`shard_traffic` prices their bytes); a row-laid hybrid shard, its rank's; else (row
+        blocks, replicas, hybrid column slices: every shard alike) an even share."""
+        assert self._compute is not None
+        if single:
+            return float(ms.sum())
+        if so.sharding_type in (cm.COLUMN_WISE, "table_column_wise"):
+            dim = so.shards[index].size[1]
+            work, sent = cm.table_wise_rank_work(t, 0, dim=dim), cm.table_wise_rank_bytes(t, 0, dim=dim)
+            return float(self._compute.ms(work, sent).sum())
+        if so.sharding_type == FREQUENCY_HYBRID and not column_sliced(so):
+            return float(ms[index])
+        return float(ms.sum()) / len(so.shards)
 
 
 def shard_traffic(so: ShardingOption, t: cm.TableTraffic, world: int, index: int, sent: torch.Tensor) -> float:

@@ -137,8 +137,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     fewest bytes on its busiest rank of those within ``tie_ms`` of the cheapest. A plan
     other than stock must save ``min_saving`` of the stock plan's cost or of its busiest-rank
     bytes. So it never sends more than stock, and costs no more than ``tie_ms`` above it.
-    Without a stock candidate (``compare_plans=False``, every table forced hybrid, or a sharder
-    offering only frequency_hybrid) there is nothing to compare with: the partitioner's plan.
+    Without a stock candidate (``compare_plans=False``, a table forced hybrid - TorchRec's plan
+    would break that constraint - or a sharder offering only frequency_hybrid) there is nothing
+    to compare with: the partitioner's plan.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,
@@ -157,6 +158,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             raise TypeError(f"enumerator must be a HybridEnumerator (it adds the {FREQUENCY_HYBRID} options), not "
                             f"{type(enumerator).__name__}: TorchRec's EmbeddingEnumerator raises for "
                             f"{FREQUENCY_HYBRID}; its stock options come from HybridEnumerator's own base class")
+        if enumerator is not None and enumerator.frequency_stats is not None:
+            if frequency_stats is not None and frequency_stats is not enumerator.frequency_stats:
+                raise ValueError("frequency_stats and the enumerator's frequency_stats are two different "
+                                 "FrequencyStats: pass the statistics once (the enumerator sizes the hybrid "
+                                 "options from its own)")
+            frequency_stats = enumerator.frequency_stats  # the enumerator's sizes every candidate's hybrid options
         if plan_loader is not None and compare_plans:
             raise ValueError("plan_loader with compare_plans=True: the comparison with TorchRec's plan and the "
                              "all-hybrid plan could return another plan than the loaded one; pass "
@@ -202,6 +209,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                          stats=stats if stats is not None else [HybridEmbeddingStats()],
                          constraints=constraints, debug=debug, callbacks=callbacks,
                          timeout_seconds=timeout_seconds, plan_loader=plan_loader)
+        self._user_enumerator = enumerator is not None
         self._hybrid_enumerator = enumerator or HybridEnumerator(
             _compat.planner_topology(self), _compat.planner_batch_size(self), constraints,
             frequency_stats=frequency_stats, hot_budget_bytes=hot_budget_bytes, max_hot_rows=max_hot_rows,
@@ -252,7 +260,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                     cls = base
                 result = [("error", base.__name__, cls, f"planning on rank 0 failed: {type(e).__name__}: {e}")]
         if pg.size() > 1:
-            dist.broadcast_object_list(result, 0, group=pg)
+            dist.broadcast_object_list(result, dist.get_global_rank(pg, 0), group=pg)  # pg's rank 0, by global rank
         if error is not None:
             raise error
         if result[0][0] == "error":
@@ -267,6 +275,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def plan(self, module, sharders) -> ShardingPlan:
         _check_sharder_hot_ids(module, sharders)
         _check_constraint_tables(module, self._user_constraints, sharders)
+        self._traffic_table = None  # this module's workload, not a previous call's
         self._comms = sharder_comms(sharders or [])
         self._vectorised = sharder_vectorised_backward(sharders or [])
         mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
@@ -332,8 +341,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 c = all_hybrid.get(name)
                 all_hybrid[name] = (dataclasses.replace(c, sharding_types=[FREQUENCY_HYBRID]) if c is not None
                                     else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
-            inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, **self._args,
-                                                   **self._search)
+            # a user's enumerator: its settings (statistics, budget, prices) for this candidate too
+            enumerator = self._hybrid_enumerator.with_constraints(all_hybrid) if self._user_enumerator else None
+            inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, enumerator=enumerator,
+                                                   **self._args, **self._search)
             plan = inner.plan(module, sharders)
             out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options()))
         return out

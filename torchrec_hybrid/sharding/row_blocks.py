@@ -4,7 +4,8 @@ Every layout is a list of contiguous row blocks, one per rank in rank order, giv
 bounds ``[b_0 = 0, b_1, ..., b_W = rows]`` (rank r owns rows ``b_r .. b_{r+1}-1``; a block
 may be empty). The one encoding covers every cold layout we offer:
 
-- ``row_wise``: stock even blocks of ``ceil(rows / W)`` rows (:func:`even_bounds`);
+- ``row_wise``: stock even blocks of ``ceil(rows / W)`` rows (:func:`even_bounds`; where
+  those would leave a rank none, e.g. 6 rows on 4 ranks, blocks of ``rows // W`` or one more);
 - ``row_wise`` balanced: uneven blocks of equal lookup cost, chosen from the statistics
   (:func:`balanced_bounds`), so frequency-sorted vocabularies do not pile the hottest cold
   rows onto the first owner;
@@ -61,10 +62,20 @@ def column_widths(cols: int, slices: int) -> List[int]:
     return [min(width, cols - s * width) for s in range(slices)]
 
 
-def even_bounds(rows: int, world: int) -> List[int]:
-    """Stock row-wise blocks: ``ceil(rows / W)`` rows per rank, the last ones shorter or empty."""
+def stock_bounds(rows: int, world: int) -> List[int]:
+    """TorchRec's row-wise blocks: ``ceil(rows / W)`` rows per rank, the last ones shorter or empty."""
     block = (rows + world - 1) // world
     return [min(r * block, rows) for r in range(world + 1)]
+
+
+def even_bounds(rows: int, world: int) -> List[int]:
+    """Even row blocks: TorchRec's (:func:`stock_bounds`) where they give every rank a row or the
+    table has fewer rows than ranks; else (6 rows on 4 ranks: 2, 2, 2, 0) ``rows // W`` or one more
+    per rank (1, 2, 1, 2), so that no rank of a table of at least W rows is left without one."""
+    b = stock_bounds(rows, world)
+    if rows >= world and any(y == x for x, y in zip(b, b[1:])):
+        b = [r * rows // world for r in range(world + 1)]
+    return b
 
 
 def single_owner_bounds(rows: int, world: int, rank: int) -> List[int]:
