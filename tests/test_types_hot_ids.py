@@ -97,3 +97,11 @@ def test_the_planner_refuses_hot_ids_of_unknown_tables_and_warns_once_for_unplan
                            sharder=HybridEmbeddingBagCollectionSharder(hot_ids={"small": torch.arange(3)}))
     assert plan["small"].sharding_type == "table_wise"
     assert len([w for w in caught if "small" in str(w.message)]) == 1
+
+
+def test_an_empty_list_is_no_hot_row():
+    """``[]`` (which torch.as_tensor makes float32) is an empty hot set, like ``torch.empty(0, int64)``."""
+    from torchrec_hybrid.types import normalize_hot_ids
+
+    got = normalize_hot_ids({"t0": [], "t1": [3, 1]}, _configs())
+    assert got["t0"].dtype == torch.int64 and got["t0"].numel() == 0 and got["t1"].tolist() == [1, 3]

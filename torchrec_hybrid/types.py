@@ -69,6 +69,8 @@ def _sorted_local_hot_ids(hot_ids: HotIds, configs: List[EmbeddingBagConfig]):
     for c in configs:
         ids = hot_ids.get(c.name, torch.empty(0, dtype=torch.int64))
         ids = torch.as_tensor(ids).detach().cpu()
+        if ids.numel() == 0 and ids.dim() == 1:  # an empty list is no hot row (as_tensor makes it float32)
+            ids = ids.to(torch.int64)
         msg = _local_hot_problem(c.name, ids, c.num_embeddings)
         if msg:
             problems.append(msg)

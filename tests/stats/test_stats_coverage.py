@@ -80,3 +80,15 @@ def test_bad_ids_and_tables_are_refused():
     ok = KeyedJaggedTensor(keys=["f_a", "f_c"], values=torch.tensor([3, 1, 2999]),
                            lengths=torch.tensor([1, 1, 0, 1], dtype=torch.int32), stride=2)
     assert meter(ok)["small"] == 0.5 and meter(ok)["medium"] == 0.0
+
+
+def test_ids_of_keys_that_are_no_feature_are_ignored_even_when_negative():
+    """A key of no table is skipped as the docstring says; its ids are not range-checked (a -1 there
+    used to crash the check looking up a table that does not exist)."""
+    meter = HotSetCoverage(TABLES, {"small": torch.tensor([3])})
+    kjt = KeyedJaggedTensor(keys=["f_a", "f_unknown"], values=torch.tensor([3, 4, -1]),
+                            lengths=torch.tensor([2, 1], dtype=torch.int32))
+    got = meter(kjt)
+    assert got["small"] == 0.5
+    with pytest.raises(ValueError, match="table 'small': id -1"):
+        meter(KeyedJaggedTensor(keys=["f_a"], values=torch.tensor([-1]), lengths=torch.tensor([1], dtype=torch.int32)))

@@ -165,3 +165,29 @@ def test_unknown_format_version_is_refused(tmp_path):
     torch.save(state, tmp_path / "s.pt")
     with pytest.raises(ValueError, match="format_version"):
         FrequencyStats.load(tmp_path / "s.pt")
+
+
+def test_statistics_of_the_same_tables_in_another_order_are_refused():
+    """Counters are laid out table after table: merging statistics that list the same tables in
+    another order used to add one table's counts into another's; all_reduce_'s layout check now
+    tells the two orders apart too."""
+    a, b = FrequencyStats(TABLES), FrequencyStats(TABLES[::-1])
+    b.update(random_kjt(np.random.default_rng(0), ROWS, batch=8))
+    with pytest.raises(ValueError, match="another order"):
+        a.merge_(b)
+    with pytest.raises(ValueError, match="another order"):
+        FrequencyStats.merged(a, b)
+    assert a._signature() != b._signature()
+
+
+@pytest.mark.parametrize("bad", [-1, 50])
+def test_hot_share_refuses_ids_outside_the_table(bad):
+    stats = FrequencyStats(TABLES)
+    stats.update(random_kjt(np.random.default_rng(0), ROWS, batch=8))
+    with pytest.raises(ValueError, match=f"table 'small': hot id {bad} is outside \\[0, 50\\)"):
+        stats.hot_share({"small": torch.tensor([3, bad])})
+
+
+def test_statistics_of_no_table_are_refused():
+    with pytest.raises(ValueError, match="no tables to count"):
+        FrequencyStats([])

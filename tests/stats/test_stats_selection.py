@@ -177,3 +177,17 @@ def test_selection_does_not_depend_on_data_order():
         results.append([select_hot_ids(s, rows_per_table=k)["t"].tolist() for k in range(9)])
     assert results[0] == results[1] == results[2]
     assert results[0][2] == [0, 1]  # four rows tie at 3: ids 0, 1 win
+
+
+@pytest.mark.parametrize("kw, says", [
+    (dict(rows_per_table={"A": 2}), r"rows_per_table names table\(s\) \['A'\]"),
+    (dict(coverage={"A": 0.5}), r"coverage names table\(s\) \['A'\]"),
+    (dict(rows_per_table=2.9), "rows_per_table for 'a' must be an int, got 2.9"),
+])
+def test_misspelt_tables_and_fractional_counts_are_refused(kw, says):
+    """A per-table setting naming no table used to select nothing for the real one, silently; a
+    fractional row count was cut short."""
+    stats = stats_from_counts({"a": [5, 3, 1]})
+    with pytest.raises(ValueError, match=says):
+        select_hot_ids(stats, **kw)
+    assert select_hot_ids(stats, rows_per_table=2.0)["a"].tolist() == [0, 1]

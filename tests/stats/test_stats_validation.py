@@ -190,3 +190,48 @@ def test_library_refuses_the_same_values():
         with pytest.raises(ValueError, match=says):
             SyntheticCriteo(**args)
     assert criteo_table_sizes(max_rows=None)[0] == 1460  # None still means no cap
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("format_version", True, "unsupported statistics format_version True"),
+    ("count_dtype", ["float64"], r"count_dtype is \['float64'\]"),
+])
+def test_wrongly_typed_header_fields_name_the_file(tmp_path, field, value, says):
+    stats, _ = _saved(tmp_path)
+    state = stats.state_dict()
+    state[field] = value
+    state.pop("checksum", None)  # no checksum (files from before checksums load): the schema check reads the header
+    torch.save(state, tmp_path / "bad.pt")
+    with pytest.raises(StatsFileError, match=says) as e:
+        FrequencyStats.load(tmp_path / "bad.pt")
+    assert str(tmp_path / "bad.pt") in str(e.value)
+
+
+def test_cli_refuses_flags_it_would_ignore_or_fail_on_after_counting(tmp_path, capsys):
+    """--alpha 0 with real data (0.0 == False was taken for "not given"), a plot it cannot write as
+    PNG, an output directory nothing can be created in, a seed beyond 64 bits: refused up front."""
+    tsv = tmp_path / "day.tsv"
+    tsv.write_text("\t".join(["0"] * 14 + ["a"] * 26) + "\n")
+    cases = [
+        (["--criteo-tsv", str(tsv), "--alpha", "0", "--out", str(tmp_path / "s.pt")], "argument --alpha"),
+        (SMALL + ["--out", str(tmp_path / "s.pt"), "--plot", str(tmp_path / "c.xyz")], "give a .png file name"),
+        (SMALL + ["--out", str(tmp_path / "s.pt"), "--seed", str(2 ** 64)], "argument --seed: must fit 64 bits"),
+    ]
+    if os.path.isdir("/proc"):  # a directory where no file can be created, even by root
+        cases.append((SMALL + ["--out", "/proc/stats.pt"], "argument --out: cannot write into /proc"))
+    for args, says in cases:
+        with pytest.raises(SystemExit) as e:
+            main(args)
+        assert e.value.code == 2
+        assert says in capsys.readouterr().err, args
+    assert not (tmp_path / "s.pt").exists()
+    assert not [p for p in os.listdir(tmp_path) if p.startswith(".stats-probe-")]
+
+
+def test_synthetic_stream_refuses_arguments_that_would_make_malformed_batches():
+    for kw, says in [({"multi_hot": [2]}, "multi_hot needs an int >= 0"),
+                     ({"multi_hot": [1, -1, 1]}, "multi_hot needs an int >= 0"),
+                     ({"table_sizes": [5] * 27}, "27 tables need 27 feature names")]:
+        args = dict(table_sizes=[5, 7, 9], batch_size=4, num_batches=1) | kw
+        with pytest.raises(ValueError, match=says):
+            SyntheticCriteo(**args)

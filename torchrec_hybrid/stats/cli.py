@@ -18,6 +18,7 @@ import logging
 import math
 import os
 import sys
+import tempfile
 from typing import Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -108,7 +109,9 @@ def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     """Refuse missing inputs, unwritable outputs and synthetic-only flags with real data before
     counting (not after); fill in the synthetic defaults."""
     if not args.synthetic:
-        given = [f"--{k.replace('_', '-')}" for k in SYNTHETIC_DEFAULTS if getattr(args, k) not in (None, False)]
+        # given: not the parser's default (None, or False for a switch); `not in (None, False)` took --alpha 0 for none
+        given = [f"--{k.replace('_', '-')}" for k in SYNTHETIC_DEFAULTS
+                 if getattr(args, k) is not None and getattr(args, k) is not False]
         if given:
             p.error(f"argument {', '.join(given)}: only for --synthetic data (real data is counted as it is; "
                     "--max-batches stops early)")
@@ -128,6 +131,19 @@ def check_paths(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
         parent = os.path.dirname(os.path.abspath(path))
         if not os.path.isdir(parent):
             p.error(f"argument {flag}: the directory of {path!r} ({parent}) does not exist")
+        try:  # a file can be created there (permissions, read-only or pseudo file systems): a probe, removed
+            with tempfile.NamedTemporaryFile(dir=parent, prefix=".stats-probe-"):
+                pass
+        except OSError as e:
+            p.error(f"argument {flag}: cannot write into {parent} ({e.strerror or e})")
+        if os.path.exists(path) and not os.access(path, os.W_OK):
+            p.error(f"argument {flag}: {path!r} exists and cannot be written")
+    if args.plot is not None:
+        ext = os.path.splitext(args.plot)[1].lstrip(".").lower()
+        if ext != "png":  # the coverage curve is written as a PNG (plots need no other format)
+            p.error(f"argument --plot: {args.plot!r}: give a .png file name")
+    if not -2 ** 63 <= args.seed < 2 ** 63:
+        p.error(f"argument --seed: must fit 64 bits (a torch.Generator seed), got {args.seed}")
 
 
 def _source(args, sizes: List[int]) -> Tuple[Iterable, Optional[int]]:

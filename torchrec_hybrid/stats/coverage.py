@@ -86,7 +86,7 @@ class HotSetCoverage:
         values = kjt.values().to(self.device, torch.int64)
         table = torch.repeat_interleave(key_table, per_key, output_size=values.numel())
         if self.validate and values.numel():
-            bad = (values < 0) | (values >= self._rows[table])
+            bad = ((values < 0) | (values >= self._rows[table])) & (table < T)  # keys of no table: ignored
             if bool(bad.any()):
                 at = int(torch.nonzero(bad)[0])
                 t = int(table[at])

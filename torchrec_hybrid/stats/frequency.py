@@ -107,6 +107,8 @@ class FrequencyStats:
         problems = _setting_problems(dict(exact_max_rows=exact_max_rows, num_batches=0, num_samples=0,
                                           sketch_capacity=sketch_capacity, seed=seed, sketch_eps=sketch_eps,
                                           sketch_delta=sketch_delta), floats=False)
+        if not list(tables):  # a saved file must name its tables (load refuses none)
+            problems.append("no tables to count (give the EmbeddingBagConfigs of the tables)")
         if problems:
             raise ValueError("FrequencyStats: " + "; ".join(problems))
         self.tables: List[EmbeddingBagConfig] = list(tables)
@@ -362,7 +364,11 @@ class FrequencyStats:
             elif ids is None or ids.numel() == 0:
                 out[name] = 0.0
             else:
-                ids = torch.unique(ids.to(self.device, torch.int64))
+                ids = torch.unique(torch.as_tensor(ids).to(self.device, torch.int64))
+                rows = self.config(name).num_embeddings
+                if int(ids[0]) < 0 or int(ids[-1]) >= rows:  # sorted: the ends are the extremes
+                    bad = int(ids[0]) if int(ids[0]) < 0 else int(ids[-1])
+                    raise ValueError(f"hot_share: table {name!r}: hot id {bad} is outside [0, {rows})")
                 if name in self._offset:
                     hit = self.counts(name)[ids].sum()
                 else:
@@ -398,6 +404,10 @@ class FrequencyStats:
 
     def _check_same_layout(self, other: "FrequencyStats") -> None:
         other.check_compatible(self.tables)
+        ours, theirs = [c.name for c in self.tables], [c.name for c in other.tables]
+        if ours != theirs:  # the counters are laid out table after table: they would add into other tables
+            raise ValueError(f"statistics list the same tables in another order ({theirs} vs {ours}); "
+                             "count with the tables in one order")
         if set(self._offset) != set(other._offset):
             raise ValueError("statistics differ in which tables are counted exactly")
         for name, sk in self._sketches.items():
@@ -427,9 +437,12 @@ class FrequencyStats:
         return out.merge_(b)
 
     def _signature(self) -> List[int]:
+        # the tables' names and sizes in their order: ranks that list them in other orders would add
+        # one table's counters into another's
+        layout = zlib.crc32(";".join(f"{c.name}:{c.num_embeddings}" for c in self.tables).encode())
         return [len(self.tables), self._counts.numel(), len(self._sketches),
                 sum(c.num_embeddings for c in self.tables), self.sketch_capacity,
-                self._flat.numel(), int(self.is_float), int(self._merged is not None)]
+                self._flat.numel(), int(self.is_float), int(self._merged is not None), layout]
 
     def all_reduce_(self, group=None, check: bool = True) -> "FrequencyStats":
         """Merge every rank's statistics; every rank ends identical (bit for bit).
@@ -500,7 +513,8 @@ class FrequencyStats:
 
     @property
     def is_merged(self) -> bool:
-        """Nothing was counted, decayed or added since the last `all_reduce_` (or merged load)."""
+        """Nothing was counted or added since the last `all_reduce_` (or merged load); a decay, which
+        scales the merged copy alike, keeps it so."""
         if self._merged is None:
             return False
         self._fold()
@@ -549,7 +563,7 @@ class FrequencyStats:
         they count after the load.
         """
         if isinstance(state, dict) and "format_version" in state \
-                and state["format_version"] not in READABLE_VERSIONS:
+                and not _is_version(state["format_version"]):
             raise ValueError(f"unsupported statistics format_version {state['format_version']!r} "
                              f"(this code reads versions {list(READABLE_VERSIONS)})")
         problems = state_problems(state)
@@ -734,6 +748,11 @@ def state_problems(state: Any) -> List[str]:
     return _layout_problems(state, rows, floats) + _counter_problems(state, rows, dtype, floats)
 
 
+def _is_version(v: Any) -> bool:
+    """A format version this code reads: an int of READABLE_VERSIONS (``True == 1`` is no version)."""
+    return isinstance(v, int) and not isinstance(v, bool) and v in READABLE_VERSIONS
+
+
 def _header_problems(state: Any) -> List[str]:
     """The one problem that makes a state unreadable (not a dict, no version, missing keys, unknown counter
     dtype); empty if none: the other checks need these."""
@@ -750,7 +769,7 @@ def _header_problems(state: Any) -> List[str]:
     if state["format_version"] != 1 and any(k not in state for k in v2):
         return [f"missing key(s) {[k for k in v2 if k not in state]}"]
     count_dtype = state.get("count_dtype", "int64")
-    if count_dtype not in COUNT_DTYPES:
+    if not isinstance(count_dtype, str) or count_dtype not in COUNT_DTYPES:
         return [f"count_dtype is {count_dtype!r}, expected one of {sorted(COUNT_DTYPES)}"]
     return []
 

@@ -18,6 +18,7 @@ Rules:
 from __future__ import annotations
 
 import logging
+import numbers
 from dataclasses import dataclass
 from typing import Callable, Dict, Iterable, List, Mapping, Optional, Union
 
@@ -54,14 +55,32 @@ def _per_table(value, name: str, default):
     return value.get(name, default) if isinstance(value, Mapping) else value
 
 
+def _check_names(value, stats: FrequencyStats, what: str) -> None:
+    """A per-table mapping naming a table the statistics lack (a misspelt name would select nothing) raises."""
+    if isinstance(value, Mapping):
+        unknown = sorted(set(value) - set(stats.table_names))
+        if unknown:
+            raise ValueError(f"{what} names table(s) {unknown} the statistics do not count; they count "
+                             f"{stats.table_names}")
+
+
+def _count(value, name: str) -> int:
+    """A per-table row count: an int (not a bool, not a fraction that would be cut short)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+        if not (isinstance(value, float) and value.is_integer()):
+            raise ValueError(f"rows_per_table for {name!r} must be an int, got {value!r}")
+    return int(value)
+
+
 def _sorted_ids(ids: torch.Tensor) -> torch.Tensor:
     return torch.sort(ids.to(torch.int64)).values
 
 
 def _by_rows(stats: FrequencyStats, rows: Union[int, Mapping[str, int]]) -> HotIds:
+    _check_names(rows, stats, "rows_per_table")
     out = {}
     for name in stats.table_names:
-        k = int(_per_table(rows, name, 0))
+        k = _count(_per_table(rows, name, 0), name)
         if k < 0:
             raise ValueError(f"rows_per_table for {name!r} must be >= 0, got {k}")
         out[name] = _sorted_ids(stats.top_counts(name, k)[0])
@@ -69,6 +88,7 @@ def _by_rows(stats: FrequencyStats, rows: Union[int, Mapping[str, int]]) -> HotI
 
 
 def _by_coverage(stats: FrequencyStats, target: Union[float, Mapping[str, float]]) -> HotIds:
+    _check_names(target, stats, "coverage")
     out = {}
     for name in stats.table_names:
         t = float(_per_table(target, name, 0.0))
@@ -92,6 +112,7 @@ def _by_coverage(stats: FrequencyStats, target: Union[float, Mapping[str, float]
 def _by_budget(stats: FrequencyStats, budget: int, bytes_per_row: BytesPerRow,
                optimizer: Optional[str]) -> HotIds:
     names = stats.table_names
+    _check_names(bytes_per_row, stats, "bytes_per_row")
     sizes: List[int] = []
     for name in names:
         cfg = stats.config(name)

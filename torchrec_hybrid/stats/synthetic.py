@@ -165,10 +165,19 @@ class SyntheticCriteo:
         self.drift, self.drift_rows, self.drift_mode = float(drift), float(drift_rows), drift_mode
         self.sorted_ids = sorted_ids
         self.table_sizes = list(table_sizes)
-        self.feature_names = list(feature_names)[: len(self.table_sizes)]
+        n = len(self.table_sizes)
+        if len(feature_names) < n:
+            raise ValueError(f"{n} tables need {n} feature names, got {len(feature_names)} (the default names "
+                             f"the {len(CAT_NAMES)} Criteo features: pass feature_names for more tables)")
+        self.feature_names = list(feature_names)[:n]
         if multi_hot is True:
             multi_hot = DLRMV2_MULTI_HOT_SIZES
-        self.hotness = list(multi_hot)[: len(self.table_sizes)] if multi_hot else [1] * len(self.table_sizes)
+        if multi_hot:  # False or empty: one id per bag
+            hot = list(multi_hot)
+            if len(hot) < n or any(not _is_count(h, 0) for h in hot[:n]):
+                raise ValueError(f"multi_hot needs an int >= 0 (ids per bag) for each of the {n} tables, got "
+                                 f"{hot[:n + 1]!r}")
+        self.hotness = list(multi_hot)[:n] if multi_hot else [1] * n
         self.batch_size, self.num_batches = batch_size, num_batches
         self.alpha, self.seed = alpha, seed
         self._samplers: Optional[List[ZipfSampler]] = None
