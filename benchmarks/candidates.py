@@ -99,7 +99,8 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, stats_
               for n, c in zip(names, cands)}
     orders = balanced_orders(len(names))
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
-    measured = interleaved_steps(models, batches, warmup, lambda i: [names[j] for j in orders[i % len(orders)]])
+    measured = interleaved_steps(models, batches, warmup,  # orders balanced over the timed steps
+                                 lambda i: [names[j] for j in orders[(i - warmup) % len(orders)]])
     emit(dict(measured, names=names, candidates=[{k: c[k] for k in ("types", "names", "priced")} for c in cands],
               returned={m: plan_types(returned[m]) for m in HYBRID_MODELS}, allocator=malloc.current()))
 

@@ -153,7 +153,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
     wall: Dict[str, List[float]] = {f"{k}:{n}": [] for k, n in items}
     sent: Dict[str, List[int]] = {f"{k}:{n}": [] for k, n in items}
     for i, kjt in enumerate(batches[2:]):
-        for kind, name in (items[j] for j in orders[i % len(orders)]):
+        for kind, name in (items[j] for j in orders[(i - warmup) % len(orders)]):  # balanced over the timed steps
             fn = step(name, kjt) if kind == "step" else recorders[name].replay
             t, b = _timed(fn)
             if i >= warmup:

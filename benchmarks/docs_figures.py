@@ -625,8 +625,9 @@ def _cpu_plan_facts(p: Dict[Tuple[str, int], Dict[str, Any]], worlds: List[int],
     f["cpu_stock_bytes"] = span((p[k]["ratios"]["hybrid_planner"]["busiest"] for k in stock), x2)
     f["cpu_stock_step"] = span((p[k]["ratios"]["hybrid_planner"]["step"] for k in stock), x2)
     f.update(_relabel_facts(p, worlds))
-    cost = [_plan_cost_ms(r["comparison"]["hybrid_planner"], "*")
-            / _plan_cost_ms(r["comparison"]["hybrid_planner"], "stock") for r in w4.values()]
+    # the sentence is about the workloads where the CPU-priced plan is hybrid (elsewhere it is the stock plan: 1.00x)
+    cost = [_plan_cost_ms(w4[wl]["comparison"]["hybrid_planner"], "*")
+            / _plan_cost_ms(w4[wl]["comparison"]["hybrid_planner"], "stock") for wl in w4_hybrid]
     f["w4_cpu_cost"] = span(cost, x2)
     return f
 

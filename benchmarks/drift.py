@@ -150,7 +150,7 @@ def _train(rank: int, world: int, a: Dict[str, Any], gen, stream, models: Dict[s
         glob_kjt = batches[i] if i < a["warmup"] else next(stream)
         kjt = rank_slice(glob_kjt, gen.hotness, rank, a["batch"])
         timed = i >= a["warmup"]
-        step_models(models, MODELS, kjt, i, timed, sent, times)
+        step_models(models, MODELS, kjt, i - a["warmup"], timed, sent, times)  # rows counted from the first timed step
         if timed:
             s = i - a["warmup"] + 1  # timed steps done
             streaming.update(kjt)  # what a trainer counts: the ids this rank trained on

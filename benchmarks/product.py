@@ -6,8 +6,9 @@ Per workload and world size, in one gloo process group: frequency statistics are
 ``--rows-cap``, dim 64, EXACT_ROWWISE_ADAGRAD) for the same topology
 (``Topology(world_size=W, compute_device="cpu")``); both plans train on the same, other,
 batches, step by step, the order of the plans balanced over steps (a Williams design: each
-plan takes each position, and follows each other plan, equally often), each step behind a
-barrier. The hybrid planner plans twice: as a user of this machine gets it (``hybrid_planner``:
+plan takes each position, and follows each other plan, equally often over each full cycle of
+its orders, which starts at the first timed step; 40 steps of 3 plans, 6 orders: within one),
+each step behind a barrier. The hybrid planner plans twice: as a user of this machine gets it (``hybrid_planner``:
 compute priced by the CPU calibration, ``planner/compute_costs.py``) and as it plans for a
 network-bound cluster (``hybrid_planner_bytes``: bytes and collectives only, the default on
 CUDA). Per model: bytes each rank sends (``wchar`` of ``/proc/self/io``) - the mean over
@@ -89,7 +90,8 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     planners, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     orders = balanced_orders(len(MODELS))
-    measured = interleaved_steps(models, batches, warmup, lambda i: [MODELS[j] for j in orders[i % len(orders)]])
+    measured = interleaved_steps(models, batches, warmup,  # orders balanced over the timed steps
+                                 lambda i: [MODELS[j] for j in orders[(i - warmup) % len(orders)]])
     sent, times = measured["sent"], measured["wall"]
     dist.barrier()
     counts = {}
@@ -169,7 +171,8 @@ def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: D
                 times: Dict[str, List[float]]) -> None:
     """One training step of each of ``names``, in the order of row ``i`` of a Williams design
     (``measure.balanced_orders``: over its rows every model takes every position, and follows every other
-    model, equally often), each behind a barrier; on a timed step, record each model's bytes sent and time."""
+    model, equally often; ``i``: counted from the first timed step, so the timed steps start a cycle), each
+    behind a barrier; on a timed step, record each model's bytes sent and time."""
     names = tuple(names)
     orders = balanced_orders(len(names))
     for name in (names[j] for j in orders[i % len(orders)]):

@@ -74,7 +74,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     sent: Dict[str, List[int]] = {m: [] for m in MODELS}
     times: Dict[str, List[float]] = {m: [] for m in MODELS}
     for i, kjt in enumerate(batches):
-        step_models(models, MODELS, kjt, i, i >= warmup, sent, times)
+        step_models(models, MODELS, kjt, i - warmup, i >= warmup, sent, times)  # rows counted from the first timed step
     emit({"allocator": malloc.current(), **{m: sum(v) / len(v) for m, v in sent.items()}})
 
 

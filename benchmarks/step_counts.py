@@ -8,8 +8,9 @@ backward, ours and TorchRec's alike), not by hand:
 - collectives: ``c10d::`` ops (all-to-all, all-gather, all-reduce, ...), barriers excluded;
 - host syncs: ops whose result the host must wait for on a GPU - scalar reads
   (``aten::_local_scalar_dense``: ``int(t)``, ``t.item()``), ``aten::equal``, ops with a
-  data-dependent output size (``nonzero``, ``masked_select``, ``unique``, ``repeat_interleave``
-  without ``output_size``, FBGEMM's ``masked_select_jagged_1d``), and tensor-to-Python
+  data-dependent output size (``nonzero``, ``masked_select``, ``unique``, ``bincount``,
+  ``repeat_interleave`` without ``output_size``, indexing with a boolean mask - ``x[mask]``,
+  ``x[mask] = v`` -, FBGEMM's ``masked_select_jagged_1d``), and tensor-to-Python
   conversions that bypass the dispatcher (``Tensor.tolist``, counted by wrapping it);
 - ops: every dispatched op.
 """
@@ -24,7 +25,10 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode  # the documented home of dispatch modes
 
 _SYNC_OPS = {"aten::_local_scalar_dense", "aten::equal", "aten::nonzero", "aten::masked_select", "aten::unique",
-             "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim", "fbgemm::masked_select_jagged_1d"}
+             "aten::_unique2", "aten::unique_consecutive", "aten::unique_dim", "fbgemm::masked_select_jagged_1d",
+             "aten::bincount"}  # bincount: its length is the largest value's (a host read on a GPU)
+# ops that read a boolean mask index on the host (``x[mask]``, ``x[mask] = v``): counted only with a mask
+_MASK_INDEX_OPS = {"aten::index", "aten::index_put_", "aten::index_put", "aten::_index_put_impl_"}
 _NOT_COLLECTIVES = {"c10d::barrier"}
 
 
@@ -41,6 +45,9 @@ class StepCounter(TorchDispatchMode):
         self.ops[name] += 1
         if name == "aten::repeat_interleave" and kwargs.get("output_size") is None:
             self.ops["<sync> repeat_interleave without output_size"] += 1
+        if name in _MASK_INDEX_OPS and len(args) > 1 and any(
+                isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in args[1] or ()):
+            self.ops[f"<sync> {name} with a boolean mask"] += 1
         return func(*args, **kwargs)
 
     def summary(self) -> Dict[str, int]:

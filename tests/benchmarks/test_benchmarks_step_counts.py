@@ -21,6 +21,10 @@ def _counted(rank, world):
         int(out[0])  # sync 3 (scalar read)
         torch.repeat_interleave(torch.arange(2), torch.tensor([2, 1]))  # sync 4 (no output_size)
         torch.repeat_interleave(torch.arange(2), torch.tensor([2, 1]), output_size=3)  # no sync
+        out[out > 100]  # sync 5 (a boolean mask: the size is the mask's count)
+        out[out > 100] = 0  # sync 6
+        torch.bincount(torch.tensor([1, 2]))  # sync 7 (its length is the largest value's)
+        out[torch.tensor([0, 1])]  # no sync (integer index)
         dist.barrier()  # not a collective of the step
     return c.summary()
 
@@ -28,8 +32,8 @@ def _counted(rank, world):
 def test_counts_what_a_step_issues():
     for summary in run_ranks(_counted, 2):
         assert summary["collectives"] == 2
-        assert summary["host_syncs"] == 4
-        assert summary["ops"] >= 10
+        assert summary["host_syncs"] == 7
+        assert summary["ops"] >= 14
 
 
 def _counted_steps(rank, world, models):
