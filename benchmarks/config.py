@@ -140,7 +140,8 @@ def check_override(field: str, value) -> None:
 def apply_overrides(workloads: List[Workload], overrides: Dict[str, object]) -> List[Workload]:
     """Every workload with each given field set: a list value gives one workload per value
     (so ``{"world": [2, 4]}`` runs every configuration at W=2 and W=4). Configurations that
-    become identical are measured once; order is kept."""
+    become identical are measured once; order is kept. ``world`` leaves the CUDA configurations
+    alone: they run on one GPU (W=1; each rank would take ``cuda:<rank>``)."""
     out: List[Workload] = []
     for w in workloads:
         variants = [w]
@@ -148,6 +149,8 @@ def apply_overrides(workloads: List[Workload], overrides: Dict[str, object]) -> 
             values = list(value) if isinstance(value, (list, tuple)) else [value]
             for v in values:
                 check_override(field, v)
+            if field == "world" and w.device == "cuda":
+                continue
             variants = [replace(x, **{field: v}) for x in variants for v in values]
         out += [x for x in variants if x not in out]
     return out

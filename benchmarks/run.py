@@ -171,6 +171,13 @@ def main(argv=None) -> Dict:
     a = parser.parse_args(argv)
     if a.no_simulate and a.mode in ("tiny", "headline"):
         parser.error(f"--no-simulate: the {a.mode} mode runs no projection (only --quick and the full run do)")
+    if a.mode == "headline":  # its report is one configuration's: several values would measure and drop the rest
+        several = [(flag, getattr(a, flag)) for flag in FLAG_FIELDS
+                   if isinstance(getattr(a, flag), (list, tuple)) and len(getattr(a, flag)) > 1]
+        if several:
+            flag, values = several[0]
+            parser.error(f"--headline measures one configuration; --{flag.replace('_', '-')} got several values "
+                         f"{list(values)}: run --headline once per value")
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run `finally`: no orphaned ranks
     mode = a.mode or "full"
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(message)s")

@@ -424,19 +424,20 @@ def _data_position(path: str, progress: Dict[str, int], global_batch: int, sourc
     """The next global batch to read in a run of ``global_batch`` samples per step. Synthetic
     batch i is generated for the run's own world size, so its index carries over as it is;
     Criteo TSV lines are read in order, so the position becomes the samples already read, in
-    this run's batches (ValueError when they do not divide); ``criteo_npy`` gives each rank a
+    this run's batches (CheckpointError when they do not divide); ``criteo_npy`` gives each rank a
     contiguous block of every day, which another world size or batch size would reshuffle
-    (ValueError). The same verdict on every rank: every rank read the same progress."""
+    (CheckpointError: the run ends with one line per rank, as for any unusable checkpoint). The same
+    verdict on every rank: every rank read the same progress."""
     theirs, position = progress.get("global_batch", 0), progress["data_position"]
     if not theirs or not global_batch or theirs == global_batch or source == "synthetic":
         return position
     samples = position * theirs
     if source != "criteo_tsv":
-        raise ValueError(f"checkpoint {path} read {position} global batches of {theirs} samples from {source}, whose "
-                         f"rows are split among the ranks by world size and batch size; this run's global batch is "
-                         f"{global_batch}: resume with the checkpoint's world size and data.batch_size")
+        raise CheckpointError(f"checkpoint {path} read {position} global batches of {theirs} samples from {source}, "
+                              f"whose rows are split among the ranks by world size and batch size; this run's global "
+                              f"batch is {global_batch}: resume with the checkpoint's world size and data.batch_size")
     if samples % global_batch:
-        raise ValueError(f"checkpoint {path} read {samples} samples in global batches of {theirs}; this run's global "
-                         f"batches of {global_batch} (data.batch_size x world size) cannot continue at that sample: "
-                         "resume with a global batch that divides it, or the checkpoint's")
+        raise CheckpointError(f"checkpoint {path} read {samples} samples in global batches of {theirs}; this run's "
+                              f"global batches of {global_batch} (data.batch_size x world size) cannot continue at "
+                              "that sample: resume with a global batch that divides it, or the checkpoint's")
     return samples // global_batch

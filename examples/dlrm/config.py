@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import typing
 from typing import Any, Dict, List, Literal, Optional, Sequence, Union
 
@@ -46,12 +47,12 @@ def _check(fn, text: str) -> Dict[str, Any]:
     return {"check": fn, "allowed": text}
 
 
-def _positive(text: str = "a number > 0") -> Dict[str, Any]:
-    return _check(lambda v: v > 0, text)
+def _positive(text: str = "a finite number > 0") -> Dict[str, Any]:
+    return _check(lambda v: math.isfinite(v) and v > 0, text)  # inf: no timeout or rate the run can use
 
 
-def _non_negative(text: str = "a number >= 0") -> Dict[str, Any]:
-    return _check(lambda v: v >= 0, text)
+def _non_negative(text: str = "a finite number >= 0") -> Dict[str, Any]:
+    return _check(lambda v: math.isfinite(v) and v >= 0, text)
 
 
 @dataclasses.dataclass
@@ -362,9 +363,34 @@ def _validate_more(cfg: Config) -> None:
         if ignored:
             raise ConfigError(f"{', '.join(ignored)}: only for data.source 'synthetic' (real data brings its own "
                               f"ids), got data.source {d.source!r}")
-    o = cfg.optim.dense
-    if o.optimizer == "sgd" and o.eps != DenseOptimConfig().eps:
-        raise ConfigError(f"optim.dense.eps: SGD has no eps, got {o.eps!r} (with optim.dense.optimizer 'sgd')")
+    for key, given, default in (("source 'criteo_tsv'", ("paths", "validation_paths"), "criteo_tsv"),
+                                ("source 'criteo_npy'", ("dir", "validation_dir"), "criteo_npy")):
+        unused = [f"data.{k}" for k in given if getattr(d, k) and d.source != default]
+        if unused:
+            raise ConfigError(f"{', '.join(unused)}: only read by data.{key}, got data.source {d.source!r}")
+    cats = [f"cat_{i}" for i in range(SPARSE_FEATURES)]
+    unknown = [f for f in d.label.effect_features if f not in cats]
+    if unknown:
+        raise ConfigError(f"data.label.effect_features: unknown sparse features {unknown}; they are cat_0 .. "
+                          f"cat_{SPARSE_FEATURES - 1}")
+    if cfg.model.embedding_dim % 4:
+        raise ConfigError(f"model.embedding_dim: FBGEMM's embedding kernels need a multiple of 4, got "
+                          f"{cfg.model.embedding_dim}")
+    for section, o, default_eps in (("embedding", cfg.optim.embedding, EmbeddingOptimConfig().eps),
+                                    ("dense", cfg.optim.dense, DenseOptimConfig().eps)):
+        if o.optimizer == "sgd" and o.eps != default_eps:
+            raise ConfigError(f"optim.{section}.eps: SGD has no eps, got {o.eps!r} (with optim.{section}.optimizer "
+                              "'sgd')")
+    tables = [f"t_cat_{i}" for i in range(SPARSE_FEATURES)]  # data.build_data's table names
+    unknown = sorted(set(cfg.sharding.tables) - set(tables))
+    if unknown:  # for every planner: TorchRec's would constrain nothing and say nothing
+        raise ConfigError(f"sharding.tables: no table named {unknown}; the tables are t_cat_0 .. "
+                          f"t_cat_{SPARSE_FEATURES - 1}")
+    sc = cfg.sharding.stats
+    if cfg.sharding.planner == "stock" and (sc.file or sc.save):
+        keys = [f"sharding.stats.{k}" for k in ("file", "save") if getattr(sc, k)]
+        raise ConfigError(f"{', '.join(keys)}: sharding.planner 'stock' uses no statistics (TorchRec's planner "
+                          "prices without them); drop the key(s) for this run")
     m = cfg.metrics
     if m.validation_every and not m.validation_batches:
         raise ConfigError(f"metrics.validation_every: {m.validation_every} needs metrics.validation_batches > 0 "

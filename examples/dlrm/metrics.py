@@ -22,8 +22,9 @@ from __future__ import annotations
 import collections
 import json
 import math
+import os
 import time
-from typing import Any, Deque, Dict, Iterable, Optional
+from typing import Any, Deque, Dict, Iterable, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -176,10 +177,27 @@ class StepTimer:
 
 
 class JsonlLog:
-    """Per-step losses to a JSON-lines file (rank 0; written outside the measured window)."""
+    """Per-step losses to a JSON-lines file (rank 0; written outside the measured window).
 
-    def __init__(self, path: Optional[str], append: bool) -> None:
-        self._f = open(path, "a" if append else "w") if path else None
+    ``resume_from``: the step a resumed run starts after (None: a fresh file). The file keeps its
+    records up to that step and drops later ones - a run that resumes from an older checkpoint than
+    its last step (a crash) trains those steps again, and would otherwise log them twice."""
+
+    def __init__(self, path: Optional[str], resume_from: Optional[int] = None) -> None:
+        kept: List[str] = []
+        if path and resume_from is not None and os.path.exists(path):
+            with open(path) as f:
+                for line in f:
+                    try:
+                        step = json.loads(line).get("step")
+                    except (ValueError, AttributeError):
+                        continue  # a line cut short by the crash
+                    if isinstance(step, int) and step <= resume_from:
+                        kept.append(line if line.endswith("\n") else line + "\n")
+        self._f = open(path, "w") if path else None
+        if self._f and kept:
+            self._f.writelines(kept)
+            self._f.flush()
 
     def write(self, record: Dict) -> None:
         if self._f:

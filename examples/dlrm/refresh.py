@@ -213,6 +213,8 @@ class HotSetTracker:
                             resized)
             changed = refresh_hot_sets(self.model, hot_ids=mine)
             self._set_hot(current_hot_ids(self.model))
+            # before training starts both queued batches are split by the restored sets, not only the second
+            self._split_by = collections.deque([self.meter, self.meter])
             logger.info("hot sets of %d hybrid table(s) from %s (%d ids differ from the planned ones)",
                         len(mine), os.path.join(path, HOT_SETS_FILE), sum(changed.values()))
         f = os.path.join(path, STATS_FILE)

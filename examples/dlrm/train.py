@@ -332,7 +332,8 @@ class Training:
                                     batch_size=cfg.data.batch_size,
                                     dense_sync_bytes=measure_dense_sync_bytes(mlp_numel(self.dmp), self.device),
                                     group=self.side_group)
-        self.jsonl = JsonlLog(cfg.metrics.jsonl if self.rank == 0 else None, append=self.start > 0)
+        self.jsonl = JsonlLog(cfg.metrics.jsonl if self.rank == 0 else None,
+                              resume_from=self.start if self.start > 0 else None)
         tqdm.tqdm.monitor_interval = 0  # no background thread writing inside a measured step
         self.bar = tqdm.tqdm(total=self.steps, initial=self.start, file=sys.stderr, desc="train",
                              disable=self.rank != 0 or not cfg.train.progress_bar, dynamic_ncols=True)

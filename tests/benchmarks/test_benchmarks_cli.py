@@ -49,6 +49,23 @@ def test_overrides_reach_every_configuration():
     assert {(w.world, w.dim, w.alpha, w.multi_hot) for w in sweep_w} == {(2, 32, 1.2, True)}
 
 
+def test_world_overrides_leave_the_one_gpu_runs_at_one_rank():
+    """The CUDA configurations run on one GPU: --world sets the gloo world size of the others only (each
+    rank would take cuda:<rank>)."""
+    main_w, _ = plan_run("tiny", {"world": [2, 4]}, cuda=True)
+    assert sorted({(w.world, w.device) for w in main_w}) == [(1, "cuda"), (2, "cpu"), (4, "cpu")]
+
+
+def test_headline_refuses_several_values_of_a_flag(capsys):
+    """--headline reports one configuration: --world 2 4 would measure both and report only the first."""
+    from benchmarks.run import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["--headline", "--world", "2", "4"])
+    assert e.value.code == 2
+    assert "--world got several values [2, 4]" in capsys.readouterr().err
+
+
 def test_no_overrides_keep_the_modes():
     for mode in ("tiny", "quick", "full", "headline"):
         assert plan_run(mode, {}) == (mode_workloads(mode), hot_row_sweep(mode))

@@ -147,6 +147,17 @@ def test_config_files_validate_and_share_the_planner_keys():
     ("optim: {dense: {optimizer: sgd, eps: 0.1}}\n", ["optim.dense.eps: SGD has no eps, got 0.1"]),
     ("metrics: {validation_every: 5, validation_batches: 0}\n", ["metrics.validation_every: 5 needs"]),
     ("checkpoint: {every: 10}\n", ["checkpoint.every: set without checkpoint.dir"]),
+    # values the run cannot use or would ignore (an independent review of the example)
+    ("dist: {timeout_s: .inf}\n", ["dist.timeout_s: expected a finite number > 0"]),
+    ("data: {alpha: .inf}\n", ["data.alpha: expected a finite number >= 0"]),
+    ("data: {label: {effect_features: [cat_99]}}\n", ["data.label.effect_features", "cat_99"]),
+    ("model: {embedding_dim: 6, dense_arch: [6]}\n", ["model.embedding_dim", "multiple of 4", "6"]),
+    ("optim: {embedding: {optimizer: sgd, eps: 0.1}}\n", ["optim.embedding.eps: SGD has no eps"]),
+    ("data: {validation_dir: d}\n", ["data.validation_dir: only read by data.source 'criteo_npy'"]),
+    ("data: {paths: [x.tsv]}\n", ["data.paths: only read by data.source 'criteo_tsv'"]),
+    ("sharding: {planner: stock, stats: {save: s.pt}}\n", ["sharding.stats.save", "'stock' uses no statistics"]),
+    ("sharding: {planner: stock, tables: {t_cat_99: {sharding_types: [table_wise]}}}\n",
+     ["sharding.tables: no table named ['t_cat_99']"]),
 ])
 def test_bad_config_file_names_the_key(tmp_path, text, words):
     p = tmp_path / "c.yaml"
@@ -162,17 +173,17 @@ def test_bad_config_file_names_the_key(tmp_path, text, words):
 def test_resume_with_another_global_batch_continues_at_the_same_sample():
     """A checkpoint records its global batch: a run with another world size or batch size resumes at the sample
     where it stopped (real data would otherwise skip or repeat lines), or refuses when no batch starts there."""
-    from examples.dlrm.checkpoint import _data_position
+    from examples.dlrm.checkpoint import CheckpointError, _data_position
 
     saved = {"step": 10, "data_position": 12, "global_batch": 4096}  # 12 x 4096 samples read
     assert _data_position("ck", saved, 4096) == 12
     assert _data_position("ck", saved, 8192) == 6 and _data_position("ck", saved, 2048) == 24
     assert _data_position("ck", {"step": 10, "data_position": 12}, 8192) == 12  # written before it was recorded
     assert _data_position("ck", saved, 5000, "synthetic") == 12  # batch i is generated for the run's own world
-    with pytest.raises(ValueError) as e:
+    with pytest.raises(CheckpointError) as e:  # a CheckpointError: one line per rank, no traceback (train.main)
         _data_position("ck", saved, 5000)
     assert "checkpoint ck read 49152 samples in global batches of 4096" in str(e.value) and "5000" in str(e.value)
-    with pytest.raises(ValueError, match="resume with the checkpoint's world size and data.batch_size"):
+    with pytest.raises(CheckpointError, match="resume with the checkpoint's world size and data.batch_size"):
         _data_position("ck", saved, 8192, "criteo_npy")
     assert _data_position("ck", saved, 4096, "criteo_npy") == 12
 
@@ -204,3 +215,23 @@ def test_shipped_configs_load_with_real_data(path, source):
     settings do not stand in the way)."""
     cfg = load_config(path, source)
     assert cfg.data.source == source[0].split("=")[1]
+
+
+def test_a_resumed_metrics_log_keeps_only_the_steps_before_the_resume(tmp_path):
+    """Resuming from a checkpoint older than the last logged step (a crash) trains those steps again: the
+    log drops its records after the checkpoint's step instead of holding them twice (and a line the
+    crash cut short)."""
+    import json
+
+    from examples.dlrm.metrics import JsonlLog
+
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "loss": 0.5}) + "\n" for s in range(1, 7)) + '{"step": 7, "lo')
+    log = JsonlLog(str(path), resume_from=4)
+    for s in (5, 6):
+        log.write({"step": s, "loss": 0.25})
+    log.close()
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6] and records[4]["loss"] == 0.25
+    JsonlLog(str(path)).close()  # a fresh run starts a fresh file
+    assert path.read_text() == ""

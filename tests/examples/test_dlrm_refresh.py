@@ -7,9 +7,10 @@ import re
 import pytest
 import torch
 
-from examples.dlrm.config import ConfigError, load_config
-from examples.dlrm.data import SyntheticCriteoBatches
+from examples.dlrm.config import ConfigError, config_from_args, load_config
+from examples.dlrm.data import SyntheticCriteoBatches, build_data
 from examples.dlrm.refresh import HOT_SETS_FILE, STATS_FILE, load_hot_sets
+from torchrec_hybrid.stats import HotSetCoverage
 from torchrec_hybrid.stats.synthetic import criteo_table_sizes
 
 from tests.examples.test_dlrm_example import TINY, run_train
@@ -111,9 +112,19 @@ def test_resume_continues_with_the_refreshed_hot_sets(tmp_path):
     assert [r["step"] for r in resumed] == list(range(1, N + 1))
     for x, y in zip(full[N // 2:], resumed[N // 2:]):
         assert y["loss"] == pytest.approx(x["loss"], rel=1e-3), (x, y)
-    # the batches trained after the first resumed one were split by the restored hot sets
+    # the batches trained after the first resumed one were split by the restored hot sets, as in the
+    # uninterrupted run; the first resumed batch too, where the uninterrupted run had split it before its
+    # refresh (its input dist starts a step early): its coverage is the restored sets' on that batch (it
+    # was once scored against the planned sets)
     for x, y in zip(full[N // 2 + 1:], resumed[N // 2 + 1:]):
         assert y["coverage"] == x["coverage"], (x, y)
+    cfg = config_from_args(["--config", TINY, *common, "--checkpoint-dir", str(ckpt)])
+    hits = lookups = 0
+    for rank in range(2):
+        source, tables = build_data(cfg, rank, 2)
+        h, n = HotSetCoverage(tables, saved).counts(source.batch(N // 2).sparse_features)
+        hits, lookups = hits + int(h.sum()), lookups + int(n.sum())
+    assert resumed[N // 2]["coverage"] == pytest.approx(hits / lookups, rel=1e-12)
     # the refresh at step N, from the restored statistics, picks what the uninterrupted run picked
     a, b = load_hot_sets(str(full_dir / f"step_{N}")), load_hot_sets(str(ckpt / f"step_{N}"))
     assert all(torch.equal(a[k], b[k]) for k in a) and not all(torch.equal(a[k], saved[k]) for k in a)
