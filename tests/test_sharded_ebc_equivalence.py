@@ -444,3 +444,20 @@ def test_cold_exchange_past_its_room_trains_like_table_wise(world):
     for r, dists in enumerate(per_rank):
         for i, (send_rows, _, _) in enumerate(dists):
             assert [per_rank[q][i][1][r] for q in range(world)] == send_rows, per_rank  # q's rows from r
+
+
+def _refresh_counts(rank, world):
+    configs = tables()
+    mh = build(configs, world, {c.name: "hybrid" for c in configs},
+               HybridEmbeddingBagCollectionSharder(hot_ids({"t0": [3], "t1": [0, 29, 5], "t2": [], "t3": [16]}),
+                                                   fused_params=dict(OPTIMIZERS["sgd"])))
+    new = {"t0": torch.tensor([3, 4, 5, 6]), "t1": torch.tensor([0, 5, 7]), "t2": torch.tensor([1, 2]),
+           "t3": torch.tensor([], dtype=torch.int64)}
+    return refresh_hot_sets(mh, hot_ids=new)
+
+
+def test_refresh_counts_the_ids_that_entered_each_hot_set():
+    """A set that grows, one of the same size and an empty one that fills count their new ids (growing
+    and filled sets used to report 0: only removals were counted)."""
+    for changed in run_ranks(_refresh_counts, 2, timeout=120):
+        assert changed == {"t0": 3, "t1": 1, "t2": 2, "t3": 0}

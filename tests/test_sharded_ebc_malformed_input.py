@@ -1,7 +1,8 @@
 """Malformed batches, empty batches and non-finite weights (issue 20, items 2-4).
 
 A KJT malformed on one rank only (a feature missing, keys reordered, an unknown key, a key
-twice, sizes that do not add up, a negative bag length, weights where the module takes none, NaN / inf weights)
+twice, sizes that do not add up, a negative bag length, ids not 1-D int32 / int64, weights where the
+module takes none, NaN / inf weights)
 raises the same clear error on every rank within seconds, before any lookup or update; the
 next good batch trains. Empty batches (0 samples on one rank or on all) train exactly like
 stock table_wise. Several cases share one spawned job to keep the suite short.
@@ -87,6 +88,10 @@ def _weights_unexpected(kjt, keys):
                              weights=torch.ones(kjt.values().numel()), stride=kjt.stride())
 
 
+def _ids_as(kjt, keys, values):
+    return KeyedJaggedTensor(keys=keys, values=values, lengths=kjt.lengths(), stride=kjt.stride())
+
+
 def _vbe_no_inverse(kjt, keys):
     vbe = variable_batch(kjt, seed=5)
     return KeyedJaggedTensor(keys=keys, values=vbe.values(), lengths=vbe.lengths(),
@@ -101,10 +106,20 @@ def _vbe_inverse_range(kjt, keys):
                              stride_per_key_per_rank=vbe.stride_per_key_per_rank(), inverse_indices=(keys, inverse))
 
 
+def _vbe_extra_length(kjt, keys):
+    """A variable batch with one length more than its per-key batch sizes add up to."""
+    vbe = variable_batch(kjt, seed=5)
+    lengths = torch.cat([vbe.lengths(), torch.zeros(1, dtype=vbe.lengths().dtype)])
+    return KeyedJaggedTensor(keys=keys, values=vbe.values(), lengths=lengths,
+                             stride_per_key_per_rank=vbe.stride_per_key_per_rank(),
+                             inverse_indices=vbe.inverse_indices())
+
+
 # a variable batch per feature that cannot be expanded to one batch (hybrid modules only: stock
 # shardings take VBE batches as they are)
 VARIABLE_BATCH_CASES: Dict[str, tuple] = {
     "vbe-no-inverse": (_vbe_no_inverse, MalformedBatchError, ["no inverse_indices"]),
+    "vbe-extra-length": (_vbe_extra_length, MalformedBatchError, ["lengths, not the", "bags its per-key batch sizes"]),
     "vbe-inverse-range": (_vbe_inverse_range, MalformedBatchError, ["'f1'", "inverse index 99"]),
 }
 
@@ -117,6 +132,13 @@ STRUCTURE_CASES: Dict[str, tuple] = {
     "values-size": (_values_size, MalformedBatchError, ["values"]),
     "negative-length": (_negative_length, MalformedBatchError, ["'f1'", "negative length -1"]),
     "weights-unexpected": (_weights_unexpected, MalformedBatchError, ["not weighted"]),
+    # ids no dist or kernel reads (the check itself raised on that rank alone, and the others waited)
+    "float-ids": (lambda kjt, keys: _ids_as(kjt, keys, kjt.values().float()), MalformedBatchError,
+                  ["ids are float32, not int32 or int64"]),
+    "int16-ids": (lambda kjt, keys: _ids_as(kjt, keys, kjt.values().to(torch.int16)), MalformedBatchError,
+                  ["ids are int16"]),
+    "2d-ids": (lambda kjt, keys: _ids_as(kjt, keys, kjt.values().view(-1, 1)), MalformedBatchError,
+               ["ids are a 2-D tensor, not 1-D"]),
 }
 
 

@@ -92,10 +92,18 @@ _WEIGHTS_SIZE = 13  # [values numel, weights numel]
 _INVERSE_KEYS = 14  # [0, rows of the inverse indices]
 _INVERSE_RANGE = 15  # [feature, the inverse index]
 _NEGATIVE_LENGTH = 16  # [feature (-1: a key that is no feature), the length]
+_TENSOR_SHAPE = 17  # [part (_PARTS), its number of dimensions]
+_TENSOR_DTYPE = 18  # [part (_PARTS), its dtype (_DTYPES index, -1: another)]
+_BAGS_SIZE = 19  # [sum of the per-key strides, lengths numel]: a variable batch per feature
+# the batch's tensors the structure check reads, and what each must be: 1-D, of these dtypes
+_PARTS = ("ids", "lengths", "per-sample weights")
+_DTYPES = (torch.int32, torch.int64, torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8,
+           torch.int16, torch.uint8, torch.bool, torch.complex64, torch.complex128)
+_ALLOWED = ("int32 or int64", "int32 or int64", "floating point")
 # codes the device checks report bare: the rank that reports one finds the details on the error path
 _SEARCHED = (_NEGATIVE_LENGTH, _BAD_ID, _BAD_WEIGHT)
 _VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch.INVERSE_KEYS: _INVERSE_KEYS,
-                      variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _LENGTHS_SIZE}
+                      variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _BAGS_SIZE}
 # stock types whose input dist only moves ids (no bucketing by id): no clamp needed there
 _ID_MOVING_TYPES = frozenset(t.value for t in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                                                ShardingType.TABLE_COLUMN_WISE, ShardingType.DATA_PARALLEL))
@@ -123,6 +131,9 @@ _MESSAGES = {  # per code, the problem in words (HybridShardedEmbeddingBagCollec
     _WEIGHTS_UNEXPECTED: "its batch has per-sample weights but the module is not weighted (is_weighted=False)",
     _WEIGHTS_SIZE: "its batch has {value} per-sample weights for {index} values",
     _NEGATIVE_LENGTH: "{feature} has a bag of negative length {value} in its batch",
+    _BAGS_SIZE: "its batch has {value} lengths, not the {index} bags its per-key batch sizes add up to",
+    _TENSOR_SHAPE: "its batch's {part} are a {value}-D tensor, not 1-D",
+    _TENSOR_DTYPE: "its batch's {part} are {dtype}, not {allowed}",
 }
 
 
@@ -695,6 +706,15 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             problem = self._key_problem(keys)
             if problem is not None:
                 return problem
+        tensors = (features.values(), features.lengths(), features.weights_or_none())
+        for part, t in enumerate(tensors):  # the dists and kernels read 1-D int ids and lengths, float weights
+            if t is None:
+                continue
+            if t.dim() != 1:
+                return [_TENSOR_SHAPE, part, t.dim()]
+            ok = t.is_floating_point() if part == 2 else t.dtype in (torch.int32, torch.int64)
+            if not ok:
+                return [_TENSOR_DTYPE, part, _DTYPES.index(t.dtype) if t.dtype in _DTYPES else -1]
         if features.variable_stride_per_key():  # no hybrid table (else expanded): stock dists check it
             return None
         lengths = features.lengths()
@@ -770,9 +790,13 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         duplicate = feature(index) if index >= 0 else f"key {_unpack_name(value)}"
         other = names[value] if 0 <= value < len(names) else "?"
         template = _MESSAGES.get(code, "unknown problem code {code}")
+        part = _PARTS[index] if 0 <= index < len(_PARTS) else "?"
         return template.format(code=code, index=index, value=value, feature=feature(index), rows=rows,
                                weight=weight, name=_unpack_name(value), position=-index - 1,
-                               duplicate=duplicate, other=other)
+                               duplicate=duplicate, other=other, part=part,
+                               dtype=str(_DTYPES[value]).replace("torch.", "") if 0 <= value < len(_DTYPES)
+                               else "of another dtype",
+                               allowed=_ALLOWED[index] if 0 <= index < len(_ALLOWED) else "?")
 
     def _finish_id_check(self, ctx: HybridEmbeddingBagCollectionContext, input) -> None:
         if ctx.rejected is not None:
@@ -809,7 +833,8 @@ def refresh_hot_sets(model: torch.nn.Module, stats: Any = None, hot_ids: Optiona
     frequent rows, as many as it has now (the planned hot-row memory stays as planned); a
     hybrid table the statistics do not count keeps its set (logged). ``hot_ids`` naming a
     table that is not frequency_hybrid in ``model`` raise :class:`HotSetError` before any
-    set changes. Returns per table how many hot ids changed.
+    set changes. Returns per table how many of its hot ids are new (not hot before; a set of the
+    same size, as ``stats`` gives, lost as many).
     """
     if (stats is None) == (hot_ids is None):
         raise ValueError("refresh_hot_sets: pass exactly one of stats and hot_ids")
@@ -841,5 +866,5 @@ def refresh_hot_sets(model: torch.nn.Module, stats: Any = None, hot_ids: Optiona
         m.refresh_hot_ids(new)
         after = m.hot_ids()
         for name in new:
-            changed[name] = int(current[name].numel()) - int(torch.isin(after[name], current[name]).sum())
+            changed[name] = int((~torch.isin(after[name], current[name])).sum())  # entered (growing sets too)
     return changed
