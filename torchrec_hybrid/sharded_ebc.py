@@ -14,9 +14,10 @@ device without a host sync. A rank never raises on its own: it records its first
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
 harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
 collectives complete; the reports ride the header of the hybrid cold ids' all-to-all (without hybrid
-tables, the split sizes a stock input dist exchanges anyway, where the module starts that
-exchange itself; else - data_parallel tables only, a 2D sharding sub-group, or the splits
-``TrainPipelineSparseDist`` fuses from its second batch on - one small all-to-all) and
+tables, the split sizes a stock input dist exchanges anyway - where the module starts that
+exchange itself, or, under ``TrainPipelineSparseDist``, the one the pipeline fuses after every
+module's input dist; only with data_parallel tables alone or a 2D sharding sub-group, one small
+all-to-all of their own) and
 every rank raises the same
 :class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
 the problem.

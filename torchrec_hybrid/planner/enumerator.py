@@ -3,7 +3,8 @@
 The stock enumerator raises for an unknown sharding type (``calculate_shard_sizes_and_offsets``,
 ``get_partition_by_type``) and its estimators either raise (storage) or misprice it (perf).
 So the stock enumeration runs on sharders that hide ``frequency_hybrid`` and on constraints
-without it; then per table (with at least W rows) up to three hybrid options are added:
+without it; then per table up to three hybrid options are added (a table with fewer rows than ranks:
+table-wise cold only):
 
 - **table-wise cold**: one shard the partitioner places on a rank like a table_wise table;
   a multi-hot bag's cold ids then return one partial sum;

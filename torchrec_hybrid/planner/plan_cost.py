@@ -249,9 +249,9 @@ def plan_rank_work(options: List[ShardingOption], traffic: TrafficTable, world: 
 
 
 def collectives_per_step(options: List[ShardingOption]) -> int:
-    """Collectives a plan issues per step (per module: each sharding group's own) in a plain
-    training loop (under ``TrainPipelineSparseDist`` a module without hybrid tables sends its
-    id-check verdicts in one more all-to-all; sharded_ebc.py)."""
+    """Collectives a plan issues per step (per module: each sharding group's own), plus, for a
+    module of data_parallel tables alone, the small all-to-all of its id-check verdicts (other
+    modules' verdicts ride a split-size exchange they make anyway; sharded_ebc.py)."""
     n = 0
     for types in sharding_groups(options).values():
         n += sum(COLLECTIVES_PER_STEP.get(t, 5) for t in types)

@@ -10,7 +10,8 @@ Per step and per rank (local batch B, F features of hybrid tables):
    row already, encoded as ``row * (W + 1) + bucket`` (:func:`row_blocks.bucket_ids`),
    which the cyclic bucketization into W + 1 buckets decodes (bucket ``id % (W + 1)``,
    row ``id // (W + 1)``); only the non-empty cold bags go to their
-   owner, in two all-to-alls (cold_all_to_all.py);
+   owner, in one all-to-all per step (two on the first step and when a run outgrows its room;
+   cold_all_to_all.py);
 3. bucket W is the replicated hot TBE's input as it stands: it comes last, in (feature,
    sample) order, and the hot TBE reads it through offsets into the bucketized ids (one
    cumsum of the bucketized lengths), nothing else.

@@ -14,7 +14,8 @@ versioned file (`save`, `load`), so they can be computed once, offline or on all
 and every rank derives the same hot set from them.
 
 For hot sets that follow drifting data, counts can decay (`decay_`, or the ``decay``
-option of `update`): old popularity fades exponentially, in O(1) per decay. Ranks merge
+option of `FrequencyStats`, applied by every `update`): old popularity fades exponentially,
+in O(1) per decay. Ranks merge
 on a schedule with `all_reduce_` (one collective, plus one all-gather with sketches; each
 lookup is merged once however often it is called). `HotSetCoverage` measures the share of
 a batch's lookups a given hot set serves, per table, vectorised (for a per-step check).
