@@ -329,6 +329,8 @@ def main(argv=None) -> None:
         if len(worlds) != 1:
             ap.error(f"--refit: the files were measured at different world sizes {sorted(worlds)}; fit one at a time")
         args.world = worlds.pop()  # the report's world: the runs', not the default
+        for k in measuring[1:]:  # not this command's settings: each run's are in its measurements' labels
+            setattr(args, k, None)
     else:
         from tqdm import tqdm
 

@@ -379,7 +379,7 @@ def _batches(w: Workload, world: int, steps: int, rank: int):
     from torchrec_hybrid.stats import SyntheticCriteo, criteo_table_sizes
 
     sizes = criteo_table_sizes(max_rows=w.max_rows)
-    data = SyntheticCriteo(sizes, w.batch * world, steps + 1, multi_hot=w.multi_hot, seed=7)
+    data = SyntheticCriteo(sizes, w.batch * world, steps, multi_hot=w.multi_hot, seed=7)  # warm-up + timed
     kjts = list(data)
     hot = [data.top_ids(0, min(w.hot_rows, n))[f].sort().values for f, n in zip(data.feature_names, sizes)]
     # each rank takes its slice of the global batch (as the sharded module's input)

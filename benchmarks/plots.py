@@ -36,8 +36,10 @@ def _style(kind: str):
                 markerfacecolor="none" if hollow else color, lw=1.5)
 
 
-def _alpha_x(a: float) -> float:
-    return a if a > 0 else 1.0  # uniform ids are drawn left of the Zipf points
+def _alpha_x(a: float, alphas: List[float]) -> float:
+    """Where id law ``a`` sits on a panel of ``alphas``: uniform ids (0) just left of the panel's Zipf points."""
+    zipf = [x for x in alphas if x > 0]
+    return a if a > 0 else (min(zipf) - 0.05 if zipf else 1.0)
 
 
 def bytes_vs_alpha(results: List[Dict], path: str) -> Optional[str]:
@@ -46,7 +48,10 @@ def bytes_vs_alpha(results: List[Dict], path: str) -> Optional[str]:
     for r in results:
         w = r["workload"]
         if len(w["types"]) > 1:
-            groups.setdefault((w["world"], w["device"], w["model"], w["multi_hot"], w["rows_cap"]), []).append(r)
+            # one configuration but the id law per panel (a headline and a sweep of other B, H or dim apart)
+            key = (w["world"], w["device"], w["model"], w["multi_hot"], w["rows_cap"], w["batch_per_rank"],
+                   w["hot_rows"], w["dim"])
+            groups.setdefault(key, []).append(r)
     groups = {k: sorted(v, key=lambda r: r["workload"]["alpha"]) for k, v in groups.items() if len(v) >= 2}
     if not groups:
         return None
@@ -56,7 +61,7 @@ def bytes_vs_alpha(results: List[Dict], path: str) -> Optional[str]:
     for ax in axes.flat[len(groups):]:
         ax.set_visible(False)
     for ax, (key, rs) in zip(axes.flat, groups.items()):
-        xs = [_alpha_x(r["workload"]["alpha"]) for r in rs]
+        xs = [_alpha_x(r["workload"]["alpha"], [q["workload"]["alpha"] for q in rs]) for r in rs]
         kinds = list(rs[0]["results"])
         models = [k for k in MODEL_KINDS if k in kinds]
         assert len(kinds) + len(models) <= MAX_SERIES, kinds
@@ -70,8 +75,9 @@ def bytes_vs_alpha(results: List[Dict], path: str) -> Optional[str]:
         ax.set_yscale("log")
         ax.set_xlabel("id distribution (Zipf alpha)")
         ax.set_ylabel("MB sent per rank per step (log scale)")
-        W, dev, model, multi, cap = key
-        ax.set_title(f"measured: W={W} {dev}, {model}, {'multi-hot' if multi else 'one-hot'}, cap {cap:,}", fontsize=9)
+        W, dev, model, multi, cap, batch, hot, dim = key
+        ax.set_title(f"measured: W={W} {dev}, {model}, {'multi-hot' if multi else 'one-hot'}, cap {cap:,}, "
+                     f"B={batch}, H={hot}, dim {dim}", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
     # one legend for all panels, below them, so it covers no data
     handles, labels = axes[0][0].get_legend_handles_labels()

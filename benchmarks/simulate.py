@@ -52,9 +52,12 @@ def measured_coverage(rows: int, alpha: float, samples: int, max_hot: int, seed:
     return torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(per_rank, 0) / samples])
 
 
-def global_top(coverages: Sequence[torch.Tensor], total: int) -> List[int]:
-    """Rows per table of the `total` most frequent rows across tables (equal lookups per table)."""
-    gains = torch.cat([c[1:] - c[:-1] for c in coverages])
+def global_top(coverages: Sequence[torch.Tensor], total: int, pooling: Sequence[float] = ()) -> List[int]:
+    """Rows per table of the `total` most frequent rows across tables: each table's coverage gains
+    weighted by its ids per bag (``pooling``; default 1 each), its lookups per sample (a table with
+    bags of 100 ids sees 100 times the lookups of a one-id table, as the measured hot sets count them)."""
+    weights = list(pooling) or [1.0] * len(coverages)
+    gains = torch.cat([(c[1:] - c[:-1]) * float(p) for c, p in zip(coverages, weights)])
     table = torch.cat([torch.full((c.numel() - 1,), i) for i, c in enumerate(coverages)])
     chosen = table[torch.sort(gains, descending=True, stable=True).indices[:total]]
     return torch.bincount(chosen, minlength=len(coverages)).tolist()
@@ -82,8 +85,8 @@ def simulate(cardinalities: Sequence[int] = CRITEO_TERABYTE_CARDINALITIES, alpha
     by_size = {n: measured_coverage(n, alpha, samples, min(n, max_hot), seed + n)
                for n in tqdm(sorted(set(cardinalities)), desc="histograms", unit="size")}
     covs = [by_size[n] for n in cardinalities]
-    fixed = global_top(covs, fixed_hot)
     pooling = list(DLRMV2_MULTI_HOT_SIZES) if multi_hot else [1] * len(cardinalities)
+    fixed = global_top(covs, fixed_hot, pooling)
     out = {"label": LABEL, "alpha": alpha, "dim": dim, "batch_per_rank": batch, "samples_per_table": samples,
            "cardinalities": list(cardinalities), "pooling": pooling, "fixed_hot_rows_total": fixed_hot,
            "worlds": list(worlds),
@@ -106,7 +109,8 @@ def simulate(cardinalities: Sequence[int] = CRITEO_TERABYTE_CARDINALITIES, alpha
         for layout in ("row_wise", "table_wise"):
             out["bytes"][f"frequency_hybrid_{layout}_cold"].append(
                 sum(layout_best_bytes(t, c, layout) for t, c in zip(ts, covs)))
-    out["cold_fraction_fixed"] = 1.0 - sum(float(c[h]) for c, h in zip(covs, fixed)) / len(covs)
+    # the share of all lookups that are cold: each table's weighted by its ids per bag
+    out["cold_fraction_fixed"] = 1.0 - sum(float(c[h]) * p for c, h, p in zip(covs, fixed, pooling)) / sum(pooling)
     return out
 
 

@@ -158,3 +158,17 @@ def test_headline_with_overrides_keeps_its_ratios_and_records_the_overrides(tmp_
     assert doc["headline"]["overrides"] == {"steps": 10}
     assert doc["headline"]["time_hybrid_over_fastest_stock"] == committed["ratios"]["time_hybrid_over_fastest_stock"]
     assert json.loads((tmp_path / "headline.json").read_text())["headline"]["overrides"] == {"steps": 10}
+
+
+def test_projection_picks_the_top_rows_by_lookups_not_by_table():
+    """The large-cluster projection's fixed hot set is the most looked-up rows: a table whose bags hold
+    100 ids takes rows over one-id tables of the same law (it used to get an equal share), and its cold
+    fraction is a share of all lookups, each table weighted by its ids per bag."""
+    import torch
+
+    from benchmarks.simulate import global_top
+
+    gains = torch.linspace(0.02, 0.001, 50, dtype=torch.float64)  # each row less popular than the one before
+    cov = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(gains, 0)])
+    assert global_top([cov, cov], 20) == [10, 10]
+    assert global_top([cov, cov], 20, [1, 100]) == [0, 20]

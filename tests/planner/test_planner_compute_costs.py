@@ -127,6 +127,13 @@ def test_a_bad_calibration_file_names_itself(tmp_path):
     with pytest.raises(ValueError, match="not a calibration file"):
         compute_costs.load_calibration(str(bad))
     assert compute_costs.default_compute_costs("cuda") is None
+    # an infinite price (0 x inf = NaN for a plan without that work) or a true/false one is no price
+    good = json.loads((ROOT / "benchmarks" / "results" / "calibration.json").read_text())
+    for value in (float("inf"), True):
+        doc = {**good, "fit": {**good["fit"], "costs": {**good["fit"]["costs"], "lookup": value}}}
+        bad.write_text(json.dumps(doc))
+        with pytest.raises(ValueError, match="cal.json: prices must be finite numbers >= 0.*'lookup'"):
+            compute_costs.load_calibration(str(bad))
 
 
 def test_a_fitted_collective_price_prices_the_plan_comparison():

@@ -62,9 +62,9 @@ def load_calibration(path: str) -> ComputeCosts:
     if unknown or missing:
         raise ValueError(f"{path}: calibration terms differ from ComputeCosts: unknown {sorted(unknown)}, "
                          f"missing {sorted(missing)}")
-    bad = {k: v for k, v in costs.items() if not isinstance(v, (int, float)) or not v >= 0}
+    bad = {k: v for k, v in costs.items() if not finite_nonnegative(v)}  # not inf (0 x inf = NaN), not true
     if bad:
-        raise ValueError(f"{path}: prices must be numbers >= 0, got {bad}")
+        raise ValueError(f"{path}: prices must be finite numbers >= 0, got {bad}")
     if costs.get("busiest_share", 0.0) > 1.0:
         raise ValueError(f"{path}: busiest_share is a share of a step, 0..1, got {costs['busiest_share']}")
     rms, rel = (None if v is None else float(v) for v in (errors["rms_ms"], errors["rms_rel"]))
