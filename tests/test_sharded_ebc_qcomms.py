@@ -50,7 +50,8 @@ def _train_pair(rank, world, opt, qcomm, steps=3):
     first step's, before any update, and every step's; ``scale``: max |output|) and of the
     trained weights (``moved``: how far training moved them); and, at the first step, max
     |hybrid - exact fp32 pooling| (the unsharded EBC on this rank's batch: what the codec
-    alone changes)."""
+    alone changes); ``codec_moved``: max |hybrid - the same hybrid without codecs| of the trained weights
+    (what the codecs, the backward one included, changed)."""
     configs = tables(mean=True)
     torch.manual_seed(0)
     ref = torchrec.EmbeddingBagCollection(tables=configs)
@@ -60,10 +61,12 @@ def _train_pair(rank, world, opt, qcomm, steps=3):
     mh = build(configs, world, KINDS, HybridEmbeddingBagCollectionSharder(hot, fused_params=fused,
                                                                           qcomm_codecs_registry=reg))
     mt = build(configs, world, {}, EmbeddingBagCollectionSharder(fused_params=fused, qcomm_codecs_registry=reg))
-    mh.load_state_dict(ref.state_dict())
-    mt.load_state_dict(ref.state_dict())
+    mf = build(configs, world, KINDS, HybridEmbeddingBagCollectionSharder(hot, fused_params=fused))  # no codecs
+    for m in (mh, mt, mf):
+        m.load_state_dict(ref.state_dict())
     keys = [f for c in configs for f in c.feature_names]
-    out = {"first_outputs": 0.0, "outputs": 0.0, "scale": 0.0, "weights": 0.0, "moved": 0.0, "first_vs_fp32": 0.0}
+    out = {"first_outputs": 0.0, "outputs": 0.0, "scale": 0.0, "weights": 0.0, "moved": 0.0, "first_vs_fp32": 0.0,
+           "codec_moved": 0.0}
     for step in range(steps):
         kjt = skewed_batch(configs, keys, batch=6, seed=100 * step + rank, hot=hot)
         oh, ot = mh(kjt).wait().to_dict(), mt(kjt).wait().to_dict()
@@ -79,11 +82,14 @@ def _train_pair(rank, world, opt, qcomm, steps=3):
         coef = torch.randn(vt.shape, generator=torch.Generator().manual_seed(7 + step + rank))
         (vh * coef).sum().backward()
         (vt * coef).sum().backward()
-    sh, st, s0 = mh.state_dict(), mt.state_dict(), ref.state_dict()
+        of = mf(kjt).wait().to_dict()
+        (torch.cat([of[k] for k in keys], 1) * coef).sum().backward()
+    sh, st, sf, s0 = mh.state_dict(), mt.state_dict(), mf.state_dict(), ref.state_dict()
     for k in st:
         wt = full_weight(st[k])
         out["weights"] = max(out["weights"], float((full_weight(sh[k]) - wt).abs().max()))
         out["moved"] = max(out["moved"], float((wt - s0[k]).abs().max()))
+        out["codec_moved"] = max(out["codec_moved"], float((full_weight(sh[k]) - full_weight(sf[k])).abs().max()))
     return out
 
 
@@ -206,6 +212,8 @@ def test_quantized_comms_train_like_table_wise(outcomes, case, out_rel, weight_r
         assert res["weights"] <= weight_rel * res["moved"], (case, res)
         if out_rel is None:  # fp32 forward: the first step's outputs are exact
             assert res["first_vs_fp32"] <= 1e-6 and res["first_outputs"] <= 1e-6, res
+            # ... and the backward codec alone moved the weights off the codec-free run's (applied, not dropped)
+            assert res["codec_moved"] > 1e-6, res
         else:
             assert res["first_outputs"] <= out_rel * res["scale"], (case, res)
             assert 1e-5 < res["first_vs_fp32"] <= out_rel * res["scale"], res  # rounded, not exact
@@ -217,6 +225,7 @@ def test_fp32_path_stays_exact(outcomes):
     for r in outcomes:
         res = r["fp32"]
         assert res["outputs"] <= 1e-5 and res["weights"] <= 1e-5 and res["first_vs_fp32"] <= 1e-6, res
+        assert res["codec_moved"] == 0.0, res  # no codec: the codec-free run itself
 
 
 def test_output_all_to_all_bytes_halve(outcomes):

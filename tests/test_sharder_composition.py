@@ -157,9 +157,16 @@ def _batches(rank: int):
 
 
 def _readme_composition(rank, world):
-    """Mirrors README "Composition": plan, shard and train one step of ThreeKinds."""
+    """Mirrors README "Composition": plan, shard and train ThreeKinds; beside it, the same model and
+    plan with the hybrid table table_wise under TorchRec's own sharders, from the same weights: the
+    outputs of 3 steps and the trained EBC weights must agree."""
+    import copy
+
     import torch.distributed as dist
     from torchrec.distributed.model_parallel import DistributedModelParallel
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan, table_wise
+
+    from tests.models import full_weight
 
     model = ThreeKinds()
     stats = exact_stats(model.ebc.embedding_bag_configs(), {"b0": zipf_probs(2000, 1.1)})
@@ -168,15 +175,43 @@ def _readme_composition(rank, world):
     planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(world), batch_size=4, frequency_stats=stats,
                                              compute_costs=None, stats=[NoopEmbeddingStats()])
     plan = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    model = DistributedModelParallel(model, device=torch.device("cpu"), plan=plan, sharders=sharders)
-    out = model(*_batches(rank))
-    out.sum().backward()
-    return _types(plan), tuple(out.shape), bool(torch.isfinite(out).all())
+    stock_sharders = get_default_sharders()
+    stock_plan = copy.deepcopy(plan)
+    ebc_path = next(p for p, mp in plan.plan.items() if "b0" in mp)
+    tw = construct_module_sharding_plan(  # every hybrid table of the EBC table_wise, on the same kernel
+        ThreeKinds().ebc, {t: table_wise(rank=0, compute_kernel=plan.plan[ebc_path]["b0"].compute_kernel)
+                           for t in ("b0", "b1")},
+        sharder=next(s for s in stock_sharders if type(s) is EmbeddingBagCollectionSharder),
+        local_size=world, world_size=world, device_type="cpu")
+    for t, ps in plan.plan[ebc_path].items():
+        if ps.sharding_type == FREQUENCY_HYBRID:
+            stock_plan.plan[ebc_path][t] = tw[t]
+    torch.manual_seed(0)
+    init = ThreeKinds(device=torch.device("cpu")).state_dict()
+    models = []
+    for p, sh in ((plan, sharders), (stock_plan, stock_sharders)):
+        m = DistributedModelParallel(ThreeKinds(), device=torch.device("cpu"), plan=p, sharders=sh)
+        for name in ("ebc", "ec", "fp"):  # each sharded part from the same unsharded weights
+            getattr(m.module, name).load_state_dict(
+                {k[len(name) + 1:]: v for k, v in init.items() if k.startswith(name + ".")})
+        models.append(m)
+    shape = None
+    for step in range(3):
+        batch = _batches(10 * step + rank)
+        outs = [m(*batch) for m in models]
+        torch.testing.assert_close(outs[0], outs[1], atol=1e-5, rtol=1e-5)
+        shape = tuple(outs[0].shape)
+        for o in outs:
+            (o * torch.linspace(-1, 1, o.numel()).view_as(o)).sum().backward()
+    states = [m.state_dict() for m in models]
+    for k in (k for k in states[1] if ".ebc." in f".{k}" and k.endswith("weight")):
+        torch.testing.assert_close(full_weight(states[0][k]), full_weight(states[1][k]), atol=1e-5, rtol=1e-5)
+    return _types(plan), shape
 
 
-def test_readme_composition_trains_on_two_ranks():
+def test_readme_composition_trains_like_stock_on_two_ranks():
     results = run_ranks(_readme_composition, WORLD, timeout=180)
-    types, shape, finite = results[0]
-    assert results[1][0] == types and finite
+    types, shape = results[0]
+    assert results[1][0] == types
     assert types["b0"] == FREQUENCY_HYBRID and types["e0"] != FREQUENCY_HYBRID and types["p0"] != FREQUENCY_HYBRID
     assert shape == (4, 8 * 4)

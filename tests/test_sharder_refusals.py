@@ -27,8 +27,11 @@ def _registry(*ops, precision="FP16"):
                                      device=torch.device("cpu"))
 
 
-def _train_vs_row_wise(rank, world, fused, fp16=False, qcomm=None, kinds=None, ref_kinds=None, steps=2):
-    """Max |hybrid - reference| over outputs and trained weights (reference: stock row_wise)."""
+def _train_vs_row_wise(rank, world, fused, fp16=False, qcomm=None, kinds=None, ref_kinds=None, steps=2,
+                       ref_fused=None, ref_qcomm="same", only=None):
+    """Max |hybrid - reference| over outputs and trained weights (reference: stock row_wise, with
+    ``ref_fused`` / ``ref_qcomm`` instead of the hybrid's settings where given; ``only``: of these
+    tables alone - the loss is linear, so a table's outputs and weights depend on no other's)."""
     configs = tables()
     if fp16:
         for c in configs:
@@ -40,11 +43,13 @@ def _train_vs_row_wise(rank, world, fused, fp16=False, qcomm=None, kinds=None, r
     ref_kinds = ref_kinds or {c.name: "rw" for c in configs}
     mh = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot, fused_params=dict(fused),
                                                                           qcomm_codecs_registry=qcomm))
-    mt = build(configs, world, ref_kinds, EmbeddingBagCollectionSharder(fused_params=dict(fused),
-                                                                        qcomm_codecs_registry=qcomm))
+    mt = build(configs, world, ref_kinds, EmbeddingBagCollectionSharder(
+        fused_params=dict(fused if ref_fused is None else ref_fused),
+        qcomm_codecs_registry=qcomm if ref_qcomm == "same" else ref_qcomm))
     mh.load_state_dict(ref.state_dict())
     mt.load_state_dict(ref.state_dict())
     keys = [f for c in configs for f in c.feature_names]
+    compared = [f for c in configs if only is None or c.name in only for f in c.feature_names]
     diff = 0.0
     for step in range(steps):
         kjt = skewed_batch(configs, keys, batch=6, seed=100 * step + rank, hot=hot)
@@ -52,13 +57,14 @@ def _train_vs_row_wise(rank, world, fused, fp16=False, qcomm=None, kinds=None, r
         vh = torch.cat([oh[k] for k in keys], 1)
         vt = torch.cat([ot[k] for k in keys], 1)
         assert vh.dtype == vt.dtype
-        diff = max(diff, float((vh - vt).abs().max()))
+        diff = max(diff, max(float((oh[k] - ot[k]).abs().max()) for k in compared))
         coef = torch.randn(vt.shape, generator=torch.Generator().manual_seed(7 + step + rank))
         (vh * coef).sum().backward()
         (vt * coef).sum().backward()
     sh, st = mh.state_dict(), mt.state_dict()
     for k in st:
-        diff = max(diff, float((full_weight(sh[k]).float() - full_weight(st[k]).float()).abs().max()))
+        if only is None or any(f".{name}." in k for name in only):
+            diff = max(diff, float((full_weight(sh[k]).float() - full_weight(st[k]).float()).abs().max()))
     return diff
 
 
@@ -141,18 +147,35 @@ def _all_cases(rank, world):
         "qcomm_stock_only": refused(lambda: _build_hybrid(world, qcomm=_registry(precision="INT8"),
                                                            kinds={"t0": "tw"})),
     }
-    # supported: trains like stock row_wise
+    # supported: trains like stock row_wise; beside each, what the option changes in stock row_wise itself
+    # (with it against without it): where that is within the tolerance, the comparison could not tell
+    # an option honoured from one dropped
     rw_adagrad = dict(OPTIMIZERS["rowwise_adagrad"])
-    out["fp16_weights"] = _train_vs_row_wise(rank, world, rw_adagrad, fp16=True)
-    out["fp16_stochastic_rounding"] = _train_vs_row_wise(rank, world, {**rw_adagrad, "stochastic_rounding": True},
-                                                         fp16=True)
-    out["decoupled_weight_decay"] = _train_vs_row_wise(rank, world, {**rw_adagrad, "weight_decay": 0.05,
-                                                                     "weight_decay_mode": WeightDecayMode.DECOUPLE})
-    out["max_norm"] = _train_vs_row_wise(rank, world, {**rw_adagrad, "max_norm": 0.5})
-    # stock row_wise tables of a module with hybrid ones keep their reduce-scatter codec
-    out["qcomm_rw_beside_hybrid"] = _train_vs_row_wise(
-        rank, world, rw_adagrad, qcomm=_registry("POOLED_EMBEDDINGS_REDUCE_SCATTER"),
-        kinds={"t0": "hybrid", "t1": "rw", "t2": "hybrid", "t3": "rw"})
+    all_rw = {c.name: "rw" for c in tables()}
+    options = {
+        "fp16_weights": dict(fused=rw_adagrad, fp16=True),
+        "fp16_stochastic_rounding": dict(fused={**rw_adagrad, "stochastic_rounding": True}, fp16=True,
+                                         off=dict(ref_fused={**rw_adagrad, "stochastic_rounding": False})),
+        "decoupled_weight_decay": dict(fused={**rw_adagrad, "weight_decay": 0.05,
+                                              "weight_decay_mode": WeightDecayMode.DECOUPLE}),
+        "max_norm": dict(fused={**rw_adagrad, "max_norm": 0.5}),
+        # stock row_wise tables of a module with hybrid ones keep their reduce-scatter codec
+        # (compared on the row_wise tables: the hybrid ones take no reduce-scatter, so their codec)
+        "qcomm_rw_beside_hybrid": dict(fused=rw_adagrad, qcomm=_registry("POOLED_EMBEDDINGS_REDUCE_SCATTER"),
+                                       kinds={"t0": "hybrid", "t1": "rw", "t2": "hybrid", "t3": "rw"},
+                                       only=["t1", "t3"], off=dict(ref_qcomm=None)),
+    }
+    for case, kw in options.items():
+        off = kw.pop("off", None)
+        diff = _train_vs_row_wise(rank, world, **kw)
+        if case == "fp16_weights":  # fp16 weights against fp32 ones
+            effect = _train_vs_row_wise(rank, world, kw["fused"], fp16=True, kinds=all_rw, ref_kinds=all_rw)
+            effect = max(effect, 1.0)  # the dtypes differ outright (the comparison asserts equal dtypes)
+        else:
+            base = {k: v for k, v in kw.items() if k in ("fused", "fp16", "qcomm", "only")}
+            ref = off if off is not None else dict(ref_fused=rw_adagrad)
+            effect = _train_vs_row_wise(rank, world, **base, kinds=all_rw, ref_kinds=all_rw, **ref)
+        out[case] = (diff, effect)
     return out
 
 
@@ -162,7 +185,8 @@ def outcomes():
     assert per_rank[0].keys() == per_rank[1].keys()
     for name in per_rank[0]:  # every rank comes to the same verdict
         a, b = per_rank[0][name], per_rank[1][name]
-        assert (a[0] if isinstance(a, tuple) else "trained") == (b[0] if isinstance(b, tuple) else "trained"), name
+        verdict = [x[0] if isinstance(x[0], str) else "trained" for x in (a, b)]  # (verdict, msg) or (diff, effect)
+        assert verdict[0] == verdict[1], name
     return per_rank[0]
 
 
@@ -191,6 +215,10 @@ def test_supported_codecs_and_codecs_for_stock_tables_accepted(outcomes, case):
 
 @pytest.mark.parametrize("case, tol", [("fp16_weights", 1e-3), ("fp16_stochastic_rounding", 1e-3),
                                        ("decoupled_weight_decay", 1e-5), ("max_norm", 1e-5),
-                                       ("qcomm_rw_beside_hybrid", 1e-2)])
+                                       ("qcomm_rw_beside_hybrid", 1e-5)])
 def test_supported_options_train_like_row_wise(outcomes, case, tol):
-    assert outcomes[case] <= tol, (case, outcomes[case])
+    diff, effect = outcomes[case]
+    if effect <= tol:  # FBGEMM's CPU kernels ignore it: an option dropped would pass the comparison too
+        pytest.skip(f"{case}: stock row_wise trains the same with and without it here (max difference "
+                    f"{effect:.1e}): nothing to compare on this device")
+    assert diff <= tol, (case, diff)

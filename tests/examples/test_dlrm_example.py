@@ -148,7 +148,8 @@ def test_sigterm_stops_every_rank_with_a_checkpoint(tmp_path):
     ckpt, log = tmp_path / "ckpt", tmp_path / "loss.jsonl"
     proc = subprocess.Popen(_cmd(["--steps", "100000", "--checkpoint-dir", str(ckpt), "--set",
                                   f"metrics.jsonl={log}", "--set", "train.log_level=warning"]),
-                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=REPO, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)  # its own process group: the workers go down with it below
     try:
         deadline = time.time() + 90
         while time.time() < deadline and proc.poll() is None:
@@ -159,9 +160,9 @@ def test_sigterm_stops_every_rank_with_a_checkpoint(tmp_path):
         proc.send_signal(signal.SIGTERM)
         stdout, stderr = proc.communicate(timeout=90)
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+        if proc.poll() is None:  # torchrun and its workers (which hold the pipes), then a bounded wait
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.communicate(timeout=30)
     assert "SIGTERM: every rank stops at step" in stderr, stderr[-3000:]
     assert "]: Traceback" not in stderr, stderr[-3000:]  # no rank failed (torchrun itself reports the signal)
     lines = [json.loads(ln) for ln in stdout.splitlines() if ln.startswith("{")]

@@ -8,6 +8,7 @@ from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import ParameterConstraints
 from torchrec.distributed.planner.stats import NoopEmbeddingStats
 
+from tests.models import full_weight
 from tests.multiprocess import run_ranks
 from tests.planner.planner_testutils import exact_stats, tables, zipf_probs
 
@@ -35,19 +36,45 @@ def _mixed_plan_trains(rank, world):
     model = DistributedModelParallel(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")),
                                      device=torch.device("cpu"), plan=plan, sharders=[sharder])
     assert torch.equal(model.module.hot_ids()["hyb"], ps["hyb"].hot_ids)
+    # the reference: the same plan with the hybrid table table_wise, stock sharder, same init
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+    from torchrec.distributed.sharding_plan import (column_wise, construct_module_sharding_plan, data_parallel,
+                                                    table_wise)
+    from torchrec.distributed.types import ShardingPlan
+
+    stock_sharder = EmbeddingBagCollectionSharder(fused_params={"optimizer": EmbOptimType.EXACT_SGD,
+                                                                "learning_rate": 0.1})
+    meta = torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta"))
+    stock_plan = construct_module_sharding_plan(
+        meta, {"hyb": table_wise(rank=0, compute_kernel="fused"),  # the plan's kernels: fused SGD in backward
+               "tw": table_wise(rank=ps["tw"].ranks[0], compute_kernel="fused"),
+               "cw": column_wise(ranks=ps["cw"].ranks, compute_kernel="fused"), "dp": data_parallel()},
+        sharder=stock_sharder, local_size=world, world_size=world, device_type="cpu")
+    stock = DistributedModelParallel(meta, device=torch.device("cpu"), plan=ShardingPlan({"": stock_plan}),
+                                     sharders=[stock_sharder])
+    torch.manual_seed(0)
+    init = torchrec.EmbeddingBagCollection(tables=cfg).state_dict()
+    model.load_state_dict(init)
+    stock.load_state_dict(init)
     keys = [c.feature_names[0] for c in cfg]
     g = torch.Generator().manual_seed(rank)
     for step in range(3):
         values = torch.cat([torch.randint(0, c.num_embeddings, (8,), generator=g) for c in cfg])
         kjt = torchrec.KeyedJaggedTensor.from_lengths_sync(keys=keys, values=values,
                                                            lengths=torch.ones(8 * len(keys), dtype=torch.int32))
-        out = model(kjt).wait()
-        assert out.values().shape == (8, 16 * len(cfg)) and torch.isfinite(out.values()).all()
-        out.values().square().sum().backward()
+        # by key: the two modules may lay their output's columns out in different orders
+        got, want = model(kjt).wait().to_dict(), stock(kjt).wait().to_dict()
+        out, ref = (torch.cat([d[k] for k in keys], 1) for d in (got, want))
+        assert out.shape == (8, 16 * len(cfg))
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+        out.square().sum().backward()
+        ref.square().sum().backward()
+    for k, v in stock.state_dict().items():  # trained alike: every table's weights
+        torch.testing.assert_close(full_weight(model.state_dict()[k]), full_weight(v), atol=1e-5, rtol=1e-5)
     return ps["hyb"].hot_ids.numel()
 
 
-def test_planner_plan_runs_under_dmp_on_two_ranks():
+def test_planner_plan_trains_under_dmp_like_stock_on_two_ranks():
     hot = run_ranks(_mixed_plan_trains, 2, timeout=240)
     assert hot[0] == hot[1] > 0
 
