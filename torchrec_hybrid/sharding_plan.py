@@ -108,9 +108,9 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
                 raise ValueError(f"{call} for a {rows} x {cols} table on {world_size} ranks: "
                                  + str(e).replace("table '?': ", "")) from None
             slices = [row_blocks.ColumnSlice(0, cols, bounds)]
-        elif row_blocks.even_bounds(rows, world_size) != row_blocks.stock_bounds(rows, world_size):
+        elif (even := row_blocks.even_bounds(rows, world_size)) != row_blocks.stock_bounds(rows, world_size):
             # stock row_wise would leave a rank without rows (6 rows on 4 ranks), which sharding refuses
-            slices = [row_blocks.ColumnSlice(0, cols, row_blocks.even_bounds(rows, world_size))]
+            slices = [row_blocks.ColumnSlice(0, cols, even)]
         else:
             return ps
         ps.sharding_spec = hybrid_spec(slices, [s.placement for s in ps.sharding_spec.shards])

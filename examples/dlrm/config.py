@@ -363,11 +363,11 @@ def _validate_more(cfg: Config) -> None:
         if ignored:
             raise ConfigError(f"{', '.join(ignored)}: only for data.source 'synthetic' (real data brings its own "
                               f"ids), got data.source {d.source!r}")
-    for key, given, default in (("source 'criteo_tsv'", ("paths", "validation_paths"), "criteo_tsv"),
-                                ("source 'criteo_npy'", ("dir", "validation_dir"), "criteo_npy")):
-        unused = [f"data.{k}" for k in given if getattr(d, k) and d.source != default]
+    for source, keys in (("criteo_tsv", ("paths", "validation_paths")), ("criteo_npy", ("dir", "validation_dir"))):
+        unused = [f"data.{k}" for k in keys if getattr(d, k) and d.source != source]
         if unused:
-            raise ConfigError(f"{', '.join(unused)}: only read by data.{key}, got data.source {d.source!r}")
+            raise ConfigError(f"{', '.join(unused)}: only read by data.source '{source}', got data.source "
+                              f"{d.source!r}")
     cats = [f"cat_{i}" for i in range(SPARSE_FEATURES)]
     unknown = [f for f in d.label.effect_features if f not in cats]
     if unknown:
