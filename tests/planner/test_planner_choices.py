@@ -248,3 +248,30 @@ def test_the_communication_table_names_each_tables_best_stock_type():
         assert ch.best_stock_type == "table_wise" and ch.best_stock_bytes > 0 and ch.best_stock_cost > 0
     rows = [line.split() for line in communication_table(planner.planned_options(), 4)]
     assert [r[-2] for r in rows if r[0] in ("a", "b")] == ["table_wise", "table_wise"]
+
+
+def test_a_candidate_that_finds_no_plan_is_left_out_of_the_comparison(caplog):
+    """A rank's memory fits the hybrid's row-wise cold shards but no table_wise shard of the largest table:
+    TorchRec's own planner raises there, and the comparison goes on without its plan (it made
+    ``plan`` raise, though the partitioner's plan fits), saying so."""
+    from torchrec.distributed.planner.types import PlannerError
+
+    from torchrec_hybrid.planner import gloo_topology
+    from tests.planner.planner_testutils import plan_for as plan_with
+
+    cfg = tables({"a": 100_000, "b": 50_000, "c": 1_000})
+    st = exact_stats(cfg, {n: zipf_probs(c.num_embeddings, 1.1) for n, c in zip("abc", cfg)})
+    topo = dict(topology=gloo_topology(4, ddr_cap=20_000_000))
+    with pytest.raises(PlannerError):  # TorchRec's planner on its own
+        torchrec.distributed.planner.EmbeddingShardingPlanner(topology=topo["topology"], batch_size=1024).plan(
+            torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")),
+            [torchrec.distributed.embeddingbag.EmbeddingBagCollectionSharder()])
+    with caplog.at_level("WARNING", logger="torchrec_hybrid.planner.planner"):
+        planner, plan = plan_with(cfg, st, compute_costs=None, **topo)
+    assert "TorchRec's own planner found no plan, compared without it" in caplog.text
+    assert not any(c.name.startswith("stock") for c in planner.candidates)
+    assert planner.chosen in planner.candidates
+    assert all(ps.sharding_type == FREQUENCY_HYBRID for ps in plan.values())
+    _, alone = plan_with(cfg, st, compute_costs=None, compare_plans=False, **topo)
+    assert {n: (ps.sharding_type, ps.ranks) for n, ps in plan.items()} == \
+        {n: (ps.sharding_type, ps.ranks) for n, ps in alone.items()}

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import ParameterConstraints, ShardingOption
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
@@ -138,8 +138,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     other than stock must save ``min_saving`` of the stock plan's cost or of its busiest-rank
     bytes. So it never sends more than stock, and costs no more than ``tie_ms`` above it.
     Without a stock candidate (``compare_plans=False``, a table forced hybrid - TorchRec's plan
-    would break that constraint - or a sharder offering only frequency_hybrid) there is nothing
-    to compare with: the partitioner's plan.
+    would break that constraint -, a sharder offering only frequency_hybrid, or TorchRec's
+    planner finding no plan, e.g. its shards fitting no rank's memory) there is no stock plan
+    to compare with: the cheapest of the others. A candidate that finds no plan is left out
+    (logged), never fails the plan the partitioner found.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,
@@ -327,9 +329,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if not forced and sharders and all(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
                                              constraints=without_hybrid(self._user_constraints), **self._search)
-            plan = stock.plan(module, [_StockOnly(s, add_template=False) for s in sharders])
-            out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
-                                       _compat.planner_best_plan(stock)))
+            plan = _or_none("TorchRec's own planner", lambda: stock.plan(
+                module, [_StockOnly(s, add_template=False) for s in sharders]))
+            if plan is not None:
+                out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
+                                           _compat.planner_best_plan(stock)))
         # every table hybrid can take (a table that alone saves little may still pay once its
         # group's collectives are shared); the comparison with the stock plan decides
         # (tables with statistics or given hot ids: without them nothing says hybrid pays)
@@ -345,8 +349,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             enumerator = self._hybrid_enumerator.with_constraints(all_hybrid) if self._user_enumerator else None
             inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, enumerator=enumerator,
                                                    **self._args, **self._search)
-            plan = inner.plan(module, sharders)
-            out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options()))
+            plan = _or_none("the all-hybrid plan", lambda: inner.plan(module, sharders))
+            if plan is not None:
+                out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options()))
         return out
 
     def _attach_hot_ids(self, plan: ShardingPlan, options: List[ShardingOption]) -> ShardingPlan:
@@ -424,6 +429,17 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def planned_options(self) -> List[Any]:
         """The sharding options of the last returned plan (``hybrid_choice`` on hybrid ones)."""
         return list(self._chosen.options) if self._chosen else list(_compat.planner_best_plan(self) or [])
+
+
+def _or_none(what: str, plan: Any) -> Optional[ShardingPlan]:
+    """``plan()``, or None where that comparison candidate has no plan (TorchRec's ``PlannerError``:
+    e.g. its shards fit no rank's memory where the hybrid's do): the comparison goes on without it,
+    and says so, instead of failing the plan the partitioner found."""
+    try:
+        return plan()
+    except PlannerError as e:
+        logger.warning("%s found no plan, compared without it: %s", what, str(e).strip().splitlines()[-1])
+        return None
 
 
 def _check_sharder_hot_ids(module, sharders, plan: Optional[ShardingPlan] = None) -> None:
