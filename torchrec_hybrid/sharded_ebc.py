@@ -232,7 +232,7 @@ class HybridEmbeddingBagCollectionContext(EmbeddingBagCollectionContext):
 _UNVERIFIED_DECAY_MODES = ("COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
 
 
-def _unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
+def unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
     """Fused TBE options a frequency_hybrid table would ignore or apply differently, described."""
     from fbgemm_gpu.split_embedding_configs import SparseType
 
@@ -260,7 +260,7 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
     """Refuses (``ValueError``) what a frequency_hybrid table in ``plan`` cannot honour yet:
     quantized-comm codecs other than FP16 / BF16 / FP32 on its output all-to-all
     (``output_dist.codec_problems``), a compute kernel other than ``fused`` (UVM / caching / key-value), and
-    the fused options of :func:`_unsupported_fused_options` (from the sharder's fused params
+    the fused options of :func:`unsupported_fused_options` (from the sharder's fused params
     or the plan's per-table ones). Deterministic on every rank; raised before any collective.
     (An empty cold row block is refused where the layout is read: ``row_blocks.check_bounds``.)"""
     from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -280,7 +280,7 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
         if ps.compute_kernel != EmbeddingComputeKernel.FUSED.value:
             problems.append(f"table '{name}': compute kernel {ps.compute_kernel!r} is not supported by "
                             f"{FREQUENCY_HYBRID} (only 'fused'; no UVM / caching / key-value kernels)")
-        for what in _unsupported_fused_options(add_params_from_parameter_sharding(dict(fused_params or {}), ps)):
+        for what in unsupported_fused_options(add_params_from_parameter_sharding(dict(fused_params or {}), ps)):
             problems.append(f"table '{name}': fused option {what} is not supported by {FREQUENCY_HYBRID}")
     if problems:
         raise ValueError("; ".join(problems))

@@ -107,6 +107,24 @@ def _layout_shares(layout: str, world: int) -> torch.Tensor:
     return torch.full((world,), 1.0 / world, dtype=torch.float64)
 
 
+def _unsupported_table_options(option: ShardingOption, sharder: Any) -> List[str]:
+    """The fused options sharding would refuse for this table as frequency_hybrid
+    (``sharded_ebc.check_hybrid_supported``): the sharder's fused params with the per-table ones the
+    constraints put on its options (``output_dtype``, ``stochastic_rounding``, ...), merged as
+    TorchRec merges them at sharding time, so the planner never plans what sharding refuses."""
+    from torchrec.distributed.types import ParameterSharding
+    from torchrec.distributed.utils import add_params_from_parameter_sharding
+
+    from torchrec_hybrid.sharded_ebc import unsupported_fused_options
+
+    per_table = ParameterSharding(sharding_type=FREQUENCY_HYBRID, compute_kernel=option.compute_kernel,
+                                  cache_params=option.cache_params, enforce_hbm=option.enforce_hbm,
+                                  stochastic_rounding=option.stochastic_rounding,
+                                  bounds_check_mode=option.bounds_check_mode, output_dtype=option.output_dtype,
+                                  key_value_params=option.key_value_params)
+    return unsupported_fused_options(add_params_from_parameter_sharding(dict(sharder.fused_params or {}), per_table))
+
+
 class HybridEnumerator(EmbeddingEnumerator):
     """``EmbeddingEnumerator`` + one ``frequency_hybrid`` option per eligible table.
 
@@ -232,6 +250,11 @@ class HybridEnumerator(EmbeddingEnumerator):
             if codecs:
                 why_not[name] = (f"its sharder has quantized comms {FREQUENCY_HYBRID} cannot honour "
                                  f"({', '.join(codecs)}; only FP16 / BF16 / FP32 codecs)")
+                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
+                continue
+            refused = _unsupported_table_options(opts[0], sharder)
+            if refused:
+                why_not[name] = f"its fused options are not supported by {FREQUENCY_HYBRID}: {'; '.join(refused)}"
                 logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
                 continue
             profile, n_fixed = self._profile(opts[0], sharder)
