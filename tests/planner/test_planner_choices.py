@@ -306,3 +306,25 @@ def test_tables_whose_fused_options_hybrid_refuses_are_not_planned_hybrid(case):
     with pytest.raises(ValueError, match=refused):
         plan_for(cfg, st, compute_costs=None, sharder=sharder,
                  constraints={n: ParameterConstraints(sharding_types=[FREQUENCY_HYBRID], **table_kw) for n in "ab"})
+
+
+def test_hybrid_beside_a_stock_type_the_device_does_not_offer():
+    """``sharding_types=[frequency_hybrid, row_wise]`` on CPU, where TorchRec's EBC sharder offers no
+    row_wise: the table goes frequency_hybrid (the planner raised TorchRec's "No available sharding
+    type" from its stock enumeration, and from TorchRec's own planner as the stock candidate), as with
+    [frequency_hybrid] alone; with [frequency_hybrid, data_parallel] the stock type is still weighed."""
+    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+
+    assert "row_wise" not in EmbeddingBagCollectionSharder().sharding_types("cpu")
+    cfg = tables({"a": 100_000, "b": 20_000})
+    st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1)})
+    _, alone = plan_for(cfg, st, compute_costs=None, constraints={"a": ParameterConstraints(
+        sharding_types=[FREQUENCY_HYBRID])})
+    planner, plan = plan_for(cfg, st, compute_costs=None, constraints={"a": ParameterConstraints(
+        sharding_types=[FREQUENCY_HYBRID, "row_wise"])})
+    assert plan["a"].sharding_type == FREQUENCY_HYBRID
+    assert (plan["a"].ranks, plan["a"].hot_rows) == (alone["a"].ranks, alone["a"].hot_rows)
+    assert not any(c.name.startswith("stock") for c in planner.candidates)  # it would break the constraint
+    planner, _ = plan_for(cfg, st, compute_costs=None, constraints={"a": ParameterConstraints(
+        sharding_types=[FREQUENCY_HYBRID, "data_parallel"])})
+    assert any(c.name.startswith("stock") for c in planner.candidates)

@@ -76,14 +76,18 @@ class _StockOnly:
 def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]], fallback: Optional[List[str]] = None
                    ) -> Optional[Dict[str, ParameterConstraints]]:
     """The constraints without ``frequency_hybrid`` (TorchRec's own planner and enumerator do
-    not know it); a table it leaves with no type gets ``fallback`` (None: any type)."""
+    not know it); a table it leaves with no type gets ``fallback`` (None: any type), one it leaves
+    with stock types gets them and ``fallback`` (the enumerator's template of the hybrid options,
+    dropped after: the types kept may be none the device offers, e.g. row_wise on CPU)."""
     if not constraints:
         return constraints
     out = {}
     for name, c in constraints.items():
         if c.sharding_types and FREQUENCY_HYBRID in c.sharding_types:
             kept = [t for t in c.sharding_types if t != FREQUENCY_HYBRID]
-            if kept or not fallback:
+            if kept and fallback:
+                c = dataclasses.replace(c, sharding_types=kept + [t for t in fallback if t not in kept])
+            elif kept or not fallback:
                 c = dataclasses.replace(c, sharding_types=kept or None)
             else:  # the fallback only templates the hybrid options: their kernels are checked apart
                 c = dataclasses.replace(c, sharding_types=list(fallback), compute_kernels=None)

@@ -137,10 +137,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     fewest bytes on its busiest rank of those within ``tie_ms`` of the cheapest. A plan
     other than stock must save ``min_saving`` of the stock plan's cost or of its busiest-rank
     bytes. So it never sends more than stock, and costs no more than ``tie_ms`` above it.
-    Without a stock candidate (``compare_plans=False``, a table forced hybrid - TorchRec's plan
-    would break that constraint -, a sharder offering only frequency_hybrid, or TorchRec's
-    planner finding no plan, e.g. its shards fitting no rank's memory) there is no stock plan
-    to compare with: the cheapest of the others. A candidate that finds no plan is left out
+    Without a stock candidate (``compare_plans=False``, a table forced hybrid - allowed no stock
+    type the sharders offer on the device, so TorchRec's plan would break that constraint -, a
+    sharder offering only frequency_hybrid, or TorchRec's planner finding no plan, e.g. its
+    shards fitting no rank's memory) there is no stock plan to compare with: the cheapest of
+    the others. A candidate that finds no plan is left out
     (logged), never fails the plan the partitioner found.
     """
 
@@ -322,8 +323,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         out = []
         topo = _compat.planner_topology(self)
         dev = topo.compute_device
-        forced = any(c.sharding_types and set(c.sharding_types) == {FREQUENCY_HYBRID}
-                     for c in (self._user_constraints or {}).values())
+        # a table the constraints allow frequency_hybrid and no stock type the sharders offer here
+        # (e.g. [frequency_hybrid, row_wise] on CPU): TorchRec's plan would break the constraint
+        stock_types = {t for s in sharders or [] for t in s.sharding_types(dev)} - {FREQUENCY_HYBRID}
+        forced = any(c.sharding_types and FREQUENCY_HYBRID in c.sharding_types
+                     and not set(c.sharding_types) & stock_types for c in (self._user_constraints or {}).values())
         # TorchRec's own planner needs a stock type from every sharder (one offering only
         # frequency_hybrid leaves its tables without options there: no stock candidate then)
         if not forced and sharders and all(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
