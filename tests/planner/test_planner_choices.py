@@ -328,3 +328,20 @@ def test_hybrid_beside_a_stock_type_the_device_does_not_offer():
     planner, _ = plan_for(cfg, st, compute_costs=None, constraints={"a": ParameterConstraints(
         sharding_types=[FREQUENCY_HYBRID, "data_parallel"])})
     assert any(c.name.startswith("stock") for c in planner.candidates)
+
+
+@pytest.mark.parametrize("constraint", [dict(batch_sizes=[8192]), dict(num_poolings=[8.0])])
+def test_per_feature_batch_sizes_and_poolings_are_priced(constraint):
+    """``batch_sizes`` / ``num_poolings`` in a table's constraints price its bags as TorchRec's perf
+    estimator counts them (batch x poolings per feature): one table at batch 1024 with 8192 bags per
+    feature is priced as at batch 8192 (they were ignored: priced at 1024, 8x too few bytes)."""
+    cfg = tables({"a": 100_000})
+    st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1)})
+    constrained, _ = plan_for(cfg, st, batch=1024, compute_costs=None,
+                              constraints={"a": ParameterConstraints(**constraint)})
+    wide, _ = plan_for(cfg, st, batch=8192, compute_costs=None)
+    plain, _ = plan_for(cfg, st, batch=1024, compute_costs=None)
+    assert constrained.traffic_table().traffic["a"].bags == wide.traffic_table().traffic["a"].bags == 8192
+    assert constrained.estimated_rank_bytes() == pytest.approx(wide.estimated_rank_bytes(), rel=1e-9)
+    assert constrained.chosen.cost["cost_ms"] == pytest.approx(wide.chosen.cost["cost_ms"], rel=1e-9)
+    assert max(constrained.estimated_rank_bytes()) > 4 * max(plain.estimated_rank_bytes())

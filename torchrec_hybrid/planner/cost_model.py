@@ -102,7 +102,8 @@ class TableTraffic:
     """What one table sees per step on one rank.
 
     rows, dim: table shape. features: features looking it up (F). pooling: mean ids per bag
-    per feature (L). batch: local batch size (B). world: ranks (W). comm: bytes per element
+    per feature (L). batch: local batch size (B; where features differ in batch size or poolings
+    per sample, their mean bags per feature). world: ranks (W). comm: bytes per element
     of its pooled collectives (quantized comms; default fp32).
     """
 
@@ -110,7 +111,7 @@ class TableTraffic:
     dim: int
     features: int
     pooling: float
-    batch: int
+    batch: float
     world: int
     comm: CommElems = FP32_COMMS
 

@@ -44,7 +44,7 @@ from torchrec_hybrid.planner import hot_set
 from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, optimizer_name,
                                                 vectorised_cpu_backward)
 from torchrec_hybrid.planner.plan_cost import (BytesPerfEstimator, TrafficTable, option_mean_bytes,
-                                              option_virtual_owners, traffic_of)
+                                               option_virtual_owners, stamp_feature_batches, traffic_of)
 from torchrec_hybrid.planner.types import HotSetChoice
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -206,6 +206,8 @@ class HybridEnumerator(EmbeddingEnumerator):
     # -- enumeration -------------------------------------------------------------------------
     def enumerate(self, module, sharders) -> List[ShardingOption]:
         stock = super().enumerate(module, [_StockOnly(s) for s in sharders])
+        for so in stock:  # each feature's batch and poolings, as the constraints give them
+            stamp_feature_batches(so, self._all_constraints)
         by_type = {s.module_type: s for s in sharders}
         by_table: Dict[Tuple[str, str], List[ShardingOption]] = {}
         for so in stock:

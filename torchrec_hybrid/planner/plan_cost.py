@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional, Tuple
 
 import torch
-from torchrec.distributed.planner.types import Perf, PerfModel, ShardEstimator, ShardingOption, Topology
+from torchrec.distributed.planner.types import (ParameterConstraints, Perf, PerfModel, ShardEstimator,
+                                              ShardingOption, Topology)
 
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
@@ -56,13 +57,41 @@ COLLECTIVES_PER_STEP = {"table_wise": 5, "column_wise": 5, "table_column_wise": 
 DEFAULT_COLLECTIVE_MS = 0.2
 
 
+FEATURE_BATCH_SIZES = "feature_batch_sizes"  # the attribute stamp_feature_batches sets on an option
+
+
+def stamp_feature_batches(so: ShardingOption, constraints: Optional[Dict[str, ParameterConstraints]]) -> None:
+    """Records on ``so`` what its constraints say of each feature's batch, as TorchRec's perf
+    estimator reads them: ``batch_sizes`` (else the planner's batch) and ``num_poolings`` (the
+    option's own first, ``shard_estimators.get_num_poolings``), so :func:`traffic_of` prices the
+    same bags (an option cloned from this one keeps them)."""
+    from torchrec.distributed.planner.shard_estimators import get_num_poolings
+
+    c = (constraints or {}).get(so.name)
+    n = len(so.input_lengths)
+    sizes = list(c.batch_sizes) if c is not None and c.batch_sizes else [so.batch_size] * n
+    if len(sizes) != n:
+        raise ValueError(f"table '{so.name}': constraints batch_sizes has {len(sizes)} entries for its {n} "
+                         "features (one per feature, as TorchRec's planner reads them)")
+    so.num_poolings = list(get_num_poolings(constraints, so))
+    setattr(so, FEATURE_BATCH_SIZES, sizes)
+
+
 def traffic_of(so: ShardingOption, world_size: int, comm: cm.CommElems = cm.FP32_COMMS) -> cm.TableTraffic:
-    """The cost model's view of a sharding option (pooling = mean ids per bag per feature;
-    ``comm``: its sharder's quantized comms, ``estimators.comm_elems``)."""
-    feats = max(1, len(so.input_lengths))
-    pooling = sum(so.input_lengths) / feats if so.input_lengths else 1.0
+    """The cost model's view of a sharding option (``comm``: its sharder's quantized comms,
+    ``estimators.comm_elems``): its bags per step summed over features - each feature's batch
+    (``batch_sizes``) times its poolings per sample (``num_poolings``), as stamped by
+    :func:`stamp_feature_batches`, else the planner's batch and one - and pooling the mean ids
+    per bag over those bags."""
+    lengths = list(so.input_lengths) or [1.0]
+    feats = len(lengths)
+    polls = so.num_poolings if so.num_poolings is not None and len(so.num_poolings) == feats else [1.0] * feats
+    sizes = getattr(so, FEATURE_BATCH_SIZES, None) or [so.batch_size] * feats
+    bags = [float(b) * p for b, p in zip(sizes, polls)]
+    total = sum(bags)
+    pooling = sum(length * b for length, b in zip(lengths, bags)) / total if total > 0 else sum(lengths) / feats
     return cm.TableTraffic(rows=so.tensor.shape[0], dim=so.tensor.shape[1], features=feats, pooling=pooling,
-                           batch=so.batch_size, world=world_size, comm=comm)
+                           batch=total / feats, world=world_size, comm=comm)
 
 
 @dataclass
