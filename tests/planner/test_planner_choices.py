@@ -345,3 +345,35 @@ def test_per_feature_batch_sizes_and_poolings_are_priced(constraint):
     assert constrained.estimated_rank_bytes() == pytest.approx(wide.estimated_rank_bytes(), rel=1e-9)
     assert constrained.chosen.cost["cost_ms"] == pytest.approx(wide.chosen.cost["cost_ms"], rel=1e-9)
     assert max(constrained.estimated_rank_bytes()) > 4 * max(plain.estimated_rank_bytes())
+
+
+def test_every_rank_holds_the_hot_replicas_of_table_wise_cold_tables():
+    """Multi-hot tables forced hybrid go table-wise cold; every rank holds every table's hot replica,
+    but the partitioner counts it on the owner alone: the planner adds it to each rank
+    (plan_cost.plan_rank_memory) and refuses a plan that then fits no rank's memory (it returned one
+    needing ~80 MB per rank on 60 MB ranks)."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.planner.types import PlannerError
+
+    from torchrec_hybrid.planner import gloo_topology
+    from torchrec_hybrid.planner.plan_cost import plan_rank_memory
+
+    names = [f"t{i}" for i in range(4)]
+    cfg = tables({n: 100_000 for n in names})
+    hot = {n: torch.arange(50_000) for n in names}
+    sharder = HybridEmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}, hot_ids=hot)
+    cons = {n: ParameterConstraints(sharding_types=[FREQUENCY_HYBRID], pooling_factors=[20.0]) for n in names}
+    planner, plan = plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
+                             topology=gloo_topology(4, ddr_cap=1_000_000_000))
+    assert {ps.cold_layout for ps in plan.values()} == {"table_wise"}
+    replicas = sum(50_000 * 64 * 4 for _ in names)  # every table's hot rows, fp32, on every rank
+    counted = [0.0] * 4
+    for so in planner.planned_options():
+        for shard in so.shards:
+            counted[shard.rank] += shard.storage.ddr
+    assert min(counted) < replicas  # what the partitioner saw on a non-owner
+    assert min(plan_rank_memory(planner.planned_options(), 4, on_device=False).tolist()) > replicas
+    with pytest.raises(PlannerError, match="no plan fits the ranks' memory: .*over its 60.0 MB of DDR"):
+        plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
+                 topology=gloo_topology(4, ddr_cap=60_000_000))

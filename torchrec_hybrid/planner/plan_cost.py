@@ -272,6 +272,33 @@ def plan_rank_bytes(options: List[ShardingOption], traffic: TrafficTable, world:
     return plan_rank_cost(options, traffic, world, validate_ids)[0]
 
 
+def plan_rank_memory(options: List[ShardingOption], world: int, on_device: bool) -> torch.Tensor:
+    """Memory each rank holds under a partitioned plan, bytes: its shards' storage (what the
+    partitioner counted: HBM on a GPU, else DDR) plus what a frequency_hybrid table puts on the
+    ranks its shards do not cover - every rank holds the table's full hot replica and pools its
+    own lookups, but a table-wise (column-wise) cold option's shards count the replica (its
+    slice's width of it) on the owner (slice owners) alone: the rest of the replica, the step's
+    buffers and the one cold row a non-owner keeps (row_blocks.py)."""
+    mem = torch.zeros(world, dtype=torch.float64)
+    for so in options:
+        widths = torch.zeros(world, dtype=torch.float64)
+        for shard in so.shards:
+            if shard.rank is None or shard.storage is None:
+                continue
+            mem[shard.rank] += shard.storage.hbm if on_device else shard.storage.ddr
+            widths[shard.rank] += shard.size[1]
+        choice = getattr(so, "hybrid_choice", None)
+        if so.sharding_type != FREQUENCY_HYBRID or choice is None:
+            continue
+        dim, elem = so.tensor.shape[1], so.tensor.element_size()
+        missing = (dim - widths).clamp(min=0)
+        uncovered = (widths == 0).to(torch.float64)
+        t = traffic_of(so, world)
+        mem += missing * max(choice.hot_rows, 1) * elem
+        mem += uncovered * (cm.hybrid_step_buffer_bytes(t, elem) + dim * elem)
+    return mem
+
+
 def plan_rank_work(options: List[ShardingOption], traffic: TrafficTable, world: int) -> torch.Tensor:
     """Compute work of each rank per step under a partitioned plan, ``[W, len(WORK_TERMS)]``."""
     return plan_rank_cost(options, traffic, world)[1]

@@ -21,7 +21,7 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, ShardingOption
+from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, PlannerErrorType, ShardingOption
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
@@ -32,7 +32,8 @@ from torchrec_hybrid.planner.compute_costs import default_compute_costs, finite_
 from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
 from torchrec_hybrid.planner.estimators import sharder_comms, sharder_vectorised_backward
 from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfModel, TrafficTable, column_sliced,
-                                               hybrid_bounds, plan_cost, plan_rank_bytes, traffic_of)
+                                               hybrid_bounds, plan_cost, plan_rank_bytes, plan_rank_memory,
+                                               traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
 from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -286,11 +287,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self.candidates = [mixed]
         if self._compare:
             self.candidates += self._pure_candidates(module, sharders, mixed)
-        stock = [c for c in self.candidates if c.name.startswith("stock")]
+        fitting = self._fitting_memory(self.candidates)
+        stock = [c for c in fitting if c.name.startswith("stock")]
         # never more bytes on the busiest rank than the stock plan: a plan that trades bytes for
         # compute the model prices (e.g. table_wise tables placed for compute, not traffic)
         # would send more than stock on every network, where the promise is to send less
-        allowed = [c for c in self.candidates
+        allowed = [c for c in fitting
                    if not stock or c is stock[0] or c.cost["busiest_bytes"] <= stock[0].cost["busiest_bytes"]]
         self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving,
                                    self.tie_rel)
@@ -301,6 +303,32 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         if self._compare:  # the inner all-hybrid planner does not warn a second time
             _check_sharder_hot_ids(module, sharders, best.plan)
         return best.plan
+
+    def _fitting_memory(self, candidates: List[PlanCandidate]) -> List[PlanCandidate]:
+        """The candidates whose every rank's memory fits its device (``plan_cost.plan_rank_memory``:
+        the partitioner counts a table-wise / column-wise cold table's hot replica on its owners
+        alone, but every rank holds it); the others are left out, logged; PlannerError when none fits."""
+        topo = _compat.planner_topology(self)
+        on_device = topo.compute_device in ("cuda", "mtia")
+        caps = torch.tensor([float(d.storage.hbm if on_device else d.storage.ddr) for d in topo.devices],
+                            dtype=torch.float64)
+        over: Dict[str, str] = {}
+        for c in candidates:
+            mem = plan_rank_memory(c.options, topo.world_size, on_device)
+            r = int(torch.argmax(mem - caps))
+            if mem[r] > caps[r]:
+                over[c.name] = (f"rank {r} would hold {mem[r] / 1e6:.1f} MB, over its {caps[r] / 1e6:.1f} MB of "
+                                f"{'HBM' if on_device else 'DDR'}")
+                logger.warning("%s left out: %s (every rank holds each frequency_hybrid table's hot replica)",
+                               c.name, over[c.name])
+        fitting = [c for c in candidates if c.name not in over]
+        if not fitting:
+            raise PlannerError(
+                "no plan fits the ranks' memory: " + "; ".join(f"{n}: {why}" for n, why in over.items())
+                + ". Every rank holds each frequency_hybrid table's hot replica: give the ranks more memory, or "
+                "the hybrid tables fewer hot rows (hot_budget_bytes, max_hot_rows, the sharder's hot_ids)",
+                PlannerErrorType.INSUFFICIENT_STORAGE)
+        return fitting
 
     def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption]) -> PlanCandidate:
         plan = self._attach_hot_ids(plan, options)
