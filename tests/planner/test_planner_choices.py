@@ -377,3 +377,32 @@ def test_every_rank_holds_the_hot_replicas_of_table_wise_cold_tables():
     with pytest.raises(PlannerError, match="no plan fits the ranks' memory: .*over its 60.0 MB of DDR"):
         plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
                  topology=gloo_topology(4, ddr_cap=60_000_000))
+
+
+def test_an_optimizer_applied_in_backward_is_counted_in_hybrid_storage():
+    """``apply_optimizer_in_backward(torch.optim.Adagrad, ...)``: the hybrid options' storage counts its
+    state as for the fused EXACT_ADAGRAD (a full row of state per row; it counted none), as TorchRec's
+    storage estimator counts it for stock options."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+    from torchrec.distributed.planner.stats import NoopEmbeddingStats
+    from torchrec.optim.apply_optimizer_in_backward import apply_optimizer_in_backward
+
+    from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, gloo_topology
+
+    cfg = tables({"a": 100_000})
+    st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1)})
+
+    def storage(in_backward: bool):
+        ebc = torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta"))
+        fused = {} if in_backward else {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.01}
+        if in_backward:
+            apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.01})
+        planner = HybridEmbeddingShardingPlanner(
+            topology=gloo_topology(4), batch_size=1024, frequency_stats=st, compute_costs=None,
+            constraints={"a": ParameterConstraints(sharding_types=[FREQUENCY_HYBRID])}, stats=[NoopEmbeddingStats()])
+        planner.plan(ebc, [HybridEmbeddingBagCollectionSharder(fused_params=fused)])
+        return [s.storage.ddr for so in planner.planned_options() for s in so.shards]
+
+    fused, in_backward = storage(False), storage(True)
+    assert in_backward == fused
+    assert min(fused) > 2 * 25_000 * 64 * 4  # a quarter of the rows, weights and as much state

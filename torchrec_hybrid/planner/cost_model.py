@@ -60,13 +60,13 @@ DATA_PARALLEL = "data_parallel"
 FREQUENCY_HYBRID = "frequency_hybrid"
 
 # Optimizer state bytes per row as a function of dim (fp32 state), by FBGEMM/TorchRec name.
-_OPTIMIZER_STATE = {
+_OPTIMIZER_STATE = {k.replace("_", ""): v for k, v in {  # keys without underscores: "RowWiseAdagrad" matches too
     "sgd": lambda d: 0, "exact_sgd": lambda d: 0,
     "rowwise_adagrad": lambda d: 4, "exact_rowwise_adagrad": lambda d: 4,
     "adagrad": lambda d: 4 * d, "exact_adagrad": lambda d: 4 * d,
     "adam": lambda d: 8 * d, "lamb": lambda d: 8 * d,
     "partial_rowwise_adam": lambda d: 4 * d + 4, "partial_rowwise_lamb": lambda d: 4 * d + 4,
-}
+}.items()}
 
 
 A2A_COMM_OP = "POOLED_EMBEDDINGS_ALL_TO_ALL"  # TorchRec CommOp names (qcomm_codecs_registry keys)
@@ -128,7 +128,7 @@ def optimizer_state_bytes_per_row(optimizer: Optional[str], dim: int) -> int:
     """fp32 optimizer state per embedding row (unknown names: as much as the weights)."""
     if optimizer is None:
         return 0
-    key = str(optimizer).lower().rsplit(".", 1)[-1]
+    key = str(optimizer).lower().rsplit(".", 1)[-1].replace("_", "")  # EmbOptimType names, torch.optim classes
     fn = _OPTIMIZER_STATE.get(key)
     return fn(dim) if fn else 4 * dim
 

@@ -44,10 +44,13 @@ def fused_params(sharder_data_map, so: ShardingOption) -> Dict[str, Any]:
 
 
 def optimizer_name(sharder_data_map, so: ShardingOption) -> Optional[str]:
-    """The fused optimizer's name from the sharder's fused_params (None if not given)."""
+    """The fused optimizer's name from the sharder's fused_params, else the optimizer class set on
+    the table's parameter by ``apply_optimizer_in_backward`` (where TorchRec's storage estimator
+    reads it: ``_optimizer_classes``), else None."""
     opt = fused_params(sharder_data_map, so).get("optimizer")
     if opt is None:
-        return None
+        classes = getattr(so.tensor, "_optimizer_classes", None)
+        return classes[0].__name__ if classes else None
     return getattr(opt, "name", None) or str(opt)
 
 
@@ -57,7 +60,8 @@ def vectorised_cpu_backward(params: Optional[Dict[str, Any]]) -> bool:
     backward is scalar either way) without weight decay (with it, heavy tables get a call of their
     own, lookup.py): then looking such a table up through virtual features costs its scalar path
     (``cost_model.VIRTUAL_BACKWARD_EXTRA``). Only the sharder's fused_params are read: an optimizer
-    set per parameter (``apply_optimizer_in_backward``) is not seen here (nor by :func:`optimizer_name`)."""
+    set per parameter (``apply_optimizer_in_backward``) is priced as FBGEMM's default here (its
+    state is counted: :func:`optimizer_name`)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     p = params or {}
@@ -96,8 +100,9 @@ class HybridStorageEstimator(ShardEstimator):
     """Sets ``shard.storage`` of frequency_hybrid options, from the cost model's memory terms.
 
     Per rank (``cm.hybrid_memory_bytes`` + ``cm.hybrid_step_buffer_bytes``): the shard's cold
-    rows with the fused optimizer's state (taken from the sharder's fused_params: the stock
-    estimator counts 0 for an optimizer given that way), the hot replica, the step's buffers.
+    rows with the optimizer's state (the sharder's fused optimizer - the stock estimator counts 0
+    for an optimizer given that way - or one applied in backward: :func:`optimizer_name`), the hot
+    replica, the step's buffers.
     """
 
     def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
