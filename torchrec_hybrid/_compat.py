@@ -257,6 +257,12 @@ def qcomm_codec_setting(codec) -> Optional[str]:
 # --- TorchRec planner ---------------------------------------------------------------------
 
 
+def optimizer_classes_in_backward(tensor) -> list:
+    """The optimizer classes ``apply_optimizer_in_backward`` set on a parameter (``_optimizer_classes``,
+    where TorchRec's storage estimator reads them; checked against torchrec 1.8.0); [] if none."""
+    return list(getattr(tensor, "_optimizer_classes", None) or [])
+
+
 def planner_best_plan(planner) -> list:
     """The ShardingOptions of an EmbeddingShardingPlanner's last plan (``_best_plan``;
     checked against torchrec 1.8.0)."""

@@ -21,6 +21,7 @@ from torchrec.distributed.planner.types import (
     Topology,
 )
 
+from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner.plan_cost import traffic_of
 from torchrec_hybrid.types import FREQUENCY_HYBRID
@@ -46,10 +47,10 @@ def fused_params(sharder_data_map, so: ShardingOption) -> Dict[str, Any]:
 def optimizer_name(sharder_data_map, so: ShardingOption) -> Optional[str]:
     """The fused optimizer's name from the sharder's fused_params, else the optimizer class set on
     the table's parameter by ``apply_optimizer_in_backward`` (where TorchRec's storage estimator
-    reads it: ``_optimizer_classes``), else None."""
+    reads it: ``_compat.optimizer_classes_in_backward``), else None."""
     opt = fused_params(sharder_data_map, so).get("optimizer")
     if opt is None:
-        classes = getattr(so.tensor, "_optimizer_classes", None)
+        classes = _compat.optimizer_classes_in_backward(so.tensor)
         return classes[0].__name__ if classes else None
     return getattr(opt, "name", None) or str(opt)
 
