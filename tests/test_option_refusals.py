@@ -187,6 +187,31 @@ def test_an_error_planning_on_rank_0_is_raised_on_every_rank():
     assert messages[1].startswith("planning on rank 0 failed: ValueError: "), messages[1]
 
 
+def _collective_plan_storage_error(rank, world):
+    import torch.distributed as dist
+    import torchrec
+    from torchrec.distributed.planner.types import PlannerError
+
+    names = [f"t{i}" for i in range(4)]
+    configs = planner_tables({n: 100_000 for n in names})
+    ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+    forced = {n: ParameterConstraints(sharding_types=[FREQUENCY_HYBRID], pooling_factors=[20.0]) for n in names}
+    planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(world, ddr_cap=40_000_000), batch_size=512,
+                                             constraints=forced, compute_costs=None)
+    try:
+        planner.collective_plan(ebc, [HybridEmbeddingBagCollectionSharder(
+            hot_ids={n: torch.arange(50_000) for n in names})], dist.GroupMember.WORLD)
+    except PlannerError as e:
+        return type(e).__name__, e.error_type.name
+    return "no error"
+
+
+def test_a_planner_error_keeps_its_kind_on_every_rank():
+    """The other ranks raise rank 0's PlannerError with its error_type (they got OTHER: a caller
+    retrying on INSUFFICIENT_STORAGE, e.g. with fewer hot rows, would retry on rank 0 alone)."""
+    assert run_ranks(_collective_plan_storage_error, 2, timeout=120) == [("PlannerError", "INSUFFICIENT_STORAGE")] * 2
+
+
 @pytest.mark.parametrize("kwargs, words", [
     (dict(row_bounds=[0, 4.7, 10]), "frequency_hybrid(row_bounds=[0, 4.7, 10]): expected ints >= 0"),
     (dict(row_bounds=[0, "5", 10]), "frequency_hybrid(row_bounds=[0, '5', 10]): expected ints >= 0"),

@@ -263,6 +263,15 @@ def optimizer_classes_in_backward(tensor) -> list:
     return list(getattr(tensor, "_optimizer_classes", None) or [])
 
 
+def planner_reserved_topology(planner, module, sharders):
+    """The Topology whose device caps an EmbeddingShardingPlanner's partitioner packs shards into: its
+    storage reservation (``_storage_reservation``, e.g. 15% of each device plus dense and KJT memory)
+    applied to its topology, with its constraints (``_constraints``), as its ``plan`` does (checked
+    against torchrec 1.8.0)."""
+    return planner._storage_reservation.reserve(topology=planner._topology, batch_size=planner._batch_size,
+                                                module=module, sharders=sharders, constraints=planner._constraints)
+
+
 def planner_best_plan(planner) -> list:
     """The ShardingOptions of an EmbeddingShardingPlanner's last plan (``_best_plan``;
     checked against torchrec 1.8.0)."""

@@ -237,8 +237,10 @@ def unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
     from fbgemm_gpu.split_embedding_configs import SparseType
 
     out = []
+    from torchrec.types import DataType
+
     dtype = params.get("output_dtype")
-    if dtype is not None and dtype not in (SparseType.FP32, torch.float32):
+    if dtype is not None and dtype not in (SparseType.FP32, torch.float32, DataType.FP32):
         out.append(f"output_dtype={dtype} (the hybrid output dist adds fp32 hot pooling to the partial sums; "
                    "only FP32 output is supported)")
     if params.get("gradient_clipping"):

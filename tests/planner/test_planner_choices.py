@@ -14,6 +14,7 @@ from torchrec.distributed.planner import ParameterConstraints, Topology
 from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
 from torchrec_hybrid.planner import HybridParameterSharding
 from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.stats import FrequencyStats
 from tests.planner.planner_testutils import exact_stats, mixture_probs, plan_for, tables, zipf_probs
 
 
@@ -374,9 +375,17 @@ def test_every_rank_holds_the_hot_replicas_of_table_wise_cold_tables():
             counted[shard.rank] += shard.storage.ddr
     assert min(counted) < replicas  # what the partitioner saw on a non-owner
     assert min(plan_rank_memory(planner.planned_options(), 4, on_device=False).tolist()) > replicas
-    with pytest.raises(PlannerError, match="no plan fits the ranks' memory: .*over its 60.0 MB of DDR"):
+    refused = r"no plan fits the ranks' memory: .*over the [\d.]+ MB of its DDR left"
+    with pytest.raises(PlannerError, match=refused) as e:
         plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
                  topology=gloo_topology(4, ddr_cap=60_000_000))
+    assert e.value.error_type.name == "INSUFFICIENT_STORAGE"
+    # the partitioner packs shards into the caps left after the storage reservation: a plan within the
+    # raw 84 MB but over what the reservation leaves of it is refused too (it was checked against the raw cap)
+    assert max(plan_rank_memory(planner.planned_options(), 4, on_device=False).tolist()) < 84_000_000
+    with pytest.raises(PlannerError, match=r"over the [\d.]+ MB of its DDR left after the storage reservation"):
+        plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
+                 topology=gloo_topology(4, ddr_cap=84_000_000))
 
 
 def test_an_optimizer_applied_in_backward_is_counted_in_hybrid_storage():
@@ -392,9 +401,11 @@ def test_an_optimizer_applied_in_backward_is_counted_in_hybrid_storage():
     cfg = tables({"a": 100_000})
     st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1)})
 
-    def storage(in_backward: bool):
+    def storage(in_backward: bool, sharder_optimizer=None):
         ebc = torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta"))
         fused = {} if in_backward else {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.01}
+        if sharder_optimizer is not None:
+            fused = {"optimizer": sharder_optimizer, "learning_rate": 0.01}
         if in_backward:
             apply_optimizer_in_backward(torch.optim.Adagrad, ebc.parameters(), {"lr": 0.01})
         planner = HybridEmbeddingShardingPlanner(
@@ -406,3 +417,53 @@ def test_an_optimizer_applied_in_backward_is_counted_in_hybrid_storage():
     fused, in_backward = storage(False), storage(True)
     assert in_backward == fused
     assert min(fused) > 2 * 25_000 * 64 * 4  # a quarter of the rows, weights and as much state
+    # beside a fused optimizer of the sharder's, the one applied in backward is what sharding builds
+    # (TorchRec's merge_fused_params): its state is counted, not the sharder's (SGD: none)
+    assert storage(True, sharder_optimizer=EmbOptimType.EXACT_SGD) == fused
+
+
+def test_output_dtype_fp32_in_any_form_is_accepted():
+    """``ParameterConstraints(output_dtype=DataType.FP32)`` (the field's own type) keeps frequency_hybrid
+    (it was refused as if FP32 output were not: only SparseType.FP32 / torch.float32 were accepted)."""
+    from fbgemm_gpu.split_embedding_configs import SparseType
+    from torchrec.types import DataType
+
+    from torchrec_hybrid.sharded_ebc import check_hybrid_supported, unsupported_fused_options
+
+    for fp32 in (DataType.FP32, SparseType.FP32, torch.float32):
+        assert unsupported_fused_options({"output_dtype": fp32}) == []
+    assert unsupported_fused_options({"output_dtype": DataType.FP16})
+    cfg = tables({"a": 100_000})
+    st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1)})
+    _, plan = plan_for(cfg, st, compute_costs=None,
+                       constraints={"a": ParameterConstraints(output_dtype=DataType.FP32)})
+    assert plan["a"].sharding_type == FREQUENCY_HYBRID
+    check_hybrid_supported(cfg, plan, {}, None)
+
+
+def test_hybrid_or_a_stock_type_the_kernel_constraint_excludes():
+    """[frequency_hybrid, data_parallel] with compute_kernels [fused]: data_parallel has no fused kernel,
+    so TorchRec's planner finds the table no option and raises RuntimeError ("No available sharding
+    type"); the comparison goes on without it (plan() raised) and the table goes hybrid, as with
+    compare_plans=False."""
+    cfg = tables({"a": 100_000, "b": 20_000})
+    st = exact_stats(cfg, {"a": zipf_probs(100_000, 1.1)})
+    cons = {"a": ParameterConstraints(sharding_types=[FREQUENCY_HYBRID, "data_parallel"], compute_kernels=["fused"])}
+    planner, plan = plan_for(cfg, st, compute_costs=None, constraints=cons)
+    _, alone = plan_for(cfg, st, compute_costs=None, constraints=cons, compare_plans=False)
+    assert plan["a"].sharding_type == alone["a"].sharding_type == FREQUENCY_HYBRID
+    assert not any(c.name.startswith("stock") for c in planner.candidates)
+
+
+def test_a_shared_table_with_one_batch_size_plans_with_statistics():
+    """A table of two features with ``batch_sizes=[8192]`` (TorchRec plans it): the measured pooling
+    factors, one per feature, took the single batch size along (TorchRec asserted unequal lengths),
+    each feature's bags priced at 8192."""
+    cfg = [torchrec.EmbeddingBagConfig(name="a", embedding_dim=64, num_embeddings=100_000,
+                                       feature_names=["f1", "f2"])]
+    st = FrequencyStats(cfg)
+    g = torch.Generator().manual_seed(0)
+    st.update(torchrec.KeyedJaggedTensor(keys=["f1", "f2"], values=torch.randint(0, 1000, (4096,), generator=g),
+                                         lengths=torch.ones(4096, dtype=torch.int32), stride=2048))
+    planner, _ = plan_for(cfg, st, compute_costs=None, constraints={"a": ParameterConstraints(batch_sizes=[8192])})
+    assert planner.traffic_table().traffic["a"].bags == 2 * 8192

@@ -45,13 +45,16 @@ def fused_params(sharder_data_map, so: ShardingOption) -> Dict[str, Any]:
 
 
 def optimizer_name(sharder_data_map, so: ShardingOption) -> Optional[str]:
-    """The fused optimizer's name from the sharder's fused_params, else the optimizer class set on
-    the table's parameter by ``apply_optimizer_in_backward`` (where TorchRec's storage estimator
-    reads it: ``_compat.optimizer_classes_in_backward``), else None."""
+    """The name of the optimizer the table is built with: the class ``apply_optimizer_in_backward``
+    set on its parameter (where TorchRec's storage estimator reads it:
+    ``_compat.optimizer_classes_in_backward``; it wins over the sharder's in TorchRec's sharding,
+    ``merge_fused_params``), else the sharder's fused optimizer, else None."""
+    classes = _compat.optimizer_classes_in_backward(so.tensor)
+    if classes:
+        return classes[0].__name__
     opt = fused_params(sharder_data_map, so).get("optimizer")
     if opt is None:
-        classes = _compat.optimizer_classes_in_backward(so.tensor)
-        return classes[0].__name__ if classes else None
+        return None
     return getattr(opt, "name", None) or str(opt)
 
 

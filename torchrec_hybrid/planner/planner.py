@@ -65,7 +65,11 @@ def constraints_with_measured_pooling(constraints: Optional[Dict[str, ParameterC
         if c is None:
             out[cfg.name] = ParameterConstraints(pooling_factors=[mean] * feats)
         elif list(c.pooling_factors) == [POOLING_FACTOR]:
-            out[cfg.name] = dataclasses.replace(c, pooling_factors=[mean] * feats)
+            # one entry per feature, as the pooling factors now have: a single batch size or poolings
+            # count given for a shared table is each of its features' (TorchRec asserts equal lengths)
+            per_feature = {k: list(v) * feats for k in ("batch_sizes", "num_poolings")
+                           if (v := getattr(c, k)) is not None and len(v) == 1}
+            out[cfg.name] = dataclasses.replace(c, pooling_factors=[mean] * feats, **per_feature)
     return out
 
 
@@ -262,17 +266,20 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                     pickle.dumps(cls)
                 except Exception:  # noqa: BLE001
                     cls = base
-                result = [("error", base.__name__, cls, f"planning on rank 0 failed: {type(e).__name__}: {e}")]
+                result = [("error", base.__name__, cls, f"planning on rank 0 failed: {type(e).__name__}: {e}",
+                           getattr(e, "error_type", None))]  # PlannerError's kind (e.g. insufficient storage)
         if pg.size() > 1:
             dist.broadcast_object_list(result, dist.get_global_rank(pg, 0), group=pg)  # pg's rank 0, by global rank
         if error is not None:
             raise error
         if result[0][0] == "error":
-            _, base_name, cls, message = result[0]
+            _, base_name, cls, message, error_type = result[0]
             try:  # the same class as rank 0's where it takes a message alone, else its nearest listed base
                 exc = cls(message)
             except Exception:  # noqa: BLE001 - a class with other arguments
                 exc = _BROADCAST_ERRORS_BY_NAME[base_name](message)
+            if error_type is not None:
+                exc.error_type = error_type
             raise exc
         return result[0][1]
 
@@ -287,7 +294,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self.candidates = [mixed]
         if self._compare:
             self.candidates += self._pure_candidates(module, sharders, mixed)
-        fitting = self._fitting_memory(self.candidates)
+        fitting = self._fitting_memory(self.candidates, module, sharders)
         stock = [c for c in fitting if c.name.startswith("stock")]
         # never more bytes on the busiest rank than the stock plan: a plan that trades bytes for
         # compute the model prices (e.g. table_wise tables placed for compute, not traffic)
@@ -304,11 +311,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             _check_sharder_hot_ids(module, sharders, best.plan)
         return best.plan
 
-    def _fitting_memory(self, candidates: List[PlanCandidate]) -> List[PlanCandidate]:
-        """The candidates whose every rank's memory fits its device (``plan_cost.plan_rank_memory``:
-        the partitioner counts a table-wise / column-wise cold table's hot replica on its owners
-        alone, but every rank holds it); the others are left out, logged; PlannerError when none fits."""
-        topo = _compat.planner_topology(self)
+    def _fitting_memory(self, candidates: List[PlanCandidate], module, sharders) -> List[PlanCandidate]:
+        """The candidates whose every rank's memory fits what the partitioner may fill on its device
+        (the caps after the storage reservation; ``plan_cost.plan_rank_memory``: the partitioner counts
+        a table-wise / column-wise cold table's hot replica on its owners alone, but every rank holds
+        it); the others are left out, logged; PlannerError when none fits."""
+        topo = _compat.planner_reserved_topology(self, module, sharders)
         on_device = topo.compute_device in ("cuda", "mtia")
         caps = torch.tensor([float(d.storage.hbm if on_device else d.storage.ddr) for d in topo.devices],
                             dtype=torch.float64)
@@ -317,8 +325,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             mem = plan_rank_memory(c.options, topo.world_size, on_device)
             r = int(torch.argmax(mem - caps))
             if mem[r] > caps[r]:
-                over[c.name] = (f"rank {r} would hold {mem[r] / 1e6:.1f} MB, over its {caps[r] / 1e6:.1f} MB of "
-                                f"{'HBM' if on_device else 'DDR'}")
+                over[c.name] = (f"rank {r} would hold {mem[r] / 1e6:.1f} MB, over the {caps[r] / 1e6:.1f} MB of its "
+                                f"{'HBM' if on_device else 'DDR'} left after the storage reservation")
                 logger.warning("%s left out: %s (every rank holds each frequency_hybrid table's hot replica)",
                                c.name, over[c.name])
         fitting = [c for c in candidates if c.name not in over]
@@ -362,7 +370,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
                                              constraints=without_hybrid(self._user_constraints), **self._search)
             plan = _or_none("TorchRec's own planner", lambda: stock.plan(
-                module, [_StockOnly(s, add_template=False) for s in sharders]))
+                module, [_StockOnly(s, add_template=False) for s in sharders]), no_option=True)
             if plan is not None:
                 out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
                                            _compat.planner_best_plan(stock)))
@@ -463,13 +471,20 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         return list(self._chosen.options) if self._chosen else list(_compat.planner_best_plan(self) or [])
 
 
-def _or_none(what: str, plan: Any) -> Optional[ShardingPlan]:
+_NO_OPTION = "No available sharding type"  # how TorchRec's enumerator says a table has no option (RuntimeError)
+
+
+def _or_none(what: str, plan: Any, no_option: bool = False) -> Optional[ShardingPlan]:
     """``plan()``, or None where that comparison candidate has no plan (TorchRec's ``PlannerError``:
-    e.g. its shards fit no rank's memory where the hybrid's do): the comparison goes on without it,
-    and says so, instead of failing the plan the partitioner found."""
+    e.g. its shards fit no rank's memory where the hybrid's do; with ``no_option``, also its
+    enumerator finding a table no stock option under the constraints without frequency_hybrid, e.g.
+    [frequency_hybrid, data_parallel] with compute_kernels [fused]): the comparison goes on without
+    it, and says so, instead of failing the plan the partitioner found."""
     try:
         return plan()
-    except PlannerError as e:
+    except (PlannerError, RuntimeError) as e:
+        if not isinstance(e, PlannerError) and not (no_option and str(e).startswith(_NO_OPTION)):
+            raise
         logger.warning("%s found no plan, compared without it: %s", what, str(e).strip().splitlines()[-1])
         return None
 
