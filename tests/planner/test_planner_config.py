@@ -70,6 +70,16 @@ tables:
      "tables.t.compute_kernels: unknown ['bogus']"),
     ("topology: [1, 2\n", "not valid YAML"),
     ("- 1\n", "expected a mapping"),
+    # non-finite and sub-byte numbers, a comms that is no name: each named (they raised bare OverflowError,
+    # ValueError or TypeError, or were taken: bandwidth NaN failed deep in TorchRec, ddr_gb 1e-12 became 0)
+    ("topology: {world_size: .nan}\n", "topology.world_size: expected a positive finite number, got nan"),
+    ("topology: {world_size: 4, ddr_gb: .inf}\n", "topology.ddr_gb: expected a positive finite number, got inf"),
+    ("topology: {world_size: 4, bandwidth_gbps: .nan}\n", "topology.bandwidth_gbps: expected a positive finite"),
+    ("topology: {world_size: 4, ddr_gb: 1.0e-12}\n", "topology.ddr_gb: 1e-12 is less than one byte"),
+    ("topology: {world_size: 4, comms: [a]}\n", "topology.comms: expected 'uniform' or 'torchrec', got ['a']"),
+    ("topology: {world_size: 4}\nhot_set: {budget_mb: .inf}\n", "hot_set.budget_mb: expected a positive finite"),
+    ("topology: {world_size: 4}\nhot_set: {max_rows: .inf}\n", "hot_set.max_rows: expected a positive finite"),
+    ("topology: {world_size: 4}\ntables: {t: {pooling_factors: [.inf]}}\n", "tables.t.pooling_factors: expected"),
 ])
 def test_bad_configs_name_the_problem(tmp_path, text, words):
     with pytest.raises(PlannerConfigError) as e:

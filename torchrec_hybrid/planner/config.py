@@ -33,6 +33,7 @@ The ``hot_set`` and ``tables`` sections are shared with the DLRM example's confi
 
 from __future__ import annotations
 
+import math
 import os
 from typing import AbstractSet, Any, Dict, List, Optional
 
@@ -76,11 +77,18 @@ def _mapping(value: Any, where: str) -> Dict[str, Any]:
 
 
 def _positive(value: Any, where: str, kind=float) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
-        raise PlannerConfigError(f"{where}: expected a positive number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+        raise PlannerConfigError(f"{where}: expected a positive finite number, got {value!r}")
     if kind is int and int(value) != value:
         raise PlannerConfigError(f"{where}: expected an integer, got {value!r}")
     return kind(value)
+
+
+def _bytes(amount: float, where: str, given: Any) -> int:
+    """A memory size in whole bytes (a positive size that rounds to none is refused: it would be 0)."""
+    if int(amount) < 1:
+        raise PlannerConfigError(f"{where}: {given!r} is less than one byte")
+    return int(amount)
 
 
 def _topology(sec: Dict[str, Any]) -> Topology:
@@ -100,8 +108,10 @@ def _topology(sec: Dict[str, Any]) -> Topology:
                                  "memory as ddr_gb")
     for key, arg in (("hbm_gb", "hbm_cap"), ("ddr_gb", "ddr_cap")):
         if key in sec:
-            kwargs[arg] = int(_positive(sec[key], f"topology.{key}") * GB)
+            kwargs[arg] = _bytes(_positive(sec[key], f"topology.{key}") * GB, f"topology.{key}", sec[key])
     comms = sec.get("comms", "uniform")
+    if not isinstance(comms, str) or comms not in ("uniform", "torchrec"):
+        raise PlannerConfigError(f"topology.comms: expected 'uniform' or 'torchrec', got {comms!r}")
     other = {"uniform": ("intra_host_bw_gbps", "inter_host_bw_gbps"), "torchrec": ("bandwidth_gbps",)}
     misplaced = [k for k in other.get(comms, ()) if k in sec]
     if misplaced:
@@ -124,8 +134,8 @@ def _topology(sec: Dict[str, Any]) -> Topology:
 
 def _float_list(value: Any, where: str) -> List[float]:
     if not isinstance(value, list) or not value or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0 for v in value):
-        raise PlannerConfigError(f"{where}: expected a non-empty list of numbers >= 0, got {value!r}")
+            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in value):
+        raise PlannerConfigError(f"{where}: expected a non-empty list of finite numbers >= 0, got {value!r}")
     return [float(v) for v in value]
 
 
@@ -194,7 +204,8 @@ def parse_hot_set(sec: Any, where: str = "hot_set", base_dir: Optional[str] = No
     _check_keys(hot, set(HOT_SET_KEYS), where)
     out: Dict[str, Any] = {}
     if hot.get("budget_mb") is not None:
-        out["hot_budget_bytes"] = int(_positive(hot["budget_mb"], f"{where}.budget_mb") * 1024 * 1024)
+        out["hot_budget_bytes"] = _bytes(_positive(hot["budget_mb"], f"{where}.budget_mb") * 1024 * 1024,
+                                         f"{where}.budget_mb", hot["budget_mb"])
     if hot.get("max_rows") is not None:
         out["max_hot_rows"] = _positive(hot["max_rows"], f"{where}.max_rows", int)
     if hot.get("min_saving") is not None:
