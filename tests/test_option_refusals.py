@@ -197,7 +197,7 @@ def _collective_plan_storage_error(rank, world):
     ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     forced = {n: ParameterConstraints(sharding_types=[FREQUENCY_HYBRID], pooling_factors=[20.0]) for n in names}
     planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(world, ddr_cap=40_000_000), batch_size=512,
-                                             constraints=forced, compute_costs=None)
+                                             constraints=forced, compute_costs=None, hot_budget_bytes=10 ** 9)
     try:
         planner.collective_plan(ebc, [HybridEmbeddingBagCollectionSharder(
             hot_ids={n: torch.arange(50_000) for n in names})], dist.GroupMember.WORLD)

@@ -369,6 +369,7 @@ def test_every_rank_holds_the_hot_replicas_of_table_wise_cold_tables():
                              topology=gloo_topology(4, ddr_cap=1_000_000_000))
     assert {ps.cold_layout for ps in plan.values()} == {"table_wise"}
     replicas = sum(50_000 * 64 * 4 for _ in names)  # every table's hot rows, fp32, on every rank
+    BUDGET = 10 ** 9  # the hot-row budget does not bind here (a quarter of a small rank would: refused first)
     counted = [0.0] * 4
     for so in planner.planned_options():
         for shard in so.shards:
@@ -378,14 +379,14 @@ def test_every_rank_holds_the_hot_replicas_of_table_wise_cold_tables():
     refused = r"no plan fits the ranks' memory: .*over the [\d.]+ MB of its DDR left"
     with pytest.raises(PlannerError, match=refused) as e:
         plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
-                 topology=gloo_topology(4, ddr_cap=60_000_000))
+                 topology=gloo_topology(4, ddr_cap=60_000_000), hot_budget_bytes=BUDGET)
     assert e.value.error_type.name == "INSUFFICIENT_STORAGE"
     # the partitioner packs shards into the caps left after the storage reservation: a plan within the
     # raw 84 MB but over what the reservation leaves of it is refused too (it was checked against the raw cap)
     assert max(plan_rank_memory(planner.planned_options(), 4, on_device=False).tolist()) < 84_000_000
     with pytest.raises(PlannerError, match=r"over the [\d.]+ MB of its DDR left after the storage reservation"):
         plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
-                 topology=gloo_topology(4, ddr_cap=84_000_000))
+                 topology=gloo_topology(4, ddr_cap=84_000_000), hot_budget_bytes=BUDGET)
 
 
 def test_an_optimizer_applied_in_backward_is_counted_in_hybrid_storage():
@@ -467,3 +468,20 @@ def test_a_shared_table_with_one_batch_size_plans_with_statistics():
                                          lengths=torch.ones(4096, dtype=torch.int32), stride=2048))
     planner, _ = plan_for(cfg, st, compute_costs=None, constraints={"a": ParameterConstraints(batch_sizes=[8192])})
     assert planner.traffic_table().traffic["a"].bags == 2 * 8192
+
+
+def test_the_sharders_fixed_hot_sets_are_held_to_max_hot_rows_and_the_budget():
+    """A sharder's hot_ids larger than max_hot_rows, or over the hot-row budget alone, are refused,
+    naming the table and the setting (a 3,000-row set was planned with max_hot_rows=100, and 7.7x over
+    the budget while the statistics-sized table was squeezed to 0 rows)."""
+    cfg = tables({"a": 100_000, "b": 100_000})
+    st = exact_stats([cfg[1]], {"b": zipf_probs(100_000, 1.1)})
+    sharder = HybridEmbeddingBagCollectionSharder(hot_ids={"a": torch.arange(3000)})
+    forced = {n: ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]) for n in "ab"}
+    _, plan = plan_for(cfg, st, compute_costs=None, sharder=sharder, constraints=forced)
+    assert plan["a"].hot_rows == 3000  # within the defaults: the set as given
+    with pytest.raises(ValueError, match="table 'a': the sharder's hot_ids hold 3000 rows, more than max_hot_rows=100"):
+        plan_for(cfg, st, compute_costs=None, sharder=sharder, constraints=forced, max_hot_rows=100)
+    with pytest.raises(ValueError, match=r"the sharder's hot_ids \(a: 3000 rows\) need \d+ B per rank .* over the "
+                                         r"hot-row budget of 100000 B"):
+        plan_for(cfg, st, compute_costs=None, sharder=sharder, constraints=forced, hot_budget_bytes=100_000)

@@ -369,6 +369,9 @@ class HybridEnumerator(EmbeddingEnumerator):
         given = (getattr(sharder, "hot_ids", None) or {}).get(so.name)
         if given is not None and torch.as_tensor(given).numel() > 0:
             ids = torch.as_tensor(given).to(torch.int64)
+            if ids.numel() > self._max_hot_rows:  # a fixed set is the user's: refused, not cut or kept silently
+                raise ValueError(f"table '{so.name}': the sharder's hot_ids hold {ids.numel()} rows, more than "
+                                 f"max_hot_rows={self._max_hot_rows}: pass a larger max_hot_rows or fewer hot_ids")
             return hot_set.profile_uniform(tr, per_row, cap, ids, source="sharder"), ids.numel()
         return hot_set.profile_uniform(tr, per_row, 0), None  # no ids known: no hot rows
 

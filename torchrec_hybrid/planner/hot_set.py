@@ -87,7 +87,8 @@ def choose_hot_rows(profiles: Dict[str, TableProfile], budget_bytes: Optional[fl
                     compute: Optional[cm.ComputeCosts] = None) -> Dict[str, int]:
     """H per table minimising the summed step cost within ``budget_bytes`` (per rank).
 
-    ``fixed`` tables keep the given H (e.g. the sharder's explicit hot ids) and use budget.
+    ``fixed`` tables keep the given H (e.g. the sharder's explicit hot ids) and use budget; fixed
+    sets alone over the budget are refused (ValueError), as a plan over it would not be kept.
     """
     fixed = dict(fixed or {})
     curves = {n: cost_curve(p, a2a_bw, hot_bw, compute) for n, p in profiles.items() if n not in fixed}
@@ -104,11 +105,14 @@ def choose_hot_rows(profiles: Dict[str, TableProfile], budget_bytes: Optional[fl
     def used(choice: Dict[str, int]) -> float:
         return used_fixed + sum(h * sizes[n] for n, h in choice.items())
 
+    if budget_bytes is not None and used_fixed > budget_bytes:
+        raise ValueError(f"the sharder's hot_ids ({', '.join(f'{n}: {h} rows' for n, h in fixed.items())}) need "
+                         f"{used_fixed:.0f} B per rank with their optimizer state, over the hot-row budget of "
+                         f"{budget_bytes:.0f} B (hot_budget_bytes; by default a quarter of a rank's memory): pass a "
+                         "larger hot_budget_bytes or fewer hot_ids")
     best = pick(0.0)
     if budget_bytes is None or used(best) <= budget_bytes:
         return {**best, **fixed}
-    if used_fixed > budget_bytes:
-        logger.warning("fixed hot sets alone (%d B) exceed the hot-row budget (%d B)", used_fixed, budget_bytes)
     hi = max([float((c[0] - c.min()) / sizes[n]) + 1.0 for n, c in curves.items()] + [1.0])
     lo = 0.0
     for _ in range(60):
