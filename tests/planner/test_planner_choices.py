@@ -485,3 +485,30 @@ def test_the_sharders_fixed_hot_sets_are_held_to_max_hot_rows_and_the_budget():
     with pytest.raises(ValueError, match=r"the sharder's hot_ids \(a: 3000 rows\) need \d+ B per rank .* over the "
                                          r"hot-row budget of 100000 B"):
         plan_for(cfg, st, compute_costs=None, sharder=sharder, constraints=forced, hot_budget_bytes=100_000)
+
+
+def test_the_stats_loggers_describe_the_plan_returned_once():
+    """The planner's Stats loggers log once, the plan it returns (they logged the partitioner's mixed
+    plan, and the all-hybrid planner's, also when TorchRec's plan won): here TorchRec's plan wins
+    under this box's prices, and the all-hybrid one under network prices."""
+    from torchrec.distributed.planner.types import Stats
+
+    class Calls(Stats):
+        def __init__(self):
+            self.plans = []
+
+        def log(self, sharding_plan, *args, **kwargs):
+            self.plans.append(sharding_plan)
+
+    cfg = tables({"a": 100_000, "b": 60_000})
+    st = exact_stats(cfg, {n: zipf_probs(c.num_embeddings, 1.1) for n, c in zip("ab", cfg)}, samples=1 << 13)
+    from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, gloo_topology
+
+    for costs, winner in (("default", "stock"), (None, "hybrid")):
+        calls = Calls()
+        planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(4), batch_size=1024, frequency_stats=st,
+                                                 compute_costs=costs, stats=[calls])
+        planner.plan(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")),
+                     [HybridEmbeddingBagCollectionSharder()])
+        assert len(planner.candidates) > 1 and planner.chosen.name.startswith(winner)
+        assert calls.plans == [planner.chosen.plan], (costs, len(calls.plans))

@@ -21,7 +21,8 @@ import torch
 import torch.distributed as dist
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
-from torchrec.distributed.planner.types import ParameterConstraints, PlannerError, PlannerErrorType, ShardingOption
+from torchrec.distributed.planner.types import (ParameterConstraints, PlannerError, PlannerErrorType,
+                                              ShardingOption, Stats)
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
@@ -90,13 +91,34 @@ def choose_plan(allowed: List["PlanCandidate"], stock: Optional["PlanCandidate"]
 
 @dataclasses.dataclass
 class PlanCandidate:
-    """One plan the hybrid planner considered, priced by ``plan_cost``."""
+    """One plan the hybrid planner considered, priced by ``plan_cost``; ``stats_call``: the arguments
+    its planner called its ``Stats`` loggers with (:class:`_RecordedStats`), for the plan returned."""
 
     name: str
     plan: ShardingPlan
     options: List[ShardingOption]
     cost: Dict[str, float]
     rank_bytes: List[float]
+    stats_call: Optional[Dict[str, Any]] = None
+
+
+class _RecordedStats(Stats):
+    """A ``Stats`` logger that keeps each call's arguments instead of logging: every candidate's
+    planner logs into one, and only the plan returned is logged, to the user's loggers (TorchRec's
+    planner logs its partitioner's best plan before the candidates are compared)."""
+
+    def __init__(self) -> None:
+        self.calls: List[Dict[str, Any]] = []
+
+    def log(self, sharding_plan, topology, batch_size, storage_reservation, num_proposals, num_plans, run_time,
+            best_plan, constraints=None, sharders=None, enumerator=None, debug=False, debug_stats=None) -> None:
+        self.calls.append(dict(sharding_plan=sharding_plan, topology=topology, batch_size=batch_size,
+                               storage_reservation=storage_reservation, num_proposals=num_proposals,
+                               num_plans=num_plans, run_time=run_time, best_plan=best_plan, constraints=constraints,
+                               sharders=sharders, enumerator=enumerator, debug=debug, debug_stats=debug_stats))
+
+    def last(self) -> Optional[Dict[str, Any]]:
+        return self.calls[-1] if self.calls else None
 
 
 class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
@@ -211,10 +233,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._search = dict(storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
                             performance_model=performance_model, callbacks=callbacks, timeout_seconds=timeout_seconds)
         constraints = constraints_with_measured_pooling(constraints, frequency_stats)
+        # the loggers log the plan returned, once (_RecordedStats): every candidate's planner records
+        self._report_stats: List[Any] = ([HybridEmbeddingStats()] if stats is None
+                                         else list(stats) if isinstance(stats, list) else [stats])
+        self._recorded = _RecordedStats()
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
-                         performance_model=performance_model,
-                         stats=stats if stats is not None else [HybridEmbeddingStats()],
+                         performance_model=performance_model, stats=[self._recorded],
                          constraints=constraints, debug=debug, callbacks=callbacks,
                          timeout_seconds=timeout_seconds, plan_loader=plan_loader)
         self._user_enumerator = enumerator is not None
@@ -289,12 +314,22 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._traffic_table = None  # this module's workload, not a previous call's
         self._comms = sharder_comms(sharders or [])
         self._vectorised = sharder_vectorised_backward(sharders or [])
-        mixed = self._candidate("hybrid planner: stock + hybrid options", super().plan(module, sharders),
-                                _compat.planner_best_plan(self))
+        self._recorded.calls.clear()
+        try:
+            partitioned = super().plan(module, sharders)
+        except Exception:
+            self._log_stats(self._recorded.last())  # TorchRec's stats of the proposal that failed
+            raise
+        mixed = self._candidate("hybrid planner: stock + hybrid options", partitioned,
+                                _compat.planner_best_plan(self), self._recorded.last())
         self.candidates = [mixed]
         if self._compare:
             self.candidates += self._pure_candidates(module, sharders, mixed)
-        fitting = self._fitting_memory(self.candidates, module, sharders)
+        try:
+            fitting = self._fitting_memory(self.candidates, module, sharders)
+        except PlannerError:
+            self._log_stats(mixed.stats_call)
+            raise
         stock = [c for c in fitting if c.name.startswith("stock")]
         # never more bytes on the busiest rank than the stock plan: a plan that trades bytes for
         # compute the model prices (e.g. table_wise tables placed for compute, not traffic)
@@ -304,6 +339,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving,
                                    self.tie_rel)
         best = self._chosen
+        self._log_stats(best.stats_call)
         if len(self.candidates) > 1:  # one candidate (compare_plans=False, e.g. the inner all-hybrid planner
             for line in self.comparison_table():  # below): nothing compared, nothing to log under its name
                 logger.info(line)
@@ -338,12 +374,19 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 PlannerErrorType.INSUFFICIENT_STORAGE)
         return fitting
 
-    def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption]) -> PlanCandidate:
+    def _log_stats(self, call: Optional[Dict[str, Any]]) -> None:
+        """The user's ``Stats`` loggers (default :class:`HybridEmbeddingStats`) log one planner's call."""
+        if call is not None:
+            for stats in self._report_stats:
+                stats.log(**call)
+
+    def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption],
+                   stats_call: Optional[Dict[str, Any]] = None) -> PlanCandidate:
         plan = self._attach_hot_ids(plan, options)
         traffic = self._traffic(options)
         cost = plan_cost(options, traffic, _compat.planner_topology(self), self._collective_ms, self.compute_costs)
         per_rank = plan_rank_bytes(options, traffic, _compat.planner_topology(self).world_size)
-        return PlanCandidate(name, plan, list(options), cost, per_rank.tolist())
+        return PlanCandidate(name, plan, list(options), cost, per_rank.tolist(), stats_call)
 
     def _traffic(self, options: List[ShardingOption]) -> TrafficTable:
         topo = _compat.planner_topology(self)
@@ -367,13 +410,15 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         # TorchRec's own planner needs a stock type from every sharder (one offering only
         # frequency_hybrid leaves its tables without options there: no stock candidate then)
         if not forced and sharders and all(set(s.sharding_types(dev)) - {FREQUENCY_HYBRID} for s in sharders):
+            recorded = _RecordedStats()
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
-                                             constraints=without_hybrid(self._user_constraints), **self._search)
+                                             constraints=without_hybrid(self._user_constraints), stats=[recorded],
+                                             **self._search)
             plan = _or_none("TorchRec's own planner", lambda: stock.plan(
                 module, [_StockOnly(s, add_template=False) for s in sharders]), no_option=True)
             if plan is not None:
                 out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
-                                           _compat.planner_best_plan(stock)))
+                                           _compat.planner_best_plan(stock), recorded.last()))
         # every table hybrid can take (a table that alone saves little may still pay once its
         # group's collectives are shared); the comparison with the stock plan decides
         # (tables with statistics or given hot ids: without them nothing says hybrid pays)
@@ -387,11 +432,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                                     else ParameterConstraints(sharding_types=[FREQUENCY_HYBRID]))
             # a user's enumerator: its settings (statistics, budget, prices) for this candidate too
             enumerator = self._hybrid_enumerator.with_constraints(all_hybrid) if self._user_enumerator else None
+            recorded = _RecordedStats()
             inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, enumerator=enumerator,
-                                                   **self._args, **self._search)
+                                                   stats=[recorded], **self._args, **self._search)
             plan = _or_none("the all-hybrid plan", lambda: inner.plan(module, sharders))
             if plan is not None:
-                out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options()))
+                out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options(),
+                                           recorded.last()))
         return out
 
     def _attach_hot_ids(self, plan: ShardingPlan, options: List[ShardingOption]) -> ShardingPlan:
