@@ -499,6 +499,7 @@ def test_the_stats_loggers_describe_the_plan_returned_once():
 
         def log(self, sharding_plan, *args, **kwargs):
             self.plans.append(sharding_plan)
+            self.debug = kwargs.get("debug")
 
     cfg = tables({"a": 100_000, "b": 60_000})
     st = exact_stats(cfg, {n: zipf_probs(c.num_embeddings, 1.1) for n, c in zip("ab", cfg)}, samples=1 << 13)
@@ -507,8 +508,9 @@ def test_the_stats_loggers_describe_the_plan_returned_once():
     for costs, winner in (("default", "stock"), (None, "hybrid")):
         calls = Calls()
         planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(4), batch_size=1024, frequency_stats=st,
-                                                 compute_costs=costs, stats=[calls])
+                                                 compute_costs=costs, stats=[calls], debug=False)
         planner.plan(torchrec.EmbeddingBagCollection(tables=cfg, device=torch.device("meta")),
                      [HybridEmbeddingBagCollectionSharder()])
         assert len(planner.candidates) > 1 and planner.chosen.name.startswith(winner)
         assert calls.plans == [planner.chosen.plan], (costs, len(calls.plans))
+        assert calls.debug is False  # this planner's debug, whichever candidate's planner made the plan

@@ -80,6 +80,8 @@ tables:
     ("topology: {world_size: 4}\nhot_set: {budget_mb: .inf}\n", "hot_set.budget_mb: expected a positive finite"),
     ("topology: {world_size: 4}\nhot_set: {max_rows: .inf}\n", "hot_set.max_rows: expected a positive finite"),
     ("topology: {world_size: 4}\ntables: {t: {pooling_factors: [.inf]}}\n", "tables.t.pooling_factors: expected"),
+    ("topology: {world_size: 4, ddr_gb: 1.0e+300}\n", "topology.ddr_gb: 1e+300 is too large"),
+    ("topology: {world_size: 4}\nhot_set: {max_rows: " + "9" * 400 + "}\n", "hot_set.max_rows: 999"),
 ])
 def test_bad_configs_name_the_problem(tmp_path, text, words):
     with pytest.raises(PlannerConfigError) as e:

@@ -77,15 +77,21 @@ def _mapping(value: Any, where: str) -> Dict[str, Any]:
 
 
 def _positive(value: Any, where: str, kind=float) -> Any:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
+            or isinstance(value, float) and not math.isfinite(value)):  # an int is finite (math.isfinite: any size)
         raise PlannerConfigError(f"{where}: expected a positive finite number, got {value!r}")
+    if value >= 2 ** 63:  # no count or size a planner takes (an int this large overflows where it is used)
+        raise PlannerConfigError(f"{where}: {value!r} is too large")
     if kind is int and int(value) != value:
         raise PlannerConfigError(f"{where}: expected an integer, got {value!r}")
     return kind(value)
 
 
 def _bytes(amount: float, where: str, given: Any) -> int:
-    """A memory size in whole bytes (a positive size that rounds to none is refused: it would be 0)."""
+    """A memory size in whole bytes (a positive size that rounds to none is refused: it would be 0; one
+    too large for a float, too)."""
+    if not math.isfinite(amount):
+        raise PlannerConfigError(f"{where}: {given!r} is too large")
     if int(amount) < 1:
         raise PlannerConfigError(f"{where}: {given!r} is less than one byte")
     return int(amount)
@@ -134,7 +140,8 @@ def _topology(sec: Dict[str, Any]) -> Topology:
 
 def _float_list(value: Any, where: str) -> List[float]:
     if not isinstance(value, list) or not value or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v >= 0 for v in value):
+            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
+            and not (isinstance(v, float) and not math.isfinite(v)) for v in value):
         raise PlannerConfigError(f"{where}: expected a non-empty list of finite numbers >= 0, got {value!r}")
     return [float(v) for v in value]
 

@@ -237,6 +237,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._report_stats: List[Any] = ([HybridEmbeddingStats()] if stats is None
                                          else list(stats) if isinstance(stats, list) else [stats])
         self._recorded = _RecordedStats()
+        self._stats_debug = debug  # the stats of the plan returned are logged with this planner's debug
         super().__init__(topology=topology, batch_size=batch_size, enumerator=enumerator,
                          storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
                          performance_model=performance_model, stats=[self._recorded],
@@ -376,9 +377,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     def _log_stats(self, call: Optional[Dict[str, Any]]) -> None:
         """The user's ``Stats`` loggers (default :class:`HybridEmbeddingStats`) log one planner's call."""
-        if call is not None:
+        if call is not None:  # another candidate's planner had its own debug setting
             for stats in self._report_stats:
-                stats.log(**call)
+                stats.log(**{**call, "debug": self._stats_debug})
 
     def _candidate(self, name: str, plan: ShardingPlan, options: List[ShardingOption],
                    stats_call: Optional[Dict[str, Any]] = None) -> PlanCandidate:
