@@ -168,8 +168,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     type the sharders offer on the device, so TorchRec's plan would break that constraint -, a
     sharder offering only frequency_hybrid, or TorchRec's planner finding no plan, e.g. its
     shards fitting no rank's memory) there is no stock plan to compare with: the cheapest of
-    the others. A candidate that finds no plan is left out
-    (logged), never fails the plan the partitioner found.
+    the others. A candidate that finds no plan, or over-fills a rank's memory once every rank's
+    copy of the hot replicas is counted (``plan_cost.plan_rank_memory``), is left out (logged);
+    none left is a ``PlannerError``. The ``stats`` loggers describe the plan returned, once.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,
