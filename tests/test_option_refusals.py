@@ -221,8 +221,13 @@ def test_a_planner_error_keeps_its_kind_on_every_rank():
     (dict(cold="table_wise", rank=3), "frequency_hybrid(cold='table_wise', rank=3) for a 10 x 8 table: rank(s) [3] "
                                       "outside [0, 2)"),
     (dict(cold="column_wise", ranks=[0, 5]), "rank(s) [0, 5] outside [0, 2)"),
-    (dict(cold="table_wise", rank=0, pooling_factor=0), "frequency_hybrid(pooling_factor=0): expected a number > 0"),
-    (dict(pooling_factor="3"), "frequency_hybrid(pooling_factor='3'): expected a number > 0"),
+    (dict(cold="table_wise", rank=0, pooling_factor=0),
+     "frequency_hybrid(pooling_factor=0): expected a finite number > 0"),
+    (dict(pooling_factor="3"), "frequency_hybrid(pooling_factor='3'): expected a finite number > 0"),
+    # accepted into the plan before: inf, and arrays / tensors / ints failed with NumPy's or torch's own error
+    (dict(pooling_factor=float("inf")), "frequency_hybrid(pooling_factor=inf): expected a finite number > 0"),
+    (dict(cold="column_wise", ranks=5), "frequency_hybrid(ranks=5): expected a list of ints >= 0"),
+    (dict(row_bounds=torch.tensor([0.0, 4.0, 10.0])), "frequency_hybrid(row_bounds=tensor([ 0.,  4., 10.])): expected"),
 ])
 def test_hand_written_hybrid_plans_with_bad_arguments_name_the_call(kwargs, words):
     import torchrec
@@ -269,3 +274,27 @@ def test_a_hand_written_pooling_factor_keeps_the_rest_of_the_entry(cold, kw):
     assert with_factor.pooling_factor == 3.0 and with_factor.cold_layout == cold
     assert with_factor.sharding_spec == plain.sharding_spec and with_factor.ranks == plain.ranks
     assert with_factor.sharding_type == plain.sharding_type and with_factor.compute_kernel == plain.compute_kernel
+
+
+def test_hand_written_hybrid_plans_take_integer_arrays_and_tensors():
+    """``row_bounds`` / ``ranks`` as 1-D integer NumPy arrays or tensors make the same plan as lists (ranks as
+    a tensor and arrays of row bounds raised "truth value of an array is ambiguous")."""
+    import numpy as np
+    import torchrec
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+
+    from torchrec_hybrid import frequency_hybrid
+
+    ebc = torchrec.EmbeddingBagCollection(tables=planner_tables({"t": 10}, dim=8), device=torch.device("meta"))
+
+    def spec(**kwargs):
+        plan = construct_module_sharding_plan(ebc, {"t": frequency_hybrid(**kwargs)},
+                                              sharder=HybridEmbeddingBagCollectionSharder(), local_size=2,
+                                              world_size=2, device_type="cpu")
+        return [(s.shard_offsets, s.shard_sizes, s.placement) for s in plan["t"].sharding_spec.shards]
+
+    listed = spec(row_bounds=[0, 4, 10])
+    assert spec(row_bounds=np.array([0, 4, 10])) == spec(row_bounds=torch.tensor([0, 4, 10])) == listed
+    cw = spec(cold="column_wise", ranks=[1, 0])
+    assert spec(cold="column_wise", ranks=torch.tensor([1, 0])) == cw
+    assert spec(cold="column_wise", ranks=np.array([1, 0])) == cw

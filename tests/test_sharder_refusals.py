@@ -81,9 +81,12 @@ def _build_hybrid(world, fused=None, qcomm=None, kinds=None, kernel=None):
 
     ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     gens = {c.name: table_wise(rank=0, compute_kernel="fused") for c in configs}
-    gens["t0"] = frequency_hybrid(compute_kernel=kernel)
+    gens["t0"] = frequency_hybrid()
     plan = construct_module_sharding_plan(ebc, gens, sharder=sharder,
                                           local_size=world, world_size=world, device_type="cpu")
+    # a plan written otherwise than by frequency_hybrid() (which refuses other kernels up front):
+    # the shard-time check refuses it
+    plan["t0"].compute_kernel = kernel
     return DistributedModelParallel(ebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}),
                                     sharders=[sharder])
 
@@ -222,3 +225,12 @@ def test_supported_options_train_like_row_wise(outcomes, case, tol):
         pytest.skip(f"{case}: stock row_wise trains the same with and without it here (max difference "
                     f"{effect:.1e}): nothing to compare on this device")
     assert diff <= tol, (case, diff)
+
+
+@pytest.mark.parametrize("kernel", ["fused_uvm_caching", "bogus", 3])
+def test_the_plan_helper_refuses_other_kernels_up_front(kernel):
+    """frequency_hybrid(compute_kernel=...) names a kernel the hybrid does not run on when it is
+    called (it wrote any value into the plan, 'bogus' too)."""
+    with pytest.raises(ValueError, match=f"frequency_hybrid\\(compute_kernel={kernel!r}\\): frequency_hybrid runs on "
+                                         "'fused' only"):
+        frequency_hybrid(compute_kernel=kernel)

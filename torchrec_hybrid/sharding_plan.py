@@ -1,12 +1,14 @@
 """Hand-written plans: a ``frequency_hybrid()`` generator for ``construct_module_sharding_plan``,
 and ``check_hot_ids``: user-given hot ids against the tables and the plan."""
 
+import math
 import numbers
 import warnings
 from typing import Any, Dict, Iterable, List, Mapping, Optional, Sequence, Union
 
 import torch
 
+from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan, ShardMetadata
 
@@ -24,6 +26,21 @@ def hybrid_spec(slices: Sequence[row_blocks.ColumnSlice], placements: Sequence[A
                       placement=p)
         for sl in slices for r, p in enumerate(placements)
     ])
+
+
+def _int_list(what: str, values: Any) -> Optional[list]:
+    """``ranks`` / ``row_bounds`` as a list (a sequence, or a 1-D integer tensor / array, e.g. from
+    ``row_blocks.balanced_bounds``); anything else is refused naming the argument."""
+    if values is None:
+        return None
+    if isinstance(values, (list, tuple)):
+        return list(values)
+    kind = getattr(getattr(values, "dtype", None), "kind", None)  # a NumPy array's: "i" / "u" for integers
+    integer = (not values.is_floating_point() and not values.is_complex() if isinstance(values, torch.Tensor)
+               else kind in ("i", "u"))
+    if integer and getattr(values, "ndim", 0) == 1:
+        return list(values.tolist())
+    raise ValueError(f"frequency_hybrid({what}={values!r}): expected a list of ints >= 0")
 
 
 def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_WISE, rank: Optional[int] = None,
@@ -50,8 +67,12 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
     in a TBE call of its own, which FBGEMM's CPU backward runs far faster on multi-hot bags
     (on the CPU, with row-wise AdaGrad and one feature: lookup.py ``own_lane_pays``).
     """
+    if compute_kernel != EmbeddingComputeKernel.FUSED.value:  # what sharding runs hybrid tables on
+        raise ValueError(f"frequency_hybrid(compute_kernel={compute_kernel!r}): frequency_hybrid runs on 'fused' "
+                         "only (no UVM / caching / key-value kernels)")
     if cold not in row_blocks.COLD_LAYOUTS:
         raise ValueError(f"cold layout {cold!r} is not one of {list(row_blocks.COLD_LAYOUTS)}")
+    ranks, row_bounds = _int_list("ranks", ranks), _int_list("row_bounds", row_bounds)
     if cold == row_blocks.TABLE_WISE and (rank is None or row_bounds is not None):
         raise ValueError("cold='table_wise' needs rank=<owner> and no row_bounds")
     if cold == row_blocks.COLUMN_WISE and (not ranks or rank is not None or row_bounds is not None):
@@ -61,10 +82,8 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
     if cold == row_blocks.ROW_WISE and rank is not None:
         raise ValueError("rank= is for cold='table_wise'; a row-wise cold layout spans every rank")
     if pooling_factor is not None and (isinstance(pooling_factor, bool) or not isinstance(pooling_factor, numbers.Real)
-                                       or not pooling_factor > 0):
-        raise ValueError(f"frequency_hybrid(pooling_factor={pooling_factor!r}): expected a number > 0")
-    if isinstance(row_bounds, torch.Tensor) and not row_bounds.is_floating_point():
-        row_bounds = row_bounds.tolist()  # e.g. from row_blocks.balanced_bounds' tensors
+                                       or not math.isfinite(pooling_factor) or not pooling_factor > 0):
+        raise ValueError(f"frequency_hybrid(pooling_factor={pooling_factor!r}): expected a finite number > 0")
     for what, values in (("rank", [] if rank is None else [rank]), ("ranks", list(ranks or [])),
                          ("row_bounds", list(row_bounds or []))):
         if any(isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 0 for v in values):

@@ -167,18 +167,36 @@ def h_check(planner, configs, stats, alpha: float, world: int, batch: int) -> Li
     return rows
 
 
+def _count(least: int):
+    """An argparse type: an int >= ``least`` (else argparse's error naming the flag and the value)."""
+    def parse(text: str) -> int:
+        value = int(text)
+        if value < least:
+            raise argparse.ArgumentTypeError(f"expected an integer >= {least}, got {value}")
+        return value
+    parse.__name__ = "count"  # what argparse's message calls the type
+    return parse
+
+
+def _stock_types() -> List[str]:
+    """The stock sharding types the sharder plans on CPU (what --controls takes)."""
+    from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
+
+    return [t for t in HybridEmbeddingBagCollectionSharder().sharding_types("cpu") if t != FREQUENCY_HYBRID]
+
+
 def _parse(argv: Optional[List[str]]) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--world", type=int, default=4)
-    ap.add_argument("--batch", type=int, default=1024)
-    ap.add_argument("--dim", type=int, default=64)
-    ap.add_argument("--max-rows", type=int, default=100_000)
+    ap.add_argument("--world", type=_count(1), default=4)
+    ap.add_argument("--batch", type=_count(1), default=1024)
+    ap.add_argument("--dim", type=_count(1), default=64)
+    ap.add_argument("--max-rows", type=_count(1), default=100_000)
     ap.add_argument("--alpha", type=float, default=1.1)
-    ap.add_argument("--stats-batches", type=int, default=64)
-    ap.add_argument("--warmup", type=int, default=3)
-    ap.add_argument("--steps", type=int, default=5)
+    ap.add_argument("--stats-batches", type=_count(1), default=64)
+    ap.add_argument("--warmup", type=_count(0), default=3)
+    ap.add_argument("--steps", type=_count(1), default=5)
     ap.add_argument("--bandwidth-gbps", type=float, default=1.0)
-    ap.add_argument("--controls", nargs="*", default=["table_wise"],
+    ap.add_argument("--controls", nargs="*", default=["table_wise"], choices=_stock_types(),
                     help="stock types to measure as well (every table that type)")
     ap.add_argument("--json", default=None)
     return ap.parse_args(argv)
