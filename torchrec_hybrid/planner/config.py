@@ -77,8 +77,7 @@ def _mapping(value: Any, where: str) -> Dict[str, Any]:
 
 
 def _positive(value: Any, where: str, kind=float) -> Any:
-    if (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0
-            or isinstance(value, float) and not math.isfinite(value)):  # an int is finite (math.isfinite: any size)
+    if not finite_nonnegative(value) or value <= 0:
         raise PlannerConfigError(f"{where}: expected a positive finite number, got {value!r}")
     if value >= 2 ** 63:  # no count or size a planner takes (an int this large overflows where it is used)
         raise PlannerConfigError(f"{where}: {value!r} is too large")
@@ -139,9 +138,7 @@ def _topology(sec: Dict[str, Any]) -> Topology:
 
 
 def _float_list(value: Any, where: str) -> List[float]:
-    if not isinstance(value, list) or not value or not all(
-            isinstance(v, (int, float)) and not isinstance(v, bool) and v >= 0
-            and not (isinstance(v, float) and not math.isfinite(v)) for v in value):
+    if not isinstance(value, list) or not value or not all(finite_nonnegative(v) for v in value):
         raise PlannerConfigError(f"{where}: expected a non-empty list of finite numbers >= 0, got {value!r}")
     return [float(v) for v in value]
 

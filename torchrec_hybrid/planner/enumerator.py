@@ -41,8 +41,8 @@ from torchrec.distributed.types import ShardingType
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
-from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, optimizer_name,
-                                                vectorised_cpu_backward)
+from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, on_device,
+                                                optimizer_name, vectorised_cpu_backward)
 from torchrec_hybrid.planner.plan_cost import (BytesPerfEstimator, TrafficTable, option_mean_bytes,
                                                option_virtual_owners, stamp_feature_batches, traffic_of)
 from torchrec_hybrid.planner.types import HotSetChoice
@@ -158,7 +158,7 @@ class HybridEnumerator(EmbeddingEnumerator):
         self._frequency_stats = frequency_stats
         if hot_budget_bytes is None:
             dev = topology.devices[0].storage
-            cap = dev.hbm if topology.compute_device in ("cuda", "mtia") else dev.ddr
+            cap = dev.hbm if on_device(topology) else dev.ddr
             hot_budget_bytes = int(cap * DEFAULT_HOT_BUDGET_FRACTION)
         self._hot_budget = hot_budget_bytes
         self._max_hot_rows = max_hot_rows

@@ -38,6 +38,11 @@ def bandwidths(topology: Topology) -> Dict[str, float]:
     }
 
 
+def on_device(topology: Topology) -> bool:
+    """Whether the topology's ranks keep tables in device memory (HBM: CUDA / MTIA) rather than DDR."""
+    return topology.compute_device in ("cuda", "mtia")
+
+
 def fused_params(sharder_data_map, so: ShardingOption) -> Dict[str, Any]:
     """The fused_params of the option's sharder ({} if none given)."""
     data = (sharder_data_map or {}).get(so.module_type_key)
@@ -115,7 +120,7 @@ class HybridStorageEstimator(ShardEstimator):
 
     def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
         t = self._topology
-        on_device = t.compute_device in ("cuda", "mtia")
+        hbm = on_device(t)
         for so in sharding_options:
             if so.sharding_type != FREQUENCY_HYBRID:
                 continue
@@ -128,4 +133,4 @@ class HybridStorageEstimator(ShardEstimator):
                 ts = tr if shard.size[1] == tr.dim else dataclasses.replace(tr, dim=shard.size[1])
                 state = cm.optimizer_state_bytes_per_row(optimizer_name(sharder_data_map, so), ts.dim)
                 mem = cm.hybrid_memory_bytes(ts, ch.hot_rows, state, cold_rows=shard.size[0], elem=elem) + io
-                shard.storage = Storage(hbm=mem if on_device else 0, ddr=0 if on_device else mem, ssd=0)
+                shard.storage = Storage(hbm=mem if hbm else 0, ddr=0 if hbm else mem, ssd=0)

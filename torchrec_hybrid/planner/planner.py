@@ -31,7 +31,7 @@ from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
 from torchrec_hybrid.planner.compute_costs import default_compute_costs, finite_nonnegative
 from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
-from torchrec_hybrid.planner.estimators import sharder_comms, sharder_vectorised_backward
+from torchrec_hybrid.planner.estimators import on_device, sharder_comms, sharder_vectorised_backward
 from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfModel, TrafficTable, column_sliced,
                                                hybrid_bounds, plan_cost, plan_rank_bytes, plan_rank_memory,
                                                traffic_of)
@@ -355,16 +355,16 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         a table-wise / column-wise cold table's hot replica on its owners alone, but every rank holds
         it); the others are left out, logged; PlannerError when none fits."""
         topo = _compat.planner_reserved_topology(self, module, sharders)
-        on_device = topo.compute_device in ("cuda", "mtia")
-        caps = torch.tensor([float(d.storage.hbm if on_device else d.storage.ddr) for d in topo.devices],
+        hbm = on_device(topo)
+        caps = torch.tensor([float(d.storage.hbm if hbm else d.storage.ddr) for d in topo.devices],
                             dtype=torch.float64)
         over: Dict[str, str] = {}
         for c in candidates:
-            mem = plan_rank_memory(c.options, topo.world_size, on_device)
+            mem = plan_rank_memory(c.options, topo.world_size, hbm)
             r = int(torch.argmax(mem - caps))
             if mem[r] > caps[r]:
                 over[c.name] = (f"rank {r} would hold {mem[r] / 1e6:.1f} MB, over the {caps[r] / 1e6:.1f} MB of its "
-                                f"{'HBM' if on_device else 'DDR'} left after the storage reservation")
+                                f"{'HBM' if hbm else 'DDR'} left after the storage reservation")
                 logger.warning("%s left out: %s (every rank holds each frequency_hybrid table's hot replica)",
                                c.name, over[c.name])
         fitting = [c for c in candidates if c.name not in over]
