@@ -5,6 +5,7 @@ says otherwise: whether a table pays for hybrid with compute priced too depends 
 fitted prices (test_planner_compute_costs), not on what these tests check."""
 
 import pickle
+import re
 
 import pytest
 import torch
@@ -16,6 +17,8 @@ from torchrec_hybrid.planner import HybridParameterSharding
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.stats import FrequencyStats
 from tests.planner.planner_testutils import exact_stats, mixture_probs, plan_for, tables, zipf_probs
+
+STOCK = "stock: TorchRec's EmbeddingShardingPlanner"  # the comparison's name for TorchRec's plan
 
 
 def test_big_skewed_tables_go_hybrid():
@@ -269,8 +272,12 @@ def test_a_candidate_that_finds_no_plan_is_left_out_of_the_comparison(caplog):
             [torchrec.distributed.embeddingbag.EmbeddingBagCollectionSharder()])
     with caplog.at_level("WARNING", logger="torchrec_hybrid.planner.planner"):
         planner, plan = plan_with(cfg, st, compute_costs=None, **topo)
-    assert "TorchRec's own planner found no plan, compared without it" in caplog.text
+    assert "stock: TorchRec's EmbeddingShardingPlanner found no plan: " in caplog.text
     assert not any(c.name.startswith("stock") for c in planner.candidates)
+    # the comparison the planner logs says so too (it listed the compared candidates alone)
+    assert [line for line in planner.comparison_table() if "left out" in line] == [
+        f"  stock: TorchRec's EmbeddingShardingPlanner: no plan; left out: {planner.left_out[STOCK]}"]
+    assert planner.left_out[STOCK].startswith("found no plan: ")
     assert planner.chosen in planner.candidates
     assert all(ps.sharding_type == FREQUENCY_HYBRID for ps in plan.values())
     _, alone = plan_with(cfg, st, compute_costs=None, compare_plans=False, **topo)
@@ -387,6 +394,56 @@ def test_every_rank_holds_the_hot_replicas_of_table_wise_cold_tables():
     with pytest.raises(PlannerError, match=r"over the [\d.]+ MB of its DDR left after the storage reservation"):
         plan_for(cfg, None, batch=512, compute_costs=None, constraints=cons, sharder=sharder,
                  topology=gloo_topology(4, ddr_cap=84_000_000), hot_budget_bytes=BUDGET)
+
+
+def test_a_candidate_over_a_ranks_memory_is_left_out_and_the_comparison_says_why():
+    """Skewed multi-hot tables: the partitioner's plan makes them hybrid, table-wise cold, and every rank's
+    copies of the four hot replicas over-fill 34 MB ranks, though the partitioner counted each on its owner
+    alone; TorchRec's plan fits and is returned. The comparison marks the candidate left out, with the rank
+    and the sizes (only a warning said so: the logged comparison listed it like the others)."""
+    from torchrec_hybrid.planner import gloo_topology
+    from torchrec_hybrid.planner.plan_cost import plan_rank_memory
+
+    names = [f"t{i}" for i in range(4)]
+    cfg = tables({n: 100_000 for n in names})
+    st = exact_stats(cfg, {n: zipf_probs(100_000, 1.2) for n in names})
+    cons = {n: ParameterConstraints(pooling_factors=[20.0]) for n in names}
+    kw = dict(batch=512, compute_costs=None, constraints=cons, max_hot_rows=200_000)
+    roomy, _ = plan_for(cfg, st, topology=gloo_topology(4, ddr_cap=1_000_000_000), **kw)
+    mixed = "hybrid planner: stock + hybrid options"
+    assert roomy.chosen.name == mixed and not roomy.left_out  # it wins where it fits
+    planner, plan = plan_for(cfg, st, topology=gloo_topology(4, ddr_cap=34_000_000), **kw)
+    assert planner.chosen.name == STOCK and set(planner.left_out) == {mixed}
+    assert re.fullmatch(r"rank \d would hold [\d.]+ MB, over the [\d.]+ MB of its DDR left after the storage "
+                        r"reservation", planner.left_out[mixed])
+    lines = planner.comparison_table()
+    assert [line for line in lines if "left out" in line] == [lines[1]]
+    assert lines[1].startswith(f"  {mixed}: ") and lines[1].endswith(f"; left out: {planner.left_out[mixed]}")
+    assert lines[2].startswith(f"* {STOCK}: ")
+    assert {ps.sharding_type for ps in plan.values()} == {"table_wise"}
+    assert max(plan_rank_memory(planner.planned_options(), 4, on_device=False).tolist()) <= 34_000_000
+
+
+def test_a_candidate_sending_more_than_stock_on_its_busiest_rank_is_marked_left_out():
+    """Given hot sets the bags rarely hit: the all-hybrid candidate syncs their rows every step and sends
+    more than TorchRec's plan on its busiest rank, so it is not eligible; the comparison says why."""
+    from fbgemm_gpu.split_embedding_configs import EmbOptimType
+
+    names = [f"t{i}" for i in range(4)]
+    cfg = tables({n: 100_000 for n in names})
+    sharder = HybridEmbeddingBagCollectionSharder(
+        fused_params={"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05},
+        hot_ids={n: torch.arange(2000) for n in names})
+    with pytest.warns(UserWarning, match="hot_ids are ignored for 4 table"):  # the plan returned has no hybrid
+        planner, _ = plan_for(cfg, None, batch=512, compute_costs=None, sharder=sharder,
+                              constraints={n: ParameterConstraints(pooling_factors=[1.0]) for n in names})
+    all_hybrid = next(c for c in planner.candidates if c.name == "every eligible table frequency_hybrid")
+    stock = next(c for c in planner.candidates if c.name == STOCK)
+    assert all_hybrid.cost["busiest_bytes"] > stock.cost["busiest_bytes"]
+    assert planner.left_out == {all_hybrid.name: "more busiest-rank bytes than the stock plan"}
+    assert planner.chosen is not all_hybrid
+    assert [line for line in planner.comparison_table() if line.endswith(
+        "; left out: more busiest-rank bytes than the stock plan")][0].startswith(f"  {all_hybrid.name}: ")
 
 
 def test_an_optimizer_applied_in_backward_is_counted_in_hybrid_storage():

@@ -261,6 +261,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self.compute_costs: Optional[ComputeCosts] = compute_costs
         self._compare = compare_plans
         self.candidates: List[PlanCandidate] = []
+        # candidates not compared, by name: why (no plan found, over a rank's memory, more bytes than stock)
+        self.left_out: Dict[str, str] = {}
         self._chosen: Optional[PlanCandidate] = None
         self._traffic_table: Optional[TrafficTable] = None
         self._comms: Dict[str, CommElems] = {}  # quantized comms per module type (the sharders')
@@ -317,6 +319,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._comms = sharder_comms(sharders or [])
         self._vectorised = sharder_vectorised_backward(sharders or [])
         self._recorded.calls.clear()
+        self.left_out = {}
         try:
             partitioned = super().plan(module, sharders)
         except Exception:
@@ -338,6 +341,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         # would send more than stock on every network, where the promise is to send less
         allowed = [c for c in fitting
                    if not stock or c is stock[0] or c.cost["busiest_bytes"] <= stock[0].cost["busiest_bytes"]]
+        for c in fitting:
+            if c not in allowed:
+                self.left_out[c.name] = "more busiest-rank bytes than the stock plan"
         self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving,
                                    self.tie_rel)
         best = self._chosen
@@ -363,8 +369,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             mem = plan_rank_memory(c.options, topo.world_size, hbm)
             r = int(torch.argmax(mem - caps))
             if mem[r] > caps[r]:
-                over[c.name] = (f"rank {r} would hold {mem[r] / 1e6:.1f} MB, over the {caps[r] / 1e6:.1f} MB of its "
-                                f"{'HBM' if hbm else 'DDR'} left after the storage reservation")
+                over[c.name] = self.left_out[c.name] = (
+                    f"rank {r} would hold {mem[r] / 1e6:.1f} MB, over the {caps[r] / 1e6:.1f} MB of its "
+                    f"{'HBM' if hbm else 'DDR'} left after the storage reservation")
                 logger.warning("%s left out: %s (every rank holds each frequency_hybrid table's hot replica)",
                                c.name, over[c.name])
         fitting = [c for c in candidates if c.name not in over]
@@ -416,10 +423,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             stock = EmbeddingShardingPlanner(topology=topo, batch_size=_compat.planner_batch_size(self),
                                              constraints=without_hybrid(self._user_constraints), stats=[recorded],
                                              **self._search)
-            plan = _or_none("TorchRec's own planner", lambda: stock.plan(
-                module, [_StockOnly(s, add_template=False) for s in sharders]), no_option=True)
+            name = "stock: TorchRec's EmbeddingShardingPlanner"
+            plan = _or_none(name, lambda: stock.plan(
+                module, [_StockOnly(s, add_template=False) for s in sharders]), self.left_out, no_option=True)
             if plan is not None:
-                out.append(self._candidate("stock: TorchRec's EmbeddingShardingPlanner", plan,
+                out.append(self._candidate(name, plan,
                                            _compat.planner_best_plan(stock), recorded.last()))
         # every table hybrid can take (a table that alone saves little may still pay once its
         # group's collectives are shared); the comparison with the stock plan decides
@@ -437,9 +445,10 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             recorded = _RecordedStats()
             inner = HybridEmbeddingShardingPlanner(constraints=all_hybrid, compare_plans=False, enumerator=enumerator,
                                                    stats=[recorded], **self._args, **self._search)
-            plan = _or_none("the all-hybrid plan", lambda: inner.plan(module, sharders))
+            name = "every eligible table frequency_hybrid"
+            plan = _or_none(name, lambda: inner.plan(module, sharders), self.left_out)
             if plan is not None:
-                out.append(self._candidate("every eligible table frequency_hybrid", plan, inner.planned_options(),
+                out.append(self._candidate(name, plan, inner.planned_options(),
                                            recorded.last()))
         return out
 
@@ -480,7 +489,9 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     # -- what the last plan looked like --------------------------------------------------------
     def comparison_table(self) -> List[str]:
-        """Lines comparing the candidate plans (logged by ``plan``)."""
+        """Lines comparing the candidate plans (logged by ``plan``): ``*`` marks the one returned; a
+        candidate left out of the choice (:attr:`left_out`) ends with why, and one that found no plan
+        is a line of its own."""
         cheapest = min((c.cost["cost_ms"] for c in self.candidates), default=0.0)
         band = self.tie_ms + self.tie_rel * cheapest
         ties = (f"ties within {band:.2f} ms go to the fewest bytes" if band > 0 else
@@ -494,8 +505,11 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                     key += "/" + so.hybrid_choice.cold_layout + "-cold"
                 types[key] = types.get(key, 0) + 1
             mark = "*" if c is self._chosen else " "
+            why = f"; left out: {self.left_out[c.name]}" if c.name in self.left_out else ""
             lines.append(f"{mark} {c.name}: {c.cost['busiest_bytes'] / 1e6:.3f} / {c.cost['mean_bytes'] / 1e6:.3f} MB, "
-                         f"{int(c.cost['collectives'])} collectives, {c.cost['cost_ms']:.3f} ms; {types}")
+                         f"{int(c.cost['collectives'])} collectives, {c.cost['cost_ms']:.3f} ms; {types}{why}")
+        compared = {c.name for c in self.candidates}
+        lines += [f"  {name}: no plan; left out: {why}" for name, why in self.left_out.items() if name not in compared]
         return lines
 
     def traffic_table(self) -> Optional[TrafficTable]:
@@ -523,18 +537,19 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 _NO_OPTION = "No available sharding type"  # how TorchRec's enumerator says a table has no option (RuntimeError)
 
 
-def _or_none(what: str, plan: Any, no_option: bool = False) -> Optional[ShardingPlan]:
+def _or_none(what: str, plan: Any, left_out: Dict[str, str], no_option: bool = False) -> Optional[ShardingPlan]:
     """``plan()``, or None where that comparison candidate has no plan (TorchRec's ``PlannerError``:
     e.g. its shards fit no rank's memory where the hybrid's do; with ``no_option``, also its
     enumerator finding a table no stock option under the constraints without frequency_hybrid, e.g.
     [frequency_hybrid, data_parallel] with compute_kernels [fused]): the comparison goes on without
-    it, and says so, instead of failing the plan the partitioner found."""
+    it, and says so (logged, and in ``left_out``), instead of failing the plan the partitioner found."""
     try:
         return plan()
     except (PlannerError, RuntimeError) as e:
         if not isinstance(e, PlannerError) and not (no_option and str(e).startswith(_NO_OPTION)):
             raise
-        logger.warning("%s found no plan, compared without it: %s", what, str(e).strip().splitlines()[-1])
+        left_out[what] = "found no plan: " + str(e).strip().splitlines()[-1]
+        logger.warning("%s %s; compared without it", what, left_out[what])
         return None
 
 
