@@ -422,6 +422,13 @@ def test_a_candidate_over_a_ranks_memory_is_left_out_and_the_comparison_says_why
     assert lines[2].startswith(f"* {STOCK}: ")
     assert {ps.sharding_type for ps in plan.values()} == {"table_wise"}
     assert max(plan_rank_memory(planner.planned_options(), 4, on_device=False).tolist()) <= 34_000_000
+    # alone (compare_plans=False: also how the all-hybrid candidate is planned) the error names the rank, not a
+    # candidate the caller never asked for
+    from torchrec.distributed.planner.types import PlannerError
+
+    with pytest.raises(PlannerError) as alone:
+        plan_for(cfg, st, topology=gloo_topology(4, ddr_cap=34_000_000), compare_plans=False, **kw)
+    assert str(alone.value).startswith(f"no plan fits the ranks' memory: {planner.left_out[mixed]}. ")
 
 
 def test_a_candidate_sending_more_than_stock_on_its_busiest_rank_is_marked_left_out():

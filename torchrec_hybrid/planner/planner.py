@@ -377,7 +377,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         fitting = [c for c in candidates if c.name not in over]
         if not fitting:
             raise PlannerError(
-                "no plan fits the ranks' memory: " + "; ".join(f"{n}: {why}" for n, why in over.items())
+                "no plan fits the ranks' memory: "  # a lone candidate's name (compare_plans=False) says nothing
+                + ("; ".join(f"{n}: {why}" for n, why in over.items()) if len(over) > 1 else next(iter(over.values())))
                 + ". Every rank holds each frequency_hybrid table's hot replica: give the ranks more memory, or "
                 "the hybrid tables fewer hot rows (hot_budget_bytes, max_hot_rows, the sharder's hot_ids)",
                 PlannerErrorType.INSUFFICIENT_STORAGE)
