@@ -235,10 +235,9 @@ _UNVERIFIED_DECAY_MODES = ("COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
 def unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
     """Fused TBE options a frequency_hybrid table would ignore or apply differently, described."""
     from fbgemm_gpu.split_embedding_configs import SparseType
-
-    out = []
     from torchrec.types import DataType
 
+    out = []
     dtype = params.get("output_dtype")
     if dtype is not None and dtype not in (SparseType.FP32, torch.float32, DataType.FP32):
         out.append(f"output_dtype={dtype} (the hybrid output dist adds fp32 hot pooling to the partial sums; "

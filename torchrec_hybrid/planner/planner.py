@@ -369,11 +369,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             mem = plan_rank_memory(c.options, topo.world_size, hbm)
             r = int(torch.argmax(mem - caps))
             if mem[r] > caps[r]:
-                over[c.name] = self.left_out[c.name] = (
+                over[c.name] = (
                     f"rank {r} would hold {mem[r] / 1e6:.1f} MB, over the {caps[r] / 1e6:.1f} MB of its "
                     f"{'HBM' if hbm else 'DDR'} left after the storage reservation")
                 logger.warning("%s left out: %s (every rank holds each frequency_hybrid table's hot replica)",
                                c.name, over[c.name])
+        self.left_out.update(over)
         fitting = [c for c in candidates if c.name not in over]
         if not fitting:
             raise PlannerError(
