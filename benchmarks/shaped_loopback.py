@@ -1,0 +1,133 @@
+"""Run a benchmark where bytes cost time: its ranks inside a network namespace whose loopback is shaped.
+
+On one box gloo's loopback moves gigabytes per second for little more than the CPU it takes, so a
+plan that sends fewer bytes gains little in step time. A token bucket (``tc qdisc ... tbf``) on the
+loopback of a fresh user + network namespace (``unshare -Urn``, no root needed) makes every byte
+the ranks send cost time: an all-to-all of T bytes in all takes about T / RATE, as on a shared
+network of that bandwidth. A benchmark's ``main`` re-execs itself (``python -m MODULE ARGS``, the
+same arguments) under :func:`shaped_command`; :data:`ENV` marks the process inside, which runs at
+:func:`current_rate` instead of starting another namespace. Nothing outside the namespace is
+reachable from inside (no package index): fine for a benchmark, whose imports are installed.
+With W ranks sending at once each sees about RATE / W.
+
+Needs ``unshare`` (util-linux), ``ip`` and ``tc`` (iproute2) and user namespaces enabled;
+:func:`unavailable` says what is missing, :class:`ShapingUnavailable` carries it.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from typing import Dict, List, Optional, Sequence
+
+ENV = "TORCHREC_HYBRID_SHAPED_RATE"  # set inside the namespace: its loopback's rate
+UNSHAPED = "unshaped"
+UNSHAPED_NAMES = (UNSHAPED, "none")
+# the token bucket: 512 kB bursts, packets queued at most 100 ms (as /work/shared/netem/shaped)
+TBF = "tbf rate {rate} burst 512kb latency 100ms"
+TOOLS = {"unshare": "util-linux", "ip": "iproute2", "tc": "iproute2"}
+_UNITS = {"bit": 1.0, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9, "tbit": 1e12}  # tc's SI bit rates
+_RATE = re.compile(r"^(\d+(?:\.\d+)?)(" + "|".join(_UNITS) + r")$")
+# the namespace's set-up; "$0" is the rate, "$@" the command run inside once the loopback is shaped
+_SCRIPT = (
+    'ip link set lo up || { echo "could not bring up the namespace loopback (ip link set lo up)" >&2; exit 97; }\n'
+    'tc qdisc add dev lo root ' + TBF.format(rate='"$0"') + ' || '
+    '{ echo "could not shape the loopback (tc qdisc add dev lo root tbf rate $0)" >&2; exit 97; }\n'
+    f'export {ENV}="$0" GLOO_SOCKET_IFNAME=lo\n'
+    'exec "$@"\n')
+
+
+class ShapingUnavailable(RuntimeError):
+    """No shaped loopback here: a tool is missing or the namespace / qdisc could not be made."""
+
+
+def parse_rate(flag: str, text: str) -> str:
+    """``text`` as a rate for ``flag``: tc's spelling, lower case (``2gbit``, ``500mbit``, ``1.5gbit``), or
+    :data:`UNSHAPED` for ``unshaped`` / ``none``. ValueError naming the flag and the value otherwise."""
+    rate = str(text).strip().lower()
+    if rate in UNSHAPED_NAMES:
+        return UNSHAPED
+    m = _RATE.match(rate)
+    if not m or float(m.group(1)) <= 0:
+        raise ValueError(f"{flag} {text!r}: expected a rate as tc reads it, a number > 0 with a unit of "
+                         f"{'/'.join(_UNITS)} (e.g. 500mbit, 2gbit, 8gbit), or 'unshaped' / 'none'")
+    return rate
+
+
+def rate_bits(rate: str) -> float:
+    """Bits per second of a :func:`parse_rate` rate (``inf``: unshaped)."""
+    if rate == UNSHAPED:
+        return math.inf
+    m = _RATE.match(rate)
+    if not m:
+        raise ValueError(f"rate {rate!r}: not a parsed rate (parse_rate)")
+    return float(m.group(1)) * _UNITS[m.group(2)]
+
+
+def rate_text(bits: float) -> str:
+    """A rate in bits per second as tc would spell it, three digits (``3.16gbit``, ``750mbit``)."""
+    if math.isinf(bits):
+        return UNSHAPED
+    for unit in ("tbit", "gbit", "mbit", "kbit"):
+        if bits >= _UNITS[unit]:
+            return f"{bits / _UNITS[unit]:.3g}{unit}"
+    return f"{bits:.3g}bit"
+
+
+def current_rate() -> Optional[str]:
+    """The rate of the shaped namespace this process runs in (set by :func:`shaped_command`'s script), else
+    None."""
+    rate = os.environ.get(ENV)
+    return parse_rate(ENV, rate) if rate else None
+
+
+def missing_tools() -> List[str]:
+    """The tools a shaped loopback needs that are not on PATH, each with the package that has it."""
+    return [f"{tool} ({package})" for tool, package in TOOLS.items() if shutil.which(tool) is None]
+
+
+def shaped_command(rate: str, command: Sequence[str]) -> List[str]:
+    """``command`` run inside a fresh user + network namespace whose loopback is shaped to ``rate`` (a shaped
+    :func:`parse_rate` rate), with :data:`ENV` and ``GLOO_SOCKET_IFNAME=lo`` set; the set-up exits 97 with a
+    message when it fails."""
+    if rate == UNSHAPED:
+        raise ValueError("shaped_command: an unshaped rate needs no namespace")
+    return ["unshare", "-Urn", "bash", "-c", _SCRIPT, rate, *command]
+
+
+def unavailable(rate: str = "1gbit") -> Optional[str]:
+    """Why no loopback can be shaped to ``rate`` here (a missing tool and its package, or the namespace's or
+    tc's own error), or None when it can: a namespace is made and shaped once, which takes milliseconds."""
+    missing = missing_tools()
+    if missing:
+        return (f"missing {', '.join(missing)}: install them (e.g. apt-get install iproute2 util-linux) to run "
+                "the ranks on a shaped loopback")
+    try:
+        proc = subprocess.run(shaped_command(rate, ["true"]), capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"unshare -Urn failed to start: {e}"
+    if proc.returncode != 0:
+        said = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else f"exit code {proc.returncode}"
+        hint = ("" if proc.returncode == 97 else " (user namespaces disabled? see sysctl "
+                "kernel.unprivileged_userns_clone / user.max_user_namespaces, or a container without CAP_SYS_ADMIN "
+                "that forbids unshare)")
+        return f"could not make a network namespace with a shaped loopback: {said}{hint}"
+    return None
+
+
+def check_available(flag: str, rate: str) -> None:
+    """Raises :class:`ShapingUnavailable` naming ``flag`` and ``rate`` when :func:`unavailable` has a reason."""
+    reason = unavailable(rate)
+    if reason:
+        raise ShapingUnavailable(f"{flag} {rate}: {reason}")
+
+
+def run_module(rate: str, module: str, argv: Sequence[str], env: Optional[Dict[str, str]] = None) -> int:
+    """Runs ``python -m module argv`` (this interpreter) inside a namespace shaped to ``rate``; its exit code.
+    Its output goes where this process's does."""
+    command = shaped_command(rate, [sys.executable, "-m", module, *argv])
+    return subprocess.run(command, env=dict(os.environ if env is None else env)).returncode
