@@ -20,22 +20,37 @@ of a step (every rank runs with glibc's malloc thresholds fixed unless ``--mallo
 Workloads: ``onehot`` (one id per feature, B=1024), ``multihot`` (MLPerf DLRMv2 bag sizes,
 B=512), their ``sorted-`` variants (ids numbered by popularity) and ``uniform`` (one-hot,
 uniform ids). Run: ``python -m benchmarks.product [--world 2 4 8] [--out DIR]``.
+
+Where bytes cost time: ``--network 500mbit 2gbit 8gbit`` runs every workload at each rate, the
+ranks of a shaped rate inside a network namespace whose loopback a token bucket shapes to it
+(``benchmarks/shaped_loopback.py``: this module re-execs itself there with the same arguments,
+one process per rate, and merges the results); ``unshaped`` among them runs on the plain
+loopback as before. With a shaped rate the ranks measure their network before planning
+(``torchrec_hybrid.planner.measure_network``: after the statistics, before any plan) and both
+planners plan for it: TorchRec's for ``measurement.apply_to(topology)``, the hybrid planner with
+``network=measurement``; ``--measure-network`` does so on unshaped runs alone too. The results
+then carry the measurement per rate and, per workload, the rate above which the stock plan steps
+faster than the hybrid planner's (:func:`crossover`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
+import math
 import os
 import statistics
+import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from benchmarks import malloc
+from benchmarks import malloc, shaped_loopback
 from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
+from benchmarks.shaped_loopback import UNSHAPED
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +65,7 @@ MODELS = ("hybrid_planner", "hybrid_planner_bytes", "stock_planner")
 # the hybrid planner as a user on this machine gets it (compute priced by the CPU calibration,
 # planner/compute_costs.py) and as it plans for a network-bound cluster (bytes and collectives)
 HYBRID_MODELS = {"hybrid_planner": "default", "hybrid_planner_bytes": None}
+MEASURE = "measure"  # a run's network argument: its ranks measure the network before planning
 
 
 def fused_params() -> Dict[str, Any]:
@@ -80,14 +96,22 @@ def workload_data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, st
 
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
-               warmup: int, steps: int, prices: Optional[Any] = None, tie_ms: Any = "auto") -> None:
+               warmup: int, steps: int, prices: Optional[Any] = None, tie_ms: Any = "auto",
+               network: Any = None) -> None:
+    """One rank of :func:`run_one`. ``network``: None (the planners' default topology), :data:`MEASURE` (measure
+    it here, every rank, after the statistics and before planning) or a ``NetworkMeasurement`` to plan for."""
     torch.set_num_threads(1)
     import torch.distributed as dist
 
     from benchmarks.step_counts import count_training_step
 
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
-    planners, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms)
+    if isinstance(network, str) and network == MEASURE:
+        from torchrec_hybrid.planner import measure_network
+
+        network = measure_network(dist.GroupMember.WORLD)  # collective: the same on every rank
+    planners, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms,
+                                          network)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
     orders = balanced_orders(len(MODELS))
     measured = interleaved_steps(models, batches, warmup,  # orders balanced over the timed steps
@@ -102,7 +126,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
                            "faults": measured["faults"], "counts": counts,
                            "spills": {m: cold_spills(models[m], len(batches) + 1) for m in MODELS}}
     if rank == 0:
-        out.update(_planner_report(planners, plans), allocator=malloc.current())
+        out.update(_planner_report(planners, plans), allocator=malloc.current(), network=network)
     emit(out)
 
 
@@ -118,11 +142,13 @@ def cold_spills(model: Any, steps: int) -> List[int]:
 
 
 def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None,
-                 tie_ms: Any = "auto"):
+                 tie_ms: Any = "auto", network: Optional[Any] = None):
     """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
     hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: the
     CPU-priced planner's ``ComputeCosts`` instead of the machine's default (None: the default); ``tie_ms``: its
-    tie band (the planner's argument; the network-priced planner has none)."""
+    tie band (the planner's argument; the network-priced planner has none); ``network``: a measured
+    ``NetworkMeasurement`` every planner plans for (TorchRec's: ``network.apply_to(topology)``; the hybrid
+    planner's: ``network=``), None: the default topology's bandwidths."""
     import torchrec
     from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
@@ -132,6 +158,7 @@ def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Opt
 
     fused = fused_params()
     topo = Topology(world_size=world, compute_device="cpu")
+    measured = {} if network is None else {"network": network}
 
     def ebc():
         return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -140,11 +167,13 @@ def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Opt
     priced = {m: prices if prices is not None and costs == "default" else costs for m, costs in HYBRID_MODELS.items()}
     planners = {m: HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
                                                   compute_costs=costs,
-                                                  tie_ms=tie_ms if HYBRID_MODELS[m] == "default" else 0.0)
+                                                  tie_ms=tie_ms if HYBRID_MODELS[m] == "default" else 0.0,
+                                                  **measured)
                 for m, costs in priced.items()}
     plans = {m: p.collective_plan(ebc(), [hyb_sharder], pg) for m, p in planners.items()}
     stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))
-    plans["stock_planner"] = EmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"]).collective_plan(
+    stock_topo = topo if network is None else network.apply_to(topo)
+    plans["stock_planner"] = EmbeddingShardingPlanner(topology=stock_topo, batch_size=spec["batch"]).collective_plan(
         ebc(), [stock_sharder], pg)
     models = {name: DistributedModelParallel(ebc(), device=torch.device("cpu"), plan=plans[name],
                                              sharders=[hyb_sharder if name in HYBRID_MODELS else stock_sharder])
@@ -230,18 +259,21 @@ def types_text(types: Dict[str, int]) -> str:
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
             prices: Optional[Any] = None, tie_ms: Any = "auto", repeats: int = 1,
-            allocator: str = malloc.DEFAULT_MODE) -> Dict[str, Any]:
+            allocator: str = malloc.DEFAULT_MODE, network: Any = None, rate: str = UNSHAPED) -> Dict[str, Any]:
     """One workload at one world size, run ``repeats`` times, each in fresh processes (new allocations, new
     process group: between such runs the same pair of plans moves by more than within one). The steps of
     every run are pooled; bytes are the runs' mean; the planner's report and op counts are the first run's
     (the plans are the same each time: same statistics, deterministic planners). ``allocator``: the ranks'
-    malloc mode (``benchmarks/malloc.py``)."""
+    malloc mode (``benchmarks/malloc.py``). ``network``: :data:`MEASURE` to plan for the network the first run's
+    ranks measure (later runs plan for that same measurement: the same plans, so their steps pool), None for
+    the default topology; ``rate``: the loopback's shaped rate the ranks run at, recorded (:func:`network_record`)."""
     runs = []
     for _ in range(repeats):
         per_rank = malloc.spawn_ranks(_rank_main, world, malloc=allocator, timeout=3000, spec=WORKLOADS[name],
                                       rows_cap=rows_cap, stats_batches=stats_batches, warmup=warmup, steps=steps,
-                                      prices=prices, tie_ms=tie_ms)
+                                      prices=prices, tie_ms=tie_ms, network=network)
         runs.append([items[0] for items in per_rank])
+        network = runs[0][0]["network"]  # the first run's measurement (or None) for the runs after it
         if runs[-1][0]["types"] != runs[0][0]["types"]:
             raise RuntimeError(f"{name} W={world}: the planners returned other plans in run {len(runs)} "
                                f"({runs[-1][0]['types']}) than in run 1 ({runs[0][0]['types']})")
@@ -249,7 +281,7 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     r0 = outs[0]
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"], "repeats": repeats,
                            "allocator": r0["allocator"], "chosen": r0["chosen"], "types": r0["types"],
-                           "comparison": r0["comparison"]}
+                           "comparison": r0["comparison"], "network": network_record(rate, r0["network"], world)}
     for m in MODELS:
         sent = [statistics.mean(run[r]["sent"][m] for run in runs) for r in range(world)]
         step = [t for run in runs for t in slowest_rank([o["times"][m] for o in run])]
@@ -279,6 +311,20 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     return res
 
 
+def network_record(rate: str, measurement: Optional[Any], world: int) -> Dict[str, Any]:
+    """What a result records of its network: the loopback's rate asked for (``unshaped``, or tc's spelling and
+    bits per second) and the ranks' measurement (None: not measured), its fields as they are and, in Gbit/s
+    (the unit of the asked rate), the all-to-all bandwidth per rank, all ranks' together and the all-reduce's."""
+    bits = shaped_loopback.rate_bits(rate)
+    out: Dict[str, Any] = {"rate": rate, "rate_bits_per_s": None if math.isinf(bits) else bits, "measured": None}
+    if measurement is not None:
+        fields = dataclasses.asdict(measurement)
+        per_rank = measurement.bandwidth * 8e3 / 1e9  # bytes/ms -> Gbit/s
+        out["measured"] = dict(fields, per_rank_gbit_s=per_rank, aggregate_gbit_s=per_rank * world,
+                               allreduce_gbit_s=measurement.allreduce_bandwidth * 8e3 / 1e9)
+    return out
+
+
 def paired_step_ratios(outs: List[Dict[str, Any]], model: str, base: str) -> List[float]:
     """Per batch, ``model``'s step over ``base``'s on the same batch, each the slowest rank's (``outs``: per
     rank, ``{"times": {model: [per batch]}}``)."""
@@ -297,11 +343,28 @@ def paired_text(ratios: Dict[str, Any]) -> str:
     return ci_text(ratios["paired_step_ci"]) + spread
 
 
+def networked(results: List[Dict[str, Any]]) -> bool:
+    """Whether any result ran on a shaped loopback or planned for a measured network (then the reports say which
+    network each row ran on, and add the network, per-rate and crossover tables)."""
+    return any(r.get("network", {}).get("rate", UNSHAPED) != UNSHAPED or r.get("network", {}).get("measured")
+               for r in results)
+
+
+def gbit(x: Optional[float]) -> str:
+    """Gbit/s as the network tables print it ("-": unknown)."""
+    return "-" if x is None else f"{x:.3g}"
+
+
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
-    lines = ["| workload | W | plan | its types | busiest-rank MB: plan / stock | ratio | mean ratio "
+    """The report: the plans' bytes and step ratios, their op counts; on a shaped or measured network each row
+    also names its rate, and :func:`network_markdown` follows."""
+    net = networked(results)
+    col, rule = ("| network ", "|---") if net else ("", "")
+    cell = (lambda r: f"| {r['network']['rate']} ") if net else (lambda r: "")  # noqa: E731
+    lines = [col + "| workload | W | plan | its types | busiest-rank MB: plan / stock | ratio | mean ratio "
              "| busiest/mean | median step ratio | per-step ratio: median [95% CI] (each run's median) "
              "| estimate error per rank (plan; stock) |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
+             rule + "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---|"]
     err = lambda e: "-" if not e else f"{min(e) * 100:+.0f}..{max(e) * 100:+.0f}%"  # noqa: E731
     for r in results:
         s = r["stock_planner"]
@@ -309,7 +372,8 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
             h, q = r[m], r["ratios"][m]
             paired = paired_text(q)
             types = types_text(r["types"][m])
-            lines.append(f"| {r['workload']} | {r['world']} | {m} | {types} | {h['busiest_bytes'] / 1e6:.2f} / "
+            lines.append(f"{cell(r)}| {r['workload']} | {r['world']} | {m} | {types} | "
+                         f"{h['busiest_bytes'] / 1e6:.2f} / "
                          f"{s['busiest_bytes'] / 1e6:.2f} | **{q['busiest']:.2f}x** | {q['mean']:.2f}x | "
                          f"{q['busiest_over_mean']:.2f} | {q['step']:.2f}x | {paired} | "
                          f"{err(h['estimate_error_per_rank'])}; {err(s['estimate_error_per_rank'])} |")
@@ -317,20 +381,153 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
               "(`benchmarks/step_counts.py`), busiest rank; minor page faults per timed step (the rank with the "
               "most, median over steps; `benchmarks/malloc.py`); cold spills: the hybrid cold-id all-to-alls "
               "that outgrew their rooms and took a second one, of all those run (warm-up included):", "",
-              "| workload | W | plan | collectives | host syncs | ops dispatched | page faults | cold spills |",
-              "|---|---:|---|---:|---:|---:|---:|---:|"]
+              col + "| workload | W | plan | collectives | host syncs | ops dispatched | page faults | cold spills |",
+              rule + "|---|---:|---|---:|---:|---:|---:|---:|"]
     for r in results:
         for m in MODELS:
             c, spills = r[m]["counts"], r[m].get("spills")
             spilled = "-" if not spills or not spills[1] else f"{spills[0]} of {spills[1]}"
-            lines.append(f"| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / {c['bwd_collectives']} | "
+            lines.append(f"{cell(r)}| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / "
+                         f"{c['bwd_collectives']} | "
                          f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} | "
                          f"{malloc.faults_text(r[m].get('page_faults_per_step'))} | {spilled} |")
     lines += ["", f"Allocator: {malloc.described(results)}."]
+    if net:
+        lines += [""] + network_markdown(results)
+    return lines
+
+
+def network_markdown(results: List[Dict[str, Any]]) -> List[str]:
+    """The network each result ran on (asked and measured), per rate both plans side by side (types, bytes, median
+    step, paired ratio), and per workload the :func:`crossover` of the rates run."""
+    lines = ["## Network", "", "The loopback's rate asked for (`--network`; all ranks share it: an all-to-all of T "
+             "bytes in all takes about T / rate) and what the ranks measured before planning "
+             "(`measure_network`; both planners planned for it), in Gbit/s:", "",
+             "| network | workload | W | all-to-all per rank | all ranks | all-reduce per rank | collective ms "
+             "| backend |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        n, m = r["network"], r["network"].get("measured")
+        if m is None:
+            lines.append(f"| {n['rate']} | {r['workload']} | {r['world']} | not measured | - | - | - | - |")
+            continue
+        lines.append(f"| {n['rate']} | {r['workload']} | {r['world']} | {gbit(m['per_rank_gbit_s'])} | "
+                     f"{gbit(m['aggregate_gbit_s'])} | {gbit(m['allreduce_gbit_s'])} | "
+                     f"{m.get('collective_ms', float('nan')):.3g} | {m.get('backend', '-')} |")
+    lines += ["", "## Plans per network", "", "Each plan's tables per type, the bytes a rank sends per step (mean "
+              "and busiest rank, MB), the median of the slowest rank's step, and its step over the stock plan's on "
+              "the same batches (median [95% CI]):", "",
+              "| network | workload | W | plan | its types | MB per rank: mean / busiest | busiest vs stock "
+              "| median step ms | per-step ratio vs stock |", "|---|---|---:|---|---|---:|---:|---:|---:|"]
+    for r in results:
+        s = r["stock_planner"]
+        for m in MODELS:
+            h = r[m]
+            ratio = "1" if m == "stock_planner" else f"{h['busiest_bytes'] / s['busiest_bytes']:.2f}x"
+            paired = "-" if m == "stock_planner" else paired_text(r["ratios"][m])
+            lines.append(f"| {r['network']['rate']} | {r['workload']} | {r['world']} | {m} | "
+                         f"{types_text(r['types'][m])} | {h['mean_bytes'] / 1e6:.2f} / {h['busiest_bytes'] / 1e6:.2f} "
+                         f"| {ratio} | {h['median_step_s'] * 1e3:.1f} | {paired} |")
+    lines += ["", "## Crossover", "", "Per workload, W and hybrid plan: the rate above which the stock planner's "
+              "plan steps faster than the hybrid planner's, interpolated on log rate between the two rates run "
+              "where the paired step ratio crosses 1.0:", "",
+              "| workload | W | plan | per-step ratio vs stock by rate | stock faster above |",
+              "|---|---:|---|---|---|"]
+    for c in crossovers(results):
+        points = ", ".join(f"{p['rate']} {p['ratio']:.2f}x" for p in c["points"])
+        lines.append(f"| {c['workload']} | {c['world']} | {c['plan']} | {points} | {c['text']} |")
+    return lines
+
+
+def crossover(points: Sequence[Tuple[str, Sequence[float]]]) -> Dict[str, Any]:
+    """Where a hybrid plan's paired step ratio (its step over the stock plan's) crosses 1.0 over the rates run.
+
+    ``points``: ``(rate, (lo, median, hi))`` per rate (``shaped_loopback.parse_rate`` spelling; ``unshaped``
+    counts as faster than any shaped rate). Sorted by rate, the last pair of neighbours whose medians lie on
+    either side of 1.0 gives the crossover, interpolated linearly in the ratio on log rate: fewer bytes pay
+    where bytes are slow, so the hybrid plan is expected faster below it and the stock plan above it. Returns
+    ``rate_bits_per_s`` (None: no crossing, or one next to ``unshaped``), ``stock_faster`` ("above" / "below" the
+    crossover, "at every rate", "at no rate" or None with one rate), ``text`` for the reports, and the sorted
+    ``points`` as ``{"rate", "ratio", "ci"}``."""
+    pts = sorted(({"rate": rate, "ratio": ci[1], "ci": list(ci)} for rate, ci in points),
+                 key=lambda p: shaped_loopback.rate_bits(p["rate"]))
+    out: Dict[str, Any] = {"rate_bits_per_s": None, "stock_faster": None, "points": pts}
+    if len(pts) < 2:
+        return dict(out, text="one rate run: no crossover" if pts else "no rate run")
+    stock = [p["ratio"] >= 1.0 for p in pts]  # the stock plan at least as fast
+    crossings = [i for i in range(len(pts) - 1) if stock[i] != stock[i + 1]]
+    span = f"{pts[0]['rate']} to {pts[-1]['rate']}"
+    if not crossings:
+        if stock[0]:
+            return dict(out, stock_faster="at every rate",
+                        text=f"below all rates run (the stock plan stepped faster at every rate, {span})")
+        return dict(out, stock_faster="at no rate",
+                    text=f"above all rates run (the hybrid plan stepped faster at every rate, {span})")
+    i = crossings[-1]
+    a, b = pts[i], pts[i + 1]
+    xa, xb = (shaped_loopback.rate_bits(p["rate"]) for p in (a, b))
+    upward = stock[i + 1]  # hybrid faster below, stock faster above
+    between = f"{a['rate']} {a['ratio']:.2f}x, {b['rate']} {b['ratio']:.2f}x"
+    if math.isinf(xb):
+        where = f"between {a['rate']} and {b['rate']}"
+    else:
+        t = (1.0 - a["ratio"]) / (b["ratio"] - a["ratio"])
+        out["rate_bits_per_s"] = math.exp(math.log(xa) + t * (math.log(xb) - math.log(xa)))
+        where = f"~{shaped_loopback.rate_text(out['rate_bits_per_s'])}"
+    out["stock_faster"] = "above" if upward else "below"
+    text = (f"{where} ({between})" if upward
+            else f"none: the stock plan stepped faster below {where}, the hybrid plan above it ({between})")
+    if any(p["ci"][0] <= 1.0 <= p["ci"][2] for p in (a, b)):
+        text += "; unresolved: an interval there holds 1.0"
+    if len(crossings) > 1:
+        text += f"; the ratio crosses 1.0 {len(crossings)} times over the rates run"
+    return dict(out, text=text)
+
+
+def crossovers(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """:func:`crossover` per workload, W and hybrid plan, over the rates the results ran at (in the order the
+    results first name each workload and W)."""
+    groups: Dict[Tuple[str, int], List[Dict[str, Any]]] = {}
+    for r in results:
+        groups.setdefault((r["workload"], r["world"]), []).append(r)
+    return [dict(crossover([(r["network"]["rate"], r["ratios"][m]["paired_step_ci"]) for r in rs]),
+                 workload=name, world=world, plan=m)
+            for (name, world), rs in groups.items() for m in HYBRID_MODELS]
+
+
+def rate_dir(out: str, rate: str) -> str:
+    """Where the run at a shaped ``rate`` (its own process, in its namespace) writes its results under ``--out``."""
+    return os.path.join(out, f"network-{rate}")
+
+
+def write_json(path: str, args: Dict[str, Any], results: List[Dict[str, Any]]) -> None:
+    """The results file: the arguments, every result and, on a shaped or measured network, the crossovers."""
+    data: Dict[str, Any] = {"args": args, "results": results}
+    if networked(results):
+        data["crossover"] = crossovers(results)
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+
+
+def summary(results: List[Dict[str, Any]]) -> List[str]:
+    """The end of a run's terminal output: per result and hybrid plan its byte and step ratios to the stock plan
+    (and the network it ran on), then the crossovers where more than one rate ran."""
+    lines = []
+    for r in results:
+        n = r.get("network", {})
+        m = n.get("measured")
+        net = "" if not networked(results) else (
+            f" [{n['rate']}" + (f", measured {gbit(m['aggregate_gbit_s'])} Gbit/s all ranks" if m else "") + "]")
+        for p, q in r["ratios"].items():
+            lines.append(f"{r['workload']} W={r['world']} {p}{net}: busiest bytes {q['busiest']:.2f}x, mean "
+                         f"{q['mean']:.2f}x, per-step {paired_text(q)} the stock plan's")
+    if len({r["network"]["rate"] for r in results if "network" in r}) > 1:
+        lines += [f"crossover {c['workload']} W={c['world']} {c['plan']} (the stock plan faster above): {c['text']}"
+                  for c in crossovers(results)]
     return lines
 
 
 def main(argv=None) -> List[Dict[str, Any]]:
+    argv = list(sys.argv[1:] if argv is None else argv)  # a shaped rate's process gets the same arguments
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--world", type=int, nargs="+", default=[4])
     ap.add_argument("--workloads", nargs="+", default=list(WORKLOADS), choices=list(WORKLOADS))
@@ -351,6 +548,15 @@ def main(argv=None) -> List[Dict[str, Any]]:
                     help="the CPU-priced planner's tie_ms: plans costed within it of the cheapest go to the fewest "
                          "bytes ('fit_error': the prices' RMS error; default 'auto', the planner's: their relative "
                          "error where they carry one, else 0)")
+    ap.add_argument("--network", nargs="+", default=[UNSHAPED], metavar="RATE",
+                    help="run every workload at each rate: a shaped one (tc's spelling: 500mbit, 2gbit) in a network "
+                         "namespace whose loopback is shaped to it, so the ranks' bytes cost time "
+                         "(benchmarks/shaped_loopback.py: needs unshare and tc), 'unshaped' on the plain loopback "
+                         "(default: unshaped alone); the results of all rates go into one file")
+    ap.add_argument("--measure-network", action=argparse.BooleanOptionalAction, default=None,
+                    help="measure the network before planning (measure_network) and give both planners the "
+                         "measurement (default: on when a --network rate is shaped, for every rate of the run, "
+                         "unshaped too; off otherwise, planning for TorchRec's default topology as before)")
     a = ap.parse_args(argv)
     for name, value, low in (("world", min(a.world), 2), ("rows-cap", a.rows_cap, 1), ("stats-batches",
                              a.stats_batches, 1), ("warmup", a.warmup, 0), ("steps", a.steps, 1),
@@ -364,26 +570,61 @@ def main(argv=None) -> List[Dict[str, Any]]:
                                     "--tie-ms")["tie_ms"]
     except (ValueError, PlannerConfigError) as e:
         ap.error(f"--tie-ms: expected a finite number of ms >= 0, 'fit_error' or 'auto', got {a.tie_ms!r} ({e})")
+    try:
+        rates = list(dict.fromkeys(shaped_loopback.parse_rate("--network", r) for r in a.network))
+        inside = shaped_loopback.current_rate()  # set: this is a shaped rate's process, in its namespace
+    except ValueError as e:
+        ap.error(str(e))
+    shaped = [r for r in rates if r != UNSHAPED]
+    if shaped and a.measure_network is False:
+        ap.error(f"--no-measure-network with --network {' '.join(shaped)}: on a shaped loopback both planners plan "
+                 "for the network measured there (drop --no-measure-network, or run unshaped alone)")
+    measure = bool(shaped) if a.measure_network is None else a.measure_network
+    if inside is not None:
+        if inside not in rates:
+            ap.error(f"{shaped_loopback.ENV}={inside}: this process runs on a loopback shaped to {inside}, which "
+                     f"--network {' '.join(rates)} does not name")
+        rates = [inside]
+    for rate in shaped if inside is None else []:  # before any rank starts: tools, namespace, tc's own reading
+        try:
+            shaped_loopback.check_available("--network", rate)
+        except shaped_loopback.ShapingUnavailable as e:
+            ap.error(str(e))
     from torchrec_hybrid.planner.compute_costs import load_calibration
 
     prices = load_calibration(a.prices) if a.prices else None  # read once; a bad file fails before any rank starts
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    os.makedirs(a.out, exist_ok=True)
-    results = []
-    for w in a.world:
-        for name in a.workloads:
-            t = time.time()
-            results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms,
-                                   a.repeats, a.malloc))
-            r = results[-1]
-            for m, q in r["ratios"].items():
-                logger.info("%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)", name, w, m,
-                            q["busiest"], q["mean"], q["step"], time.time() - t)
-            with open(os.path.join(a.out, "product.json"), "w") as f:
-                json.dump({"args": vars(a), "results": results}, f, indent=1)
-    with open(os.path.join(a.out, "product.md"), "w") as f:
+    out = a.out if inside is None else rate_dir(a.out, inside)
+    os.makedirs(out, exist_ok=True)
+    results: List[Dict[str, Any]] = []
+    for rate in rates:
+        if rate != UNSHAPED and inside is None:  # its ranks in a namespace of its own: this module again, there
+            logger.info("--network %s: the ranks on a loopback shaped to %s (%s)", rate, rate, rate_dir(a.out, rate))
+            code = shaped_loopback.run_module(rate, "benchmarks.product", argv)
+            if code != 0:
+                raise RuntimeError(f"--network {rate}: the shaped run exited with code {code} (its output above); "
+                                   f"the rates before it are in {os.path.join(out, 'product.json')}")
+            with open(os.path.join(rate_dir(a.out, rate), "product.json")) as f:
+                results += json.load(f)["results"]
+            write_json(os.path.join(out, "product.json"), vars(a), results)
+            continue
+        for w in a.world:
+            for name in a.workloads:
+                t = time.time()
+                results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms,
+                                       a.repeats, a.malloc, MEASURE if measure else None, rate))
+                r = results[-1]
+                for m, q in r["ratios"].items():
+                    logger.info("%s%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)",
+                                "" if rate == UNSHAPED else rate + " ", name, w, m, q["busiest"], q["mean"],
+                                q["step"], time.time() - t)
+                write_json(os.path.join(out, "product.json"), vars(a), results)
+    with open(os.path.join(out, "product.md"), "w") as f:
         f.write("\n".join(markdown(results)) + "\n")
-    print("\n".join(markdown(results)))
+    if inside is None:  # a shaped rate's process leaves the report to the run that started it
+        print("\n".join(markdown(results)))
+        for line in summary(results):
+            logger.info("%s", line)
     return results
 
 
