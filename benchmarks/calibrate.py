@@ -22,6 +22,7 @@ committed fit (a test checks they match ``benchmarks/results/calibration.json``)
     python -m benchmarks.calibrate --steps 12 --out out/cal_big1            # ~2 minutes, 2 cores
     python -m benchmarks.calibrate --steps 12 --rows-cap 10000 --batch 256 --out out/cal_small1
     python -m benchmarks.calibrate --refit out/cal_big*.json out/cal_small*.json --out benchmarks/results/calibration
+    python -m benchmarks.calibrate --steps 12 --network 2gbit --out out/cal_2gbit   # ranks on a shaped loopback
 
 The committed fit pools three runs at the product's sizes and two at the sweep's (10k-row
 tables, B=256): at one size the fixed per-group terms and the per-unit ones move together,
@@ -39,6 +40,7 @@ import json
 import logging
 import os
 import statistics
+import sys
 import time
 from typing import Any, Dict, List, Optional
 
@@ -46,7 +48,7 @@ import numpy as np
 import torch
 
 from benchmarks.product import WORKLOADS, fused_params, workload_data
-from benchmarks import malloc
+from benchmarks import malloc, shaped_loopback
 
 logger = logging.getLogger(__name__)
 
@@ -295,6 +297,7 @@ def report(fitted: Dict[str, Any], world: int) -> List[str]:
 
 
 def main(argv=None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)  # a shaped run's process gets the same arguments
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--world", type=int, default=4)
     ap.add_argument("--workloads", nargs="+", default=["onehot", "multihot", "uniform"], choices=list(WORKLOADS))
@@ -306,9 +309,18 @@ def main(argv=None) -> None:
     ap.add_argument("--out", default=os.path.join("out", "calibration"), help="path prefix of the .json/.md")
     ap.add_argument("--refit", nargs="+", metavar="JSON",
                     help="fit again from the measurements of earlier runs (their .json files), measuring nothing")
+    ap.add_argument("--network", default=shaped_loopback.UNSHAPED, metavar="RATE",
+                    help="the ranks' loopback shaped to RATE (tc's spelling: 500mbit, 2gbit), so their bytes cost "
+                         "time: this module re-run in a network namespace (benchmarks/shaped_loopback.py; needs "
+                         "unshare and tc); default unshaped")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    measuring = ("world", "workloads", "rows_cap", "batch", "warmup", "steps")
+    measuring = ("world", "workloads", "rows_cap", "batch", "warmup", "steps", "network")
+    try:
+        args.network = shaped_loopback.parse_rate("--network", args.network)
+        inside = shaped_loopback.current_rate()  # set: this is the shaped run's process, in its namespace
+    except ValueError as e:
+        ap.error(str(e))
     for name, low in (("world", 1), ("rows_cap", 1), ("warmup", 0), ("steps", 1), ("batch", 1)):
         value = getattr(args, name)
         if value is not None and value < low:
@@ -331,11 +343,23 @@ def main(argv=None) -> None:
         args.world = worlds.pop()  # the report's world: the runs', not the default
         for k in measuring[1:]:  # not this command's settings: each run's are in its measurements' labels
             setattr(args, k, None)
+    elif args.network != shaped_loopback.UNSHAPED and inside is None:  # this module again, in the namespace
+        try:
+            shaped_loopback.check_available("--network", args.network)
+        except shaped_loopback.ShapingUnavailable as e:
+            ap.error(str(e))
+        code = shaped_loopback.run_module(args.network, "benchmarks.calibrate", argv)
+        if code != 0:
+            raise SystemExit(code)
+        return
     else:
+        if inside is not None and inside != args.network:
+            ap.error(f"{shaped_loopback.ENV}={inside}: this process runs on a loopback shaped to {inside}, not "
+                     f"--network {args.network}")
         from tqdm import tqdm
 
-        results = [measure(w, args.world, args.rows_cap, args.warmup, args.steps, args.batch)
-                   for w in tqdm(args.workloads, desc="workloads")]
+        results = [dict(measure(w, args.world, args.rows_cap, args.warmup, args.steps, args.batch),
+                        network=args.network) for w in tqdm(args.workloads, desc="workloads")]
     fitted = fit(results)
     os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
     with open(args.out + ".json", "w") as f:
