@@ -106,7 +106,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     from benchmarks.step_counts import count_training_step
 
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
-    if isinstance(network, str) and network == MEASURE:
+    if network == MEASURE:
         from torchrec_hybrid.planner import measure_network
 
         network = measure_network(dist.GroupMember.WORLD)  # collective: the same on every rank
@@ -158,7 +158,6 @@ def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Opt
 
     fused = fused_params()
     topo = Topology(world_size=world, compute_device="cpu")
-    measured = {} if network is None else {"network": network}
 
     def ebc():
         return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
@@ -168,7 +167,7 @@ def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Opt
     planners = {m: HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
                                                   compute_costs=costs,
                                                   tie_ms=tie_ms if HYBRID_MODELS[m] == "default" else 0.0,
-                                                  **measured)
+                                                  network=network)
                 for m, costs in priced.items()}
     plans = {m: p.collective_plan(ebc(), [hyb_sharder], pg) for m, p in planners.items()}
     stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))

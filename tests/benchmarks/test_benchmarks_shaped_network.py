@@ -181,7 +181,7 @@ def test_product_on_a_shaped_loopback(tmp_path):
     net = r["network"]
     assert net["rate"] == "2gbit" and net["rate_bits_per_s"] == 2e9
     m = net["measured"]
-    assert m["world_size"] == 2 and m["collective_ms"] > 0
+    assert m["world_size"] == 2 and m["backend"] == "gloo" and m["collective_ms"] >= 0  # a token bucket's burst: 0
     assert m["aggregate_gbit_s"] == pytest.approx(2 * m["per_rank_gbit_s"])
     assert 0.2 < m["aggregate_gbit_s"] < 4.0, m  # shaped: a token bucket at 2 Gbit/s for all ranks together
     for plan in product.MODELS:
