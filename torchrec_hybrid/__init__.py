@@ -15,7 +15,12 @@ from torchrec_hybrid.sharded_ebc import (  # noqa: F401
 )
 from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
 from torchrec_hybrid.sharding_plan import frequency_hybrid  # noqa: F401
-from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, load_planner_config  # noqa: F401
+from torchrec_hybrid.planner import (  # noqa: F401
+    HybridEmbeddingShardingPlanner,
+    NetworkMeasurement,
+    load_planner_config,
+    measure_network,
+)
 
 __all__ = [
     "FREQUENCY_HYBRID",
@@ -24,10 +29,12 @@ __all__ = [
     "InvalidInputError",
     "InvalidWeightError",
     "MalformedBatchError",
+    "NetworkMeasurement",
     "HybridEmbeddingBagCollectionSharder",
     "HybridEmbeddingShardingPlanner",
     "HybridShardedEmbeddingBagCollection",
     "frequency_hybrid",
     "load_planner_config",
+    "measure_network",
     "refresh_hot_sets",
 ]

@@ -289,6 +289,15 @@ def planner_topology(planner):
     return planner._topology
 
 
+def topology_with_comms_bandwidths(topology, comms_bandwidths):
+    """``topology`` (a copy the caller made) with other comms bandwidths (``_comms_bandwidths``,
+    what ``Topology.comms_bandwidths`` returns; checked against torchrec 1.8.0): Topology has no
+    public setter, and its constructor does not take back every field it holds (``pod_size``,
+    the factory flag), so a rebuilt one would not be the user's."""
+    topology._comms_bandwidths = comms_bandwidths
+    return topology
+
+
 def planner_batch_size(planner) -> int:
     """The local batch size an EmbeddingShardingPlanner plans for (``_batch_size``; checked
     against torchrec 1.8.0)."""

@@ -7,13 +7,15 @@
 - ``enumerator``: an EmbeddingEnumerator that offers ``frequency_hybrid`` per cold layout;
 - ``stats``: the planner's stats table, hybrid tables included;
 - ``planner``: ``HybridEmbeddingShardingPlanner``; ``config``: ``load_planner_config``;
-- ``topology``: a uniform-bandwidth (gloo) topology; ``validate``: estimate vs measurement.
+- ``topology``: a uniform-bandwidth (gloo) topology; ``validate``: estimate vs measurement;
+- ``network``: ``measure_network``, the bandwidths of a process group, measured.
 """
 
 from torchrec_hybrid.planner.compute_costs import load_calibration
 from torchrec_hybrid.planner.config import PlannerConfigError, load_planner_config, planner_from_config
 from torchrec_hybrid.planner.enumerator import HybridEnumerator
 from torchrec_hybrid.planner.estimators import HybridStorageEstimator
+from torchrec_hybrid.planner.network import MeasuredCommsBandwidth, NetworkMeasurement, measure_network
 from torchrec_hybrid.planner.plan_cost import BytesPerfEstimator
 from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
@@ -28,10 +30,13 @@ __all__ = [
     "HybridParameterSharding",
     "BytesPerfEstimator",
     "HybridStorageEstimator",
+    "MeasuredCommsBandwidth",
+    "NetworkMeasurement",
     "PlannerConfigError",
     "UniformCommsBandwidth",
     "gloo_topology",
     "load_calibration",
     "load_planner_config",
+    "measure_network",
     "planner_from_config",
 ]
