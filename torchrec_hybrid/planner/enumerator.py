@@ -180,6 +180,11 @@ class HybridEnumerator(EmbeddingEnumerator):
         candidate is planned with the same statistics, budget and prices as its mixed plan)."""
         return HybridEnumerator(self._topology, constraints=constraints, **self._settings)
 
+    def with_topology(self, topology: Topology) -> "HybridEnumerator":
+        """A fresh enumerator with this one's settings and constraints for ``topology`` (a planner given a
+        measured network sizes hot sets at its bandwidths; an ``estimator`` given keeps its own)."""
+        return HybridEnumerator(topology, constraints=self._all_constraints or None, **self._settings)
+
     # -- constraints -------------------------------------------------------------------------
     def _allowed(self, name: str, sharding_type: str) -> bool:
         c = self._all_constraints.get(name)

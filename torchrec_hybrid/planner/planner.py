@@ -19,19 +19,22 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.comm import get_local_size, get_topology_domain_multiple
 from torchrec.distributed.planner.constants import POOLING_FACTOR
 from torchrec.distributed.planner.planners import EmbeddingShardingPlanner
 from torchrec.distributed.planner.types import (ParameterConstraints, PlannerError, PlannerErrorType,
-                                              ShardingOption, Stats)
+                                              ShardingOption, Stats, Topology)
 from torchrec.distributed.planner.utils import placement
 from torchrec.distributed.sharding_plan import get_default_sharders
 from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, ShardMetadata
+from torchrec.distributed.utils import get_device_type
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
 from torchrec_hybrid.planner.compute_costs import default_compute_costs, finite_nonnegative
 from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
 from torchrec_hybrid.planner.estimators import on_device, sharder_comms, sharder_vectorised_backward
+from torchrec_hybrid.planner.network import NetworkMeasurement, measure_network
 from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfModel, TrafficTable, column_sliced,
                                                hybrid_bounds, plan_cost, plan_rank_bytes, plan_rank_memory,
                                                traffic_of)
@@ -156,6 +159,14 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             the step) where the prices carry it (``benchmarks/calibrate.py`` writes it; the
             committed CPU default predates it), else 0 (bytes and collectives are priced
             exactly: the cheapest).
+        network: the bandwidths to plan for. None: the topology's as given. ``"measure"``:
+            ``collective_plan`` measures its process group first (``network.measure_network``,
+            about a second, every rank) and plans as if built with that measurement (``plan``
+            without a group raises until then). A :class:`NetworkMeasurement`: plan with it (one
+            measurement shared by several planners): the topology (TorchRec's default one where
+            none is given) with its bandwidths (``NetworkMeasurement.apply_to``, every other field
+            kept; a :class:`HybridEnumerator` given is rebuilt for it too), and its fixed cost per
+            collective as ``collective_ms`` unless that is given. Kept as :attr:`network`.
 
     ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
     only, as a user would run it), the partitioner's plan over stock and hybrid options, and
@@ -179,7 +190,21 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
                  max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
                  collective_ms: Optional[float] = None, compare_plans: bool = True,
-                 compute_costs: Any = "default", tie_ms: Any = "auto") -> None:
+                 compute_costs: Any = "default", tie_ms: Any = "auto", network: Any = None) -> None:
+        measure = isinstance(network, str) and network == "measure"
+        if network is not None and not isinstance(network, NetworkMeasurement) and not measure:
+            raise (ValueError if isinstance(network, str) else TypeError)(
+                f"network must be None, 'measure' or a NetworkMeasurement, got {network!r}")
+        # every argument as given: collective_plan sets the planner up again for the network it measures
+        self._given = dict(topology=topology, batch_size=batch_size, enumerator=enumerator,
+                           storage_reservation=storage_reservation, proposer=proposer, partitioner=partitioner,
+                           performance_model=performance_model, stats=stats, constraints=constraints, debug=debug,
+                           callbacks=callbacks, timeout_seconds=timeout_seconds, plan_loader=plan_loader,
+                           frequency_stats=frequency_stats, hot_budget_bytes=hot_budget_bytes,
+                           max_hot_rows=max_hot_rows, min_saving=min_saving, collective_ms=collective_ms,
+                           compare_plans=compare_plans, compute_costs=compute_costs, tie_ms=tie_ms)
+        self._measure = measure
+        self.network: Optional[NetworkMeasurement] = network if isinstance(network, NetworkMeasurement) else None
         if stats is not None and _is_frequency_stats(stats):
             if frequency_stats is not None and frequency_stats is not stats:
                 raise ValueError("stats is a FrequencyStats and frequency_stats is another one: pass the "
@@ -208,6 +233,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             compute_costs = default_compute_costs(topology.compute_device if topology is not None else "cuda")
         elif compute_costs is not None and not isinstance(compute_costs, ComputeCosts):
             raise TypeError(f"compute_costs must be a ComputeCosts, None or 'default', not {type(compute_costs)}")
+        if self.network is not None:  # as if the user had passed the measured topology
+            topology = self.network.apply_to(topology if topology is not None else _default_topology())
+            if enumerator is not None:
+                enumerator = enumerator.with_topology(topology)
+            if collective_ms is None:
+                collective_ms = self.network.collective_ms
+            logger.info("planning for the measured %s; collective_ms %.3f", self.network, collective_ms)
         if collective_ms is None:
             fitted = compute_costs.collective_ms if compute_costs is not None else None
             collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
@@ -280,6 +312,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 raise RuntimeError("collective_plan needs an initialised default process group (or pg); "
                                    "plan() plans without one")
             pg = dist.GroupMember.WORLD
+        if self._measure:  # every rank measures, and plans (rank 0) or waits for the plan with it
+            self._use_network(measure_network(pg))
         if sharders is None:
             sharders = get_default_sharders()
         result: List[Any] = [None]
@@ -312,7 +346,19 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             raise exc
         return result[0][1]
 
+    def _use_network(self, measurement: NetworkMeasurement) -> None:
+        """This planner set up again as if built with ``network=measurement`` and its other arguments
+        as given (topology, enumerator, perf model, every candidate's arguments: all from there); it
+        keeps ``network="measure"`` for the next ``collective_plan``."""
+        given = self._given
+        HybridEmbeddingShardingPlanner.__init__(self, **given, network=measurement)
+        self._given, self._measure = given, True
+
     def plan(self, module, sharders) -> ShardingPlan:
+        if self._measure and self.network is None:
+            raise ValueError("network='measure': the network is measured on the process group in collective_plan; "
+                             "call collective_plan(module, sharders, pg), or pass network=measure_network(pg) "
+                             "(a NetworkMeasurement) to plan without a group")
         _check_sharder_hot_ids(module, sharders)
         _check_constraint_tables(module, self._user_constraints, sharders)
         self._traffic_table = None  # this module's workload, not a previous call's
@@ -534,6 +580,13 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     def planned_options(self) -> List[Any]:
         """The sharding options of the last returned plan (``hybrid_choice`` on hybrid ones)."""
         return list(self._chosen.options) if self._chosen else list(_compat.planner_best_plan(self) or [])
+
+
+def _default_topology() -> Topology:
+    """The topology TorchRec's ``EmbeddingShardingPlanner`` plans for when given none (its constructor's,
+    torchrec 1.8.0): a network measurement is applied to it before that constructor runs."""
+    return Topology(local_world_size=get_local_size(), world_size=dist.get_world_size(),
+                    compute_device=get_device_type(), pod_size=get_topology_domain_multiple())
 
 
 _NO_OPTION = "No available sharding type"  # how TorchRec's enumerator says a table has no option (RuntimeError)
