@@ -8,10 +8,11 @@ Schema (see configs/planner.yaml for a documented example)::
       local_world_size: 4          # default: world_size
       hbm_gb: 32                   # per rank memory (GiB); defaults: TorchRec's
       ddr_gb: 128
-      comms: uniform               # uniform (gloo: one bandwidth for all) | torchrec
+      comms: uniform               # uniform (gloo: one bandwidth for all) | torchrec | measure
       bandwidth_gbps: 1.0          # uniform: GiB/s of every collective
       intra_host_bw_gbps: 600      # torchrec: NVLink-like all-to-all inside a host
       inter_host_bw_gbps: 12.5     # torchrec: per-NIC bandwidth (all-reduce, cross host)
+                                   # measure: collective_plan measures its group (network="measure")
     batch_size: 1024               # local batch per rank
     statistics: stats.pt           # FrequencyStats file (relative to this YAML), optional
     hot_set:                       # optional; a null value keeps the planner's default
@@ -96,7 +97,20 @@ def _bytes(amount: float, where: str, given: Any) -> int:
     return int(amount)
 
 
+_COMMS = ("uniform", "torchrec", "measure")
+
+
+def _comms(sec: Dict[str, Any]) -> str:
+    """``topology.comms``, checked: how the topology's bandwidths are given."""
+    comms = sec.get("comms", "uniform")
+    if not isinstance(comms, str) or comms not in _COMMS:
+        raise PlannerConfigError(f"topology.comms: expected 'uniform', 'torchrec' or 'measure', got {comms!r}")
+    return comms
+
+
 def _topology(sec: Dict[str, Any]) -> Topology:
+    """The ``topology`` section; with ``comms: measure`` its bandwidths are TorchRec's defaults until
+    ``collective_plan`` replaces them with the measured ones."""
     _check_keys(sec, _TOPOLOGY_KEYS, "topology")
     if "world_size" not in sec:
         raise PlannerConfigError("topology.world_size is required")
@@ -114,14 +128,14 @@ def _topology(sec: Dict[str, Any]) -> Topology:
     for key, arg in (("hbm_gb", "hbm_cap"), ("ddr_gb", "ddr_cap")):
         if key in sec:
             kwargs[arg] = _bytes(_positive(sec[key], f"topology.{key}") * GB, f"topology.{key}", sec[key])
-    comms = sec.get("comms", "uniform")
-    if not isinstance(comms, str) or comms not in ("uniform", "torchrec"):
-        raise PlannerConfigError(f"topology.comms: expected 'uniform' or 'torchrec', got {comms!r}")
-    other = {"uniform": ("intra_host_bw_gbps", "inter_host_bw_gbps"), "torchrec": ("bandwidth_gbps",)}
-    misplaced = [k for k in other.get(comms, ()) if k in sec]
+    comms = _comms(sec)
+    other = {"uniform": ("intra_host_bw_gbps", "inter_host_bw_gbps"), "torchrec": ("bandwidth_gbps",),
+             "measure": ("bandwidth_gbps", "intra_host_bw_gbps", "inter_host_bw_gbps")}
+    misplaced = [k for k in other[comms] if k in sec]
     if misplaced:
         raise PlannerConfigError(f"topology: {misplaced} do not apply with comms: {comms} (uniform takes "
-                                 "bandwidth_gbps; torchrec takes intra_host_bw_gbps and inter_host_bw_gbps)")
+                                 "bandwidth_gbps; torchrec takes intra_host_bw_gbps and inter_host_bw_gbps; "
+                                 "measure takes none: it measures them)")
     if comms == "uniform":
         bw = _positive(sec.get("bandwidth_gbps", 1.0), "topology.bandwidth_gbps")
         kwargs["generalized_comms_bandwidths"] = UniformCommsBandwidth(gbps_to_bytes_per_ms(bw))
@@ -132,8 +146,6 @@ def _topology(sec: Dict[str, Any]) -> Topology:
         if "inter_host_bw_gbps" in sec:
             kwargs["inter_host_bw"] = gbps_to_bytes_per_ms(_positive(sec["inter_host_bw_gbps"],
                                                                      "topology.inter_host_bw_gbps"))
-    else:
-        raise PlannerConfigError(f"topology.comms: expected 'uniform' or 'torchrec', got {comms!r}")
     return Topology(**kwargs)
 
 
@@ -246,7 +258,8 @@ def load_planner_config(path: str) -> Dict[str, Any]:
     """Read the YAML at ``path``; returns ``HybridEmbeddingShardingPlanner(**kwargs)`` kwargs.
 
     Keys: topology, batch_size, constraints, frequency_stats (if ``statistics`` is given),
-    hot_budget_bytes / max_hot_rows / min_saving / compute_costs / tie_ms (if ``hot_set`` gives them).
+    hot_budget_bytes / max_hot_rows / min_saving / compute_costs / tie_ms (if ``hot_set`` gives them),
+    network="measure" (if ``topology.comms`` is ``measure``).
     """
     try:
         with open(path) as f:
@@ -259,7 +272,10 @@ def load_planner_config(path: str) -> Dict[str, Any]:
     _check_keys(cfg, _TOP_KEYS, path)
     if "topology" not in cfg:
         raise PlannerConfigError(f"{path}: 'topology' section is required")
-    out: Dict[str, Any] = {"topology": _topology(_mapping(cfg["topology"], "topology"))}
+    topology = _mapping(cfg["topology"], "topology")
+    out: Dict[str, Any] = {"topology": _topology(topology)}
+    if _comms(topology) == "measure":
+        out["network"] = "measure"
     if "batch_size" in cfg:
         out["batch_size"] = _positive(cfg["batch_size"], "batch_size", int)
     out["constraints"] = _constraints(_mapping(cfg.get("tables"), "tables")) or None
