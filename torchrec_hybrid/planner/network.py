@@ -40,6 +40,11 @@ ONE_RANK_BANDWIDTH = 1e12
 ALL_TO_ALL, ALL_REDUCE = "all_to_all", "all_reduce"
 
 
+def _positive_finite(value: object) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+            and value > 0)
+
+
 class MeasuredCommsBandwidth(GeneralizedCommsBandwidth):
     """Measured bandwidths (bytes/ms per rank) for a network whose all-reduce runs at its own rate
     (NCCL: rings and trees over NVLink / the NICs); reduce-scatter and all-gather move (W-1)/W of
@@ -47,7 +52,7 @@ class MeasuredCommsBandwidth(GeneralizedCommsBandwidth):
 
     def __init__(self, all_to_all: float, all_reduce: float) -> None:
         for name, bw in (("all_to_all", all_to_all), ("all_reduce", all_reduce)):
-            if not (isinstance(bw, (int, float)) and math.isfinite(bw) and bw > 0):
+            if not _positive_finite(bw):
                 raise ValueError(f"{name} bandwidth must be a finite number of bytes/ms > 0, got {bw!r}")
         self.name = "MeasuredCommsBandwidth"
         self._a2a, self._all_reduce = float(all_to_all), float(all_reduce)
@@ -72,11 +77,6 @@ class MeasuredCommsBandwidth(GeneralizedCommsBandwidth):
     def __eq__(self, other: object) -> bool:
         return (isinstance(other, MeasuredCommsBandwidth) and other._a2a == self._a2a
                 and other._all_reduce == self._all_reduce)
-
-
-def _positive_finite(value: object) -> bool:
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and value > 0)
 
 
 @dataclass(frozen=True)
