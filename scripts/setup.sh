@@ -23,8 +23,11 @@ if ! $VPY -c "import torchrec, fbgemm_gpu" >/dev/null 2>&1; then
   $PIP --no-deps torchrec==1.8.0
   $PIP tensordict torchmetrics==1.0.3 tqdm pyre-extensions iopath
 fi
-$PIP numpy pyyaml matplotlib pytest pytest-timeout
+$PIP numpy pyyaml matplotlib pytest pytest-timeout "setuptools>=77" ninja
 # the linter and type checker of the test command (configured in pyproject.toml)
 $PIP ruff==0.17.6 mypy==2.4.1
-$PIP --no-deps -e .
-echo "[setup] done: $($VPY -c 'import torch, torchrec, fbgemm_gpu; print("torch", torch.__version__, "fbgemm", fbgemm_gpu.__version__)')"
+# the package, editable, with its fused CPU ops (torchrec_hybrid/csrc, built against the torch above: hence no
+# build isolation); a failed build leaves the composed fallback (torchrec_hybrid/sharding/fused.py says so)
+$PIP --no-deps --no-build-isolation -e . || { echo "[setup] building the fused ops failed: installing without them";
+  TORCHREC_HYBRID_NO_EXT=1 $PIP --no-deps --no-build-isolation -e .; }
+echo "[setup] done: $($VPY -c 'import torch, torchrec, fbgemm_gpu; from torchrec_hybrid.sharding import fused; print("torch", torch.__version__, "fbgemm", fbgemm_gpu.__version__, "fused ops", "built" if fused.available() else "NOT built")')"

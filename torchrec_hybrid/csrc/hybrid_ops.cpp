@@ -1,0 +1,518 @@
+// Fused CPU kernels of the frequency-hybrid sharding's hot path (torch.library ops, namespace
+// torchrec_hybrid). Each op does in one pass what torchrec_hybrid/sharding/composed.py composes from
+// torch and FBGEMM ops (the reference, and the path on other devices); tests hold the two to identical
+// results. See composed.py for what each output means.
+//
+//   split_pack        sample side, before the cold exchange: route, bucketize, pack the send rows
+//   exchange_summary  after the exchange: every size the host needs, in one small tensor
+//   unpack_cold       owner side: the lanes' TBE inputs and the output all-to-all's send plan
+//   receive_plan      sample side: where each received unit of the output all-to-all adds in
+
+#include <ATen/ATen.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstring>
+#include <vector>
+
+namespace {
+
+using at::Tensor;
+
+int64_t total(const std::vector<int64_t>& v) {
+  int64_t s = 0;
+  for (auto x : v) s += x;
+  return s;
+}
+
+std::vector<int64_t> starts_of(const std::vector<int64_t>& v) {
+  std::vector<int64_t> out(v.size());
+  int64_t s = 0;
+  for (size_t i = 0; i < v.size(); ++i) {
+    out[i] = s;
+    s += v[i];
+  }
+  return out;
+}
+
+template <typename T>
+int64_t read_int(const Tensor& t, int64_t i) {
+  return static_cast<int64_t>(t.data_ptr<T>()[i]);
+}
+
+// ---- split_pack ----------------------------------------------------------------------------------
+
+template <typename V, typename L, typename M>
+std::vector<Tensor> split_pack_impl(const Tensor& values, const Tensor& lengths, const c10::optional<Tensor>& weights,
+                                    const c10::optional<Tensor>& route_map, const Tensor& feature_key_offset,
+                                    int64_t W, const Tensor& report, const std::vector<int64_t>& rooms,
+                                    const c10::optional<Tensor>& feature_units) {
+  const int64_t F = feature_key_offset.numel();
+  const int64_t B = F ? lengths.numel() / F : 0;
+  const int64_t N = values.numel();
+  const int64_t R = report.numel();
+  const int64_t head = 2 * F + R + 1;
+  const bool weighted = weights.has_value();
+  const int64_t parts = weighted ? 3 : 2;
+  const V* ids = values.data_ptr<V>();
+  const L* len = lengths.data_ptr<L>();
+  const int64_t* key_off = feature_key_offset.data_ptr<int64_t>();
+  const M* map = route_map.has_value() ? route_map->data_ptr<M>() : nullptr;
+  const float* wts = weighted ? weights->data_ptr<float>() : nullptr;
+  const int64_t buckets = W + 1;
+  const int64_t map_size = route_map.has_value() ? route_map->numel() : 0;
+
+  // per id its bucket and row; per (bucket, feature, sample) its length
+  std::vector<int64_t> bucket_of(N), row_of(N);
+  std::vector<int64_t> blen(static_cast<size_t>(buckets * F * B), 0);
+  {
+    int64_t i = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = static_cast<int64_t>(len[f * B + b]);
+        TORCH_CHECK(n >= 0 && i + n <= N, "split_pack: bag lengths do not fit the ids (feature ", f, ")");
+        for (int64_t k = 0; k < n; ++k, ++i) {
+          int64_t e = static_cast<int64_t>(ids[i]);
+          if (map) {
+            const int64_t key = key_off[f] + e;
+            TORCH_CHECK(key >= 0 && key < map_size, "split_pack: id ", e, " of feature ", f, " outside its table");
+            e = static_cast<int64_t>(map[key]);
+          }
+          const int64_t bucket = e % buckets;
+          bucket_of[i] = bucket;
+          row_of[i] = e / buckets;
+          blen[(bucket * F + f) * B + b] += 1;
+        }
+      }
+    }
+    TORCH_CHECK(i == N, "split_pack: bag lengths add up to ", i, " ids, got ", N);
+  }
+  // counts per (destination, feature)
+  std::vector<int64_t> bag_counts(W * F, 0), id_counts(W * F, 0);
+  for (int64_t g = 0; g < W * F; ++g) {
+    for (int64_t b = 0; b < B; ++b) {
+      const int64_t n = blen[g * B + b];
+      bag_counts[g] += n > 0;
+      id_counts[g] += n;
+    }
+  }
+  std::vector<int64_t> words(W), units(W, 0), bags(W, 0);
+  const int64_t* fu = feature_units.has_value() ? feature_units->data_ptr<int64_t>() : nullptr;
+  bool over = false;
+  for (int64_t d = 0; d < W; ++d) {
+    int64_t nb = 0, ni = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      nb += bag_counts[d * F + f];
+      ni += id_counts[d * F + f];
+      units[d] += bag_counts[d * F + f] * (fu ? fu[f] : 1);
+    }
+    bags[d] = nb;
+    words[d] = nb + (parts - 1) * ni;
+    over = over || words[d] > rooms[d];
+  }
+  const auto i32 = values.options().dtype(at::kInt);
+  const auto i64 = values.options().dtype(at::kLong);
+  // payload: per destination its lengths, ids, weights' bits; then the hot bucket's (never sent)
+  int64_t hot_ids = 0;
+  for (int64_t g = W * F * B; g < buckets * F * B; ++g) hot_ids += blen[g];
+  const int64_t cold_ids = N - hot_ids;
+  int64_t sent_bags = 0;
+  for (auto x : bags) sent_bags += x;
+  Tensor payload = at::empty({total(words)}, i32);
+  Tensor sent_cells = at::empty({sent_bags}, i64);
+  int32_t* pay = payload.data_ptr<int32_t>();
+  int64_t* cells = sent_cells.data_ptr<int64_t>();
+  const std::vector<int64_t> run_start = starts_of(words);
+  // where each destination's lengths, ids and weights go; each (destination, feature)'s first id
+  std::vector<int64_t> at_len(W), at_id(W), at_w(W);
+  for (int64_t d = 0; d < W; ++d) {
+    int64_t ni = 0;
+    for (int64_t f = 0; f < F; ++f) ni += id_counts[d * F + f];
+    at_len[d] = run_start[d];
+    at_id[d] = run_start[d] + bags[d];
+    at_w[d] = at_id[d] + ni;
+  }
+  {
+    int64_t c = 0;
+    for (int64_t d = 0; d < W; ++d) {
+      for (int64_t f = 0; f < F; ++f) {
+        for (int64_t b = 0; b < B; ++b) {
+          const int64_t n = blen[(d * F + f) * B + b];
+          if (n > 0) {
+            pay[at_len[d]++] = static_cast<int32_t>(n);
+            cells[c++] = b * F + f;
+          }
+        }
+      }
+    }
+  }
+  // the hot rows, compact, with offsets from 0; and the cold ids in place, in (feature, sample) order per
+  // destination: walk the ids once, each to its bucket's next place (bucket order = (feature, sample) order)
+  const auto id_opts = route_map.has_value() ? route_map->options() : values.options();
+  Tensor hot_rows = at::empty({hot_ids}, id_opts);
+  Tensor hot_offsets = at::empty({F * B + 1}, id_opts);
+  c10::optional<Tensor> hot_weights;
+  if (weighted) hot_weights = at::empty({hot_ids}, weights->options());
+  M* hrows = hot_rows.data_ptr<M>();
+  M* hoff = hot_offsets.data_ptr<M>();
+  float* hw = weighted ? hot_weights->data_ptr<float>() : nullptr;
+  {
+    hoff[0] = 0;
+    for (int64_t g = 0; g < F * B; ++g) hoff[g + 1] = static_cast<M>(hoff[g] + blen[W * F * B + g]);
+    int64_t h = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      const int64_t d = bucket_of[i];
+      if (d == W) {
+        hrows[h] = static_cast<M>(row_of[i]);
+        if (hw) hw[h] = wts[i];
+        ++h;
+      } else {
+        pay[at_id[d]++] = static_cast<int32_t>(row_of[i]);
+        if (wts) std::memcpy(&pay[at_w[d]++], &wts[i], sizeof(float));
+      }
+    }
+  }
+  (void)cold_ids;
+  // send rows: per destination its header, then its room
+  const int64_t total_rows = W * head + total(rooms);
+  Tensor send_rows = at::zeros({total_rows}, i32);
+  int32_t* out = send_rows.data_ptr<int32_t>();
+  const int32_t* rep = report.data_ptr<int32_t>();
+  int64_t o = 0;
+  for (int64_t d = 0; d < W; ++d) {
+    for (int64_t f = 0; f < F; ++f) out[o + f] = static_cast<int32_t>(bag_counts[d * F + f]);
+    for (int64_t f = 0; f < F; ++f) out[o + F + f] = static_cast<int32_t>(id_counts[d * F + f]);
+    for (int64_t r = 0; r < R; ++r) out[o + 2 * F + r] = rep[r];
+    out[o + head - 1] = over ? 1 : 0;
+    o += head;
+    const int64_t n = std::min(words[d], rooms[d]);
+    if (n > 0) std::memcpy(out + o, pay + run_start[d], n * sizeof(int32_t));
+    o += rooms[d];
+  }
+  Tensor stats = at::empty({3, W}, i64);
+  int64_t* st = stats.data_ptr<int64_t>();
+  for (int64_t d = 0; d < W; ++d) {
+    st[d] = words[d];
+    st[W + d] = units[d];
+    st[2 * W + d] = bags[d];
+  }
+  Tensor counts = at::empty({W, F}, i64);
+  std::memcpy(counts.data_ptr<int64_t>(), bag_counts.data(), W * F * sizeof(int64_t));
+  return {send_rows, payload, stats, sent_cells, counts, hot_rows, hot_offsets,
+          weighted ? *hot_weights : at::empty({0}, weights.has_value() ? weights->options() : values.options())};
+}
+
+std::vector<Tensor> split_pack(const Tensor& values, const Tensor& lengths, const c10::optional<Tensor>& weights,
+                               const c10::optional<Tensor>& route_map, const Tensor& feature_key_offset, int64_t world,
+                               const Tensor& report, at::IntArrayRef rooms,
+                               const c10::optional<Tensor>& feature_units) {
+  TORCH_CHECK(values.dim() == 1 && lengths.dim() == 1, "split_pack: values and lengths must be 1-D");
+  TORCH_CHECK(values.is_contiguous() && lengths.is_contiguous(), "split_pack: contiguous inputs expected");
+  TORCH_CHECK(feature_key_offset.scalar_type() == at::kLong, "split_pack: feature_key_offset must be int64");
+  TORCH_CHECK(report.scalar_type() == at::kInt, "split_pack: report must be int32");
+  TORCH_CHECK(static_cast<int64_t>(rooms.size()) == world, "split_pack: one room per destination expected");
+  if (weights.has_value()) {
+    TORCH_CHECK(weights->scalar_type() == at::kFloat && weights->numel() == values.numel(),
+                "split_pack: weights must be float32, one per id");
+  }
+  if (feature_units.has_value()) {
+    TORCH_CHECK(feature_units->scalar_type() == at::kLong, "split_pack: feature_units must be int64");
+  }
+  const auto map_type = route_map.has_value() ? route_map->scalar_type() : values.scalar_type();
+  const std::vector<int64_t> r(rooms.begin(), rooms.end());
+  const Tensor fko = feature_key_offset.contiguous();
+  const Tensor rep = report.contiguous();
+#define HYBRID_SPLIT(V, L, M)                                                                                  \
+  return split_pack_impl<V, L, M>(values, lengths, weights, route_map, fko, world, rep, r, feature_units);
+#define HYBRID_SPLIT_M(V, L)                                 \
+  if (map_type == at::kInt) {                                \
+    HYBRID_SPLIT(V, L, int32_t)                              \
+  } else {                                                   \
+    TORCH_CHECK(map_type == at::kLong, "split_pack: ids int32 or int64"); \
+    HYBRID_SPLIT(V, L, int64_t)                              \
+  }
+#define HYBRID_SPLIT_L(V)                                    \
+  if (lengths.scalar_type() == at::kInt) {                   \
+    HYBRID_SPLIT_M(V, int32_t)                               \
+  } else {                                                   \
+    TORCH_CHECK(lengths.scalar_type() == at::kLong, "split_pack: lengths int32 or int64"); \
+    HYBRID_SPLIT_M(V, int64_t)                               \
+  }
+  if (values.scalar_type() == at::kInt) {
+    HYBRID_SPLIT_L(int32_t)
+  }
+  TORCH_CHECK(values.scalar_type() == at::kLong, "split_pack: values must be int32 or int64");
+  HYBRID_SPLIT_L(int64_t)
+#undef HYBRID_SPLIT_L
+#undef HYBRID_SPLIT_M
+#undef HYBRID_SPLIT
+}
+
+// ---- exchange_summary ----------------------------------------------------------------------------
+
+Tensor exchange_summary(const Tensor& rows_in, at::IntArrayRef recv_at, int64_t head, int64_t F,
+                        const c10::optional<Tensor>& feature_units, const Tensor& stats) {
+  TORCH_CHECK(rows_in.scalar_type() == at::kInt, "exchange_summary: int32 rows expected");
+  const int64_t W = static_cast<int64_t>(recv_at.size());
+  const int64_t R = head - 2 * F - 1;
+  const int32_t* in = rows_in.data_ptr<int32_t>();
+  const int64_t* fu = feature_units.has_value() ? feature_units->data_ptr<int64_t>() : nullptr;
+  Tensor out = at::zeros({stats.numel() + 3 * W + 2 * F + 1 + W * R}, stats.options());
+  int64_t* o = out.data_ptr<int64_t>();
+  const Tensor st = stats.contiguous();
+  std::memcpy(o, st.data_ptr<int64_t>(), st.numel() * sizeof(int64_t));
+  int64_t* per_source = o + st.numel();
+  int64_t* units_in = per_source + 2 * W;
+  int64_t* per_feature = units_in + W;
+  int64_t* over = per_feature + 2 * F;
+  int64_t* reports = over + 1;
+  for (int64_t q = 0; q < W; ++q) {
+    const int32_t* h = in + recv_at[q];
+    for (int64_t f = 0; f < F; ++f) {
+      per_source[2 * q] += h[f];
+      per_source[2 * q + 1] += h[F + f];
+      units_in[q] += static_cast<int64_t>(h[f]) * (fu ? fu[f] : 1);
+      per_feature[f] += h[f];
+      per_feature[F + f] += h[F + f];
+    }
+    for (int64_t r = 0; r < R; ++r) reports[q * R + r] = h[2 * F + r];
+    *over = std::max<int64_t>(*over, h[head - 1]);
+  }
+  return out;
+}
+
+// ---- unpack_cold ---------------------------------------------------------------------------------
+
+std::vector<Tensor> unpack_cold(const Tensor& rows_in, const Tensor& rest_in, at::IntArrayRef recv_at,
+                                at::IntArrayRef recv_rooms, int64_t head, at::IntArrayRef runs, int64_t F,
+                                bool weighted, const Tensor& feature_table, const Tensor& lane_table,
+                                at::IntArrayRef batches, const Tensor& extra_features, const Tensor& extra_rows,
+                                at::IntArrayRef return_units) {
+  TORCH_CHECK(rows_in.scalar_type() == at::kInt && rest_in.scalar_type() == at::kInt,
+              "unpack_cold: int32 rows expected");
+  TORCH_CHECK(extra_rows.scalar_type() == at::kInt && extra_features.scalar_type() == at::kLong,
+              "unpack_cold: extra rows int32, features int64");
+  const int64_t W = static_cast<int64_t>(recv_at.size());
+  const int64_t G = lane_table.size(1);
+  TORCH_CHECK(static_cast<int64_t>(batches.size()) == G, "unpack_cold: one batch per lane expected");
+  const int32_t* in = rows_in.data_ptr<int32_t>();
+  const int32_t* rest = rest_in.data_ptr<int32_t>();
+  const Tensor ft = feature_table.contiguous(), lt = lane_table.contiguous();
+  const int64_t* lane_of = ft.data_ptr<int64_t>();
+  const int64_t* first_slot = lane_of + F;
+  const int64_t* slots = first_slot + F;
+  const int64_t* in_row = slots + F;
+  const int64_t* units = in_row + F;
+  const int64_t* lane_slots = lt.data_ptr<int64_t>();
+  const int64_t* lane_units = lane_slots + G;
+  const int64_t E = extra_rows.numel();
+  const int64_t* ef = extra_features.data_ptr<int64_t>();
+  const int32_t* er = extra_rows.data_ptr<int32_t>();
+
+  // per (source, feature): bags and ids, from the headers
+  std::vector<int64_t> cb(W * F), ci(W * F), bags_f(F, 0), ids_f(F, 0), extra_f(F, 0);
+  for (int64_t q = 0; q < W; ++q) {
+    for (int64_t f = 0; f < F; ++f) {
+      cb[q * F + f] = in[recv_at[q] + f];
+      ci[q * F + f] = in[recv_at[q] + F + f];
+      bags_f[f] += cb[q * F + f];
+      ids_f[f] += ci[q * F + f];
+    }
+  }
+  for (int64_t e = 0; e < E; ++e) {
+    TORCH_CHECK(ef[e] >= 0 && ef[e] < F && lane_of[ef[e]] >= 0, "unpack_cold: an extra bag of feature ", ef[e],
+                " in no lane");
+    extra_f[ef[e]] += 1;
+  }
+  // lanes: where each lane's lengths and output start; per feature its first length slot and output start
+  std::vector<int64_t> len_at(G), out_at(G);
+  int64_t total_len = 0, total_units = 0;
+  for (int64_t g = 0; g < G; ++g) {
+    len_at[g] = total_len;
+    out_at[g] = total_units;
+    total_len += lane_slots[g] * batches[g];
+    total_units += lane_units[g] * batches[g];
+  }
+  std::vector<int64_t> len_first(F, 0), id_first(F, 0);
+  {
+    // ids in lane order: lane after lane, its features by first slot (the order the lanes list them in)
+    std::vector<std::vector<int64_t>> by_lane(G);
+    for (int64_t f = 0; f < F; ++f) {
+      if (lane_of[f] >= 0) by_lane[lane_of[f]].push_back(f);
+    }
+    int64_t id = 0;
+    for (int64_t g = 0; g < G; ++g) {
+      auto& fs = by_lane[g];
+      std::sort(fs.begin(), fs.end(), [&](int64_t a, int64_t b) { return first_slot[a] < first_slot[b]; });
+      for (int64_t f : fs) {
+        len_first[f] = len_at[g] + first_slot[f] * batches[g];
+        id_first[f] = id;
+        id += ids_f[f] + extra_f[f];
+      }
+    }
+  }
+  auto position = [&](int64_t f, int64_t q) -> int64_t {
+    const int64_t g = lane_of[f];
+    const int64_t batch = batches[g];
+    int64_t slot = 0, r = q;
+    if (slots[f] > 1) {
+      slot = q / batch;
+      r = q - slot * batch;
+    }
+    return out_at[g] + in_row[f] + r * lane_units[g] + slot * units[f];
+  };
+  int64_t n_ids = 0;
+  for (int64_t f = 0; f < F; ++f) n_ids += ids_f[f] + extra_f[f];
+  const auto i32 = rows_in.options();
+  const auto i64 = rows_in.options().dtype(at::kLong);
+  Tensor lengths = at::zeros({total_len}, i32);
+  Tensor ids = at::empty({n_ids}, i32);
+  Tensor weights = at::empty({weighted ? n_ids : 0}, rows_in.options().dtype(at::kFloat));
+  int32_t* lo = lengths.data_ptr<int32_t>();
+  int32_t* io = ids.data_ptr<int32_t>();
+  float* wo = weights.data_ptr<float>();
+  int64_t row_units = 0;
+  for (int64_t e = 0; e < E; ++e) row_units += units[ef[e]];
+  const int64_t bag_units_total = total(std::vector<int64_t>(return_units.begin(), return_units.end()));
+  Tensor index = at::empty({bag_units_total + W * row_units}, i64);
+  Tensor source = at::zeros({total_units}, i64);
+  Tensor row_pos = at::empty({row_units}, i64);
+  Tensor row_dst = at::empty({W * row_units}, i64);
+  int64_t* ix = index.data_ptr<int64_t>();
+  int64_t* src = source.data_ptr<int64_t>();
+  int64_t* rp = row_pos.data_ptr<int64_t>();
+  int64_t* rd = row_dst.data_ptr<int64_t>();
+  // the extra bags first (their positions go into every destination's block)
+  {
+    std::vector<int64_t> rank_in(F, 0);
+    int64_t u = 0;
+    for (int64_t e = 0; e < E; ++e) {
+      const int64_t f = ef[e];
+      const int64_t q = bags_f[f] + rank_in[f];
+      lo[len_first[f] + q] = 1;
+      io[id_first[f] + ids_f[f] + rank_in[f]] = er[e];
+      if (weighted) wo[id_first[f] + ids_f[f] + rank_in[f]] = 1.0f;
+      const int64_t p = position(f, q);
+      for (int64_t k = 0; k < units[f]; ++k) rp[u++] = p + k;
+      rank_in[f] += 1;
+    }
+  }
+  // every source's run: its room's words in rows_in, the rest in rest_in
+  std::vector<int64_t> bag_base(F, 0), id_base(F, 0);  // per feature, bags / ids of earlier sources
+  int64_t rest_at = 0, send_at = 0;
+  for (int64_t q = 0; q < W; ++q) {
+    const int64_t cut = std::min<int64_t>(runs[q], recv_rooms[q]);
+    const int32_t* room = in + recv_at[q] + head;
+    const int32_t* more = rest + rest_at;
+    auto word = [&](int64_t p) -> int32_t { return p < cut ? room[p] : more[p - cut]; };
+    int64_t nb = 0, ni = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      nb += cb[q * F + f];
+      ni += ci[q * F + f];
+    }
+    int64_t lp = 0, ip = nb, wp = nb + ni;
+    int64_t s = send_at;
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t n_bags = cb[q * F + f];
+      const int64_t n_ids_f = ci[q * F + f];
+      TORCH_CHECK(n_bags == 0 || lane_of[f] >= 0, "unpack_cold: bags of feature ", f, " in no lane");
+      for (int64_t i = 0; i < n_bags; ++i) {
+        const int64_t qq = bag_base[f] + i;
+        lo[len_first[f] + qq] = word(lp++);
+        const int64_t p = position(f, qq);
+        for (int64_t k = 0; k < units[f]; ++k) {
+          ix[s] = p + k;
+          src[p + k] = s;
+          ++s;
+        }
+      }
+      const int64_t id_at = id_first[f] + id_base[f];
+      for (int64_t k = 0; k < n_ids_f; ++k) io[id_at + k] = word(ip++);
+      if (weighted) {
+        for (int64_t k = 0; k < n_ids_f; ++k) {
+          const int32_t bits = word(wp++);
+          std::memcpy(&wo[id_at + k], &bits, sizeof(float));
+        }
+      }
+      bag_base[f] += n_bags;
+      id_base[f] += n_ids_f;
+    }
+    TORCH_CHECK(s - send_at == return_units[q], "unpack_cold: source ", q, " sent ", s - send_at,
+                " units, the summary says ", return_units[q]);
+    for (int64_t j = 0; j < row_units; ++j) {
+      ix[s + j] = rp[j];
+      rd[q * row_units + j] = s + j;
+    }
+    send_at = s + row_units;
+    rest_at += runs[q] - cut;
+  }
+  return {lengths, ids, weights, index, source, row_pos, row_dst};
+}
+
+// ---- receive_plan --------------------------------------------------------------------------------
+
+std::vector<Tensor> receive_plan(const Tensor& sent_cells, int64_t F, const Tensor& cell_table, int64_t row_units,
+                                 at::IntArrayRef partial_units, at::IntArrayRef replica_units,
+                                 const Tensor& replica_order, int64_t pooled_units, int64_t spread_max) {
+  TORCH_CHECK(sent_cells.scalar_type() == at::kLong, "receive_plan: int64 cells expected");
+  const int64_t W = static_cast<int64_t>(partial_units.size());
+  const int64_t n_partial = total(std::vector<int64_t>(partial_units.begin(), partial_units.end()));
+  const int64_t n_rows = total(std::vector<int64_t>(replica_units.begin(), replica_units.end()));
+  const Tensor ct = cell_table.contiguous();
+  const int64_t* in_row = ct.data_ptr<int64_t>();  // per feature, units before it in a pooled row
+  const int64_t* units = in_row + F;  // per feature, units per bag
+  const auto i64 = sent_cells.options();
+  Tensor recv_pos = at::empty({n_partial + n_rows}, i64);
+  Tensor row_src = at::empty({n_rows}, i64);
+  int64_t* rp = recv_pos.data_ptr<int64_t>();
+  int64_t* rs = row_src.data_ptr<int64_t>();
+  const int64_t* cells = sent_cells.data_ptr<int64_t>();
+  const int64_t spread = std::max<int64_t>(1, std::min(pooled_units, spread_max));
+  int64_t at = 0, c = 0, r = 0;
+  for (int64_t d = 0; d < W; ++d) {
+    const int64_t end = at + partial_units[d];
+    while (at < end) {
+      const int64_t cell = cells[c++];
+      const int64_t f = cell % F, sample = cell / F;
+      const int64_t p = sample * row_units + in_row[f];
+      for (int64_t k = 0; k < units[f]; ++k, ++at) rp[at] = p + k;
+    }
+    for (int64_t j = 0; j < replica_units[d]; ++j, ++at) {
+      rp[at] = at % spread;
+      rs[r++] = at;
+    }
+  }
+  Tensor replica_src;
+  if (n_rows > 0) {
+    replica_src = row_src.index_select(0, replica_order);
+  } else {
+    replica_src = at::empty({0}, i64);
+  }
+  return {recv_pos, row_src, replica_src};
+}
+
+}  // namespace
+
+TORCH_LIBRARY(torchrec_hybrid, m) {
+  m.def(
+      "split_pack(Tensor values, Tensor lengths, Tensor? weights, Tensor? route_map, Tensor feature_key_offset, "
+      "int world, Tensor report, int[] rooms, Tensor? feature_units) -> Tensor[]");
+  m.def(
+      "exchange_summary(Tensor rows_in, int[] recv_at, int head, int num_features, Tensor? feature_units, "
+      "Tensor stats) -> Tensor");
+  m.def(
+      "unpack_cold(Tensor rows_in, Tensor rest_in, int[] recv_at, int[] recv_rooms, int head, int[] runs, "
+      "int num_features, bool weighted, Tensor feature_table, Tensor lane_table, int[] batches, "
+      "Tensor extra_features, Tensor extra_rows, int[] return_units) -> Tensor[]");
+  m.def(
+      "receive_plan(Tensor sent_cells, int num_features, Tensor cell_table, int row_units, int[] partial_units, "
+      "int[] replica_units, Tensor replica_order, int pooled_units, int spread_max) -> Tensor[]");
+}
+
+TORCH_LIBRARY_IMPL(torchrec_hybrid, CPU, m) {
+  m.impl("split_pack", &split_pack);
+  m.impl("exchange_summary", &exchange_summary);
+  m.impl("unpack_cold", &unpack_cold);
+  m.impl("receive_plan", &receive_plan);
+}
