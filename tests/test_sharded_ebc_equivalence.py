@@ -284,7 +284,7 @@ def _owner_lanes(rank, world, opt):
              and opt == "rowwise_adagrad"}
     multi = [f for c in owned if c.name in alone for f in c.feature_names]
     virtual = [f"{f}@{v}" for c in owned if c.name not in alone for f in c.feature_names for v in range(world)]
-    keys = lookup._lane_keys
+    keys = lookup.lane_keys
     if multi:
         assert keys[1:] == [multi], keys
     else:

@@ -6,7 +6,7 @@ torch, torchrec or fbgemm_gpu is used anywhere else in the package.
 """
 
 import contextlib
-from typing import Callable, Iterator, List, Mapping, NamedTuple, Optional, Tuple
+from typing import Callable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
@@ -21,16 +21,18 @@ from torchrec.distributed.types import Awaitable, ShardingEnv
 # --- TorchRec awaitables ------------------------------------------------------------------
 
 
-class Deferred(Awaitable):
-    """An ``Awaitable`` whose value ``fn()`` computes when waited on (subclasses implement
-    ``Awaitable._wait_impl``; checked against torchrec 1.8.0)."""
+_W = TypeVar("_W")
 
-    def __init__(self, fn: Callable) -> None:
-        super().__init__()
-        self._fn = fn
 
-    def _wait_impl(self):
-        return self._fn()
+class HybridAwaitable(Awaitable[_W]):
+    """TorchRec's ``Awaitable`` whose value :meth:`result` computes when waited on: TorchRec's own
+    awaitables implement the private ``Awaitable._wait_impl`` (checked against torchrec 1.8.0), ours this."""
+
+    def _wait_impl(self) -> _W:
+        return self.result()
+
+    def result(self) -> _W:
+        raise NotImplementedError
 
 
 # --- TorchRec KJT all-to-all: extra rows in its split-size exchange ----------------------

@@ -1,9 +1,11 @@
-"""The cold ids' wire format (cold_all_to_all.py) against a reference built from what was sent.
+"""The cold ids' exchange (cold_all_to_all.py, fused.py) against a reference built from what was sent.
 
-Each rank sends random bags (some (destination, feature) runs empty) and a report; the owner's
-TBE inputs (one fixed-batch KJT per lane of features), where its bags sit in the lanes'
-concatenated output and the reports must be exactly what the senders' bags and the extra bags
-say, for 1 and 3 ranks, weighted or not, with one lane or two.
+Each rank routes a random batch (some ids to each owner, some hot) through ``split_pack``, the exchange
+and ``unpack_cold`` over a real gloo group, step after step: the owner's TBE inputs (one fixed-batch KJT
+per lane), where each received bag's partial sum goes in the output all-to-all's send buffer, the
+reports and the split sizes must be exactly what a plain loop over the senders' batches says - for 1
+and 3 ranks, weighted or not, one lane or two, with rooms kept, outgrown (a spill) and resized, through
+the fused ops and through their composed reference.
 """
 
 import pytest
@@ -11,175 +13,196 @@ import torch
 
 from tests.multiprocess import run_ranks
 
-F = 3
+F, B, ROWS = 3, 4, 12
 LANES = {"one": [[0, 1, 2]], "two": [[0, 2], [1]]}
 DIM = 4
 
 
-def _sent(rank: int, world: int, weighted: bool, step: int = 0, most: int = 3):
+def _route_map(world: int) -> torch.Tensor:
+    """Key ``f * ROWS + id`` -> bucket (an owner, or ``world``: hot) and row there (the key itself)."""
+    g = torch.Generator().manual_seed(7)
+    keys = torch.arange(F * ROWS)
+    return keys * (world + 1) + torch.randint(0, world + 1, (F * ROWS,), generator=g)
+
+
+def _batch(rank: int, world: int, weighted: bool, step: int, most: int):
     g = torch.Generator().manual_seed(100 + rank + 1000 * step)
-    counts = torch.randint(0, most + 1, (world, F), generator=g)
-    counts[0, 1] = 0  # an empty run on every rank
-    lengths = torch.randint(1, 4, (int(counts.sum()),), generator=g)
-    rows = torch.randint(0, 50, (int(lengths.sum()),), generator=g)
-    weights = torch.rand(rows.numel(), generator=g) if weighted else None
-    return counts, lengths, rows, weights
+    lengths = torch.randint(0, most + 1, (F * B,), generator=g)
+    values = torch.randint(0, ROWS, (int(lengths.sum()),), generator=g)
+    weights = torch.rand(values.numel(), generator=g) if weighted else None
+    return values, lengths, weights
 
 
 def _extras(rank: int):
     g = torch.Generator().manual_seed(200 + rank)
     per_feature = torch.randint(0, 3, (F,), generator=g)
     rows = torch.randint(0, 50, (int(per_feature.sum()),), generator=g)
-    return per_feature, rows
+    return torch.repeat_interleave(torch.arange(F), per_feature), rows, per_feature.tolist()
 
 
-def _rank(rank, world, weighted, lanes):
-    import torch.distributed as dist
-
-    from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
-
-    return _exchange(ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu")), rank, world, weighted, lanes)
-
-
-def _exchange(a2a, rank, world, weighted, lanes, step: int = 0, most: int = 3):
-    from torchrec_hybrid.sharding.cells import LaneLayout
-    from torchrec_hybrid.sharding.cold_all_to_all import ExtraBags
-
-    counts, lengths, rows, weights = _sent(rank, world, weighted, step, most)
-    # ids per (destination, feature): segment sums of the lengths
-    ids = torch.zeros(world * F, dtype=torch.int64).index_add_(
-        0, torch.repeat_interleave(torch.arange(world * F), counts.view(-1)), lengths)
-    report = torch.tensor([rank, 7, -1, 2], dtype=torch.int32)
-    bags = a2a(counts.view(-1), ids, lengths, rows, weights, report).wait().wait()
-    per_feature, extra_rows = _extras(rank)
-    layout = LaneLayout(lanes, [DIM] * F, torch.device("cpu"))
-    keys = [[f"f{f}" for f in fs] for fs in lanes]
-    extra = ExtraBags(torch.repeat_interleave(torch.arange(F), per_feature), extra_rows, F)
-    kjts, batches, rows_per_feature, (q, feature) = bags.lane_inputs(layout, keys, extra)
-    out = dict(lengths=[k.lengths().tolist() for k in kjts], values=[k.values().tolist() for k in kjts],
-               weights=[None if k.weights_or_none() is None else k.weights().tolist() for k in kjts],
-               stride=[k.stride() for k in kjts], keys=[k.keys() for k in kjts],
-               length_per_key=[k.length_per_key() for k in kjts], positions=layout.positions(q, feature, batches),
-               rows_per_feature=rows_per_feature, reports=bags.reports, counts=bags.bag_counts,
-               split=[bags.host_return_units, bags.host_partial_units, bags.host_sent_bags,
-                      bags.host_feature_bags, bags.host_feature_ids])
-    return {k: v.tolist() if isinstance(v, torch.Tensor) else v for k, v in out.items()}  # plain data across processes
-
-
-def _expected(owner: int, world: int, weighted: bool, lanes, step: int = 0, most: int = 3):
-    sent = [_sent(s, world, weighted, step, most) for s in range(world)]
-    per_feature, extra_rows = _extras(owner)
-    bags = [[] for _ in range(F)]  # per feature: (length, ids, weights), sources in rank order
-    cells = []
-    for s, (counts, lengths, rows, weights) in enumerate(sent):
-        bag0 = int(counts.view(-1)[: owner * F].sum())
-        id0 = int(lengths[:bag0].sum())
-        for f in range(F):
-            for _ in range(int(counts[owner, f])):
-                n = int(lengths[bag0])
-                cells.append((f, len(bags[f])))
-                bags[f].append((n, rows[id0:id0 + n], None if weights is None else weights[id0:id0 + n]))
-                bag0, id0 = bag0 + 1, id0 + n
-    received = [len(b) for b in bags]
-    extra0 = 0
-    for f in range(F):
-        for r in extra_rows[extra0:extra0 + int(per_feature[f])]:
-            bags[f].append((1, r.view(1), torch.ones(1) if weighted else None))
-        extra0 += int(per_feature[f])
-    # per lane: its features' bags as [features, batch] (batch: the lane's largest count);
-    # the lanes' outputs [batch, features * DIM] concatenated, as rows of DIM
-    out = dict(lengths=[], values=[], weights=[], stride=[], keys=[], length_per_key=[])
-    base, row_of = 0, {}
-    for fs in lanes:
-        batch = max(1, max(len(bags[f]) for f in fs))
-        lengths = torch.zeros(len(fs), batch, dtype=torch.int32)
-        for i, f in enumerate(fs):
-            lengths[i, : len(bags[f])] = torch.tensor([b[0] for b in bags[f]], dtype=torch.int32)
-            for qq in range(len(bags[f])):
-                row_of[(f, qq)] = base + qq * len(fs) + i
-        out["lengths"].append(lengths.view(-1).tolist())
-        out["values"].append(torch.cat([b[1] for f in fs for b in bags[f]] + [torch.empty(0, dtype=torch.int64)])
-                             .tolist())
-        out["weights"].append(torch.cat([b[2] for f in fs for b in bags[f]] + [torch.empty(0)]).tolist()
-                              if weighted else None)
-        out["stride"].append(batch)
-        out["keys"].append([f"f{f}" for f in fs])
-        out["length_per_key"].append(lengths.sum(1).tolist())
-        base += batch * len(fs)
-    return dict(out, positions=[row_of[c] for c in cells], rows_per_feature=received)
-
-
-@pytest.mark.parametrize("lanes", sorted(LANES))
-@pytest.mark.parametrize("world,weighted", [(1, False), (3, False), (3, True)])
-def test_owner_receives_exactly_what_was_sent(world, weighted, lanes):
-    out = run_ranks(_rank, world, weighted=weighted, lanes=LANES[lanes])
-    for owner, got in enumerate(out):
-        want = _expected(owner, world, weighted, LANES[lanes])
-        for key in ("lengths", "values", "weights", "stride", "keys", "length_per_key", "positions",
-                    "rows_per_feature"):
-            assert got[key] == want[key], (owner, key)  # weights: bit-exact floats
-        assert got["reports"] == [[s, 7, -1, 2] for s in range(world)], owner
-        assert got["counts"] == [_sent(s, world, weighted)[0][owner].tolist() for s in range(world)], owner
-
-
-# per step the most bags per (destination, feature) run: the rooms the first step sizes are kept, then
-# outgrown (a spill: a second all-to-all), then far too large (resized), then kept again
+# per step the most ids per bag: rooms sized by the first exchange are kept, then outgrown (a spill: a
+# second all-to-all), then far too large (resized), then kept again
 STEPS = [3, 3, 30, 30, 1, 1]
 
 
-def _rank_steps(rank, world, weighted, lanes, units):
+def _rank(rank, world, weighted, lanes, composed_ops):
+    import os
+
     import torch.distributed as dist
 
-    from torchrec_hybrid.sharding import cold_all_to_all
+    from torchrec_hybrid.sharding import cold_all_to_all, fused
+    from torchrec_hybrid.sharding.cells import LaneLayout
 
+    if composed_ops:  # this rank's process only: the composed reference instead of the fused ops
+        os.environ["TORCHREC_HYBRID_FUSED_OPS"] = "0"
+        fused._state.clear()
     cold_all_to_all.ROOM_PAD = 30  # this rank's process only: rooms the size of these runs
-    a2a = cold_all_to_all.ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu"), units)
+    a2a = cold_all_to_all.ColdIdsAllToAll(dist.group.WORLD, F, torch.device("cpu"))
+    route_map = _route_map(world).to(torch.int32)
+    offsets = torch.arange(F, dtype=torch.int64) * ROWS
+    layout_lanes = LaneLayout(lanes, [DIM] * F, torch.device("cpu"))
+    extra_features, extra_rows, extra_per_feature = _extras(rank)
+    report = torch.tensor([rank, 7, -1, 2], dtype=torch.int32)
     out = []
     for step, most in enumerate(STEPS):
-        rooms = a2a.rooms
-        got = _exchange(a2a, rank, world, weighted, lanes, step, most)
-        out.append(dict(got, spills=a2a.spills, kept=a2a.rooms is rooms, send=a2a.rooms.send,
-                        recv=a2a.rooms.recv))
+        values, lengths, weights = _batch(rank, world, weighted, step, most)
+        before = a2a.layout
+        layout = a2a.layout_for(2 * F + report.numel() + 1)
+        pack = fused.split_pack(values, lengths, weights, route_map, offsets, world, report, layout, None)
+        rows_in, work = a2a.start(pack, layout)
+        if work is not None:
+            work.wait()
+
+        def unpack(ex):
+            s = ex.sizes
+            bags = [n + e for n, e in zip(s.feature_bags, extra_per_feature)]
+            batches = layout_lanes.batches(bags)
+            got = fused.unpack_cold(ex.rows_in, ex.rest_in, ex.layout, s.recv_words, F, weighted, layout_lanes,
+                                    batches, extra_features, extra_rows, extra_per_feature, s.return_units,
+                                    s.feature_bags, s.feature_ids)
+            return got, batches, s
+
+        got, batches, sizes = a2a.received(pack, layout, rows_in, weighted, report.numel(), unpack).wait()
+        hot = pack.hot_offsets.to(torch.int64)
+        out.append(dict(
+            lengths=got.lengths.tolist(), ids=got.ids.tolist(),
+            weights=None if got.weights is None else got.weights.tolist(), batches=batches,
+            send_index=got.send_index.tolist(), row_pos=got.row_pos.tolist(), reports=sizes.reports,
+            split=[sizes.return_units, sizes.sent_units, sum(sizes.sent_bags), sizes.feature_bags, sizes.feature_ids],
+            hot_rows=pack.hot_rows[int(hot[0]):int(hot[-1])].tolist(), hot_lengths=hot.diff().tolist(),
+            spills=a2a.spills, kept=a2a.layout is before, send=a2a.layout.rooms, recv=a2a.layout.recv_rooms))
     return out
 
 
-def _split(owner: int, world: int, weighted: bool, step: int, most: int, units):
-    """The output all-to-all's split sizes and the per-feature totals the owner's exchange must report."""
-    sent = [_sent(s, world, weighted, step, most) for s in range(world)]
-    u = torch.tensor(units or [1] * F)
-    ids = [torch.zeros(world * F, dtype=torch.int64).index_add_(
-        0, torch.repeat_interleave(torch.arange(world * F), c.view(-1)), ln).view(world, F) for c, ln, _, _ in sent]
-    mine = sent[owner][0]
-    returned = [int((sent[q][0][owner] * u).sum()) for q in range(world)]
-    partial = [int((mine[d] * u).sum()) for d in range(world)]
-    bags = [int(sum(sent[q][0][owner, f] for q in range(world))) for f in range(F)]
-    id_totals = [int(sum(ids[q][owner, f] for q in range(world))) for f in range(F)]
-    return [returned, partial, int(mine.sum()), bags, id_totals]
+def _sent_bags(source: int, owner: int, world: int, weighted: bool, step: int, most: int):
+    """The bags ``source`` sends ``owner``, per feature in sample order: (sample, rows, weights) - a plain loop."""
+    values, lengths, weights = _batch(source, world, weighted, step, most)
+    route = _route_map(world)
+    out = [[] for _ in range(F)]
+    i = 0
+    for f in range(F):
+        for b in range(B):
+            n = int(lengths[f * B + b])
+            rows, ws = [], []
+            for k in range(i, i + n):
+                e = int(route[f * ROWS + int(values[k])])
+                if e % (world + 1) == owner:
+                    rows.append(e // (world + 1))
+                    ws.append(float(weights[k]) if weighted else None)
+            if rows:
+                out[f].append((b, rows, ws))
+            i += n
+    return out
 
 
-@pytest.mark.parametrize("world,weighted,units", [(2, False, None), (3, True, None), (3, False, [1, 2, 1])])
-def test_fused_exchanges_receive_exactly_what_was_sent(world, weighted, units):
-    """Step after step on one exchange: header and payload in one all-to-all from the second, rooms kept
-    while the runs fit them, a run past its room sent in a second all-to-all, rooms resized after a run
-    that outgrew them or left them far too large: every owner still receives exactly what was sent, the
-    output all-to-all's split sizes (in units: several per bag where features differ in width) and the
-    per-feature totals are what the senders' bags make, and both ends of each pair agree on its room."""
-    lanes = LANES["two"]
-    out = run_ranks(_rank_steps, world, weighted=weighted, lanes=lanes, units=units)
+def _expected(owner: int, world: int, weighted: bool, lanes, step: int, most: int):
+    ext_features, ext_rows, ext_per_feature = _extras(owner)
+    bags = [[] for _ in range(F)]  # per feature: (length, rows, weights), sources in rank order, then extras
+    arrival = []  # (source, feature, q): the received bags in the order their partial sums go home
+    for s in range(world):
+        for f, fb in enumerate(_sent_bags(s, owner, world, weighted, step, most)):
+            for _, rows, ws in fb:
+                arrival.append((s, f, len(bags[f])))
+                bags[f].append((len(rows), rows, ws))
+    received = [len(b) for b in bags]
+    e0 = 0
+    for f in range(F):
+        for r in ext_rows[e0:e0 + ext_per_feature[f]].tolist():
+            bags[f].append((1, [r], [1.0] if weighted else []))
+        e0 += ext_per_feature[f]
+    lengths, ids, wts, batches, base, pos = [], [], [], [], 0, {}
+    for fs in lanes:
+        batch = max(1, max(len(bags[f]) for f in fs))
+        block = [[0] * batch for _ in fs]
+        for i, f in enumerate(fs):
+            for q, (n, rows, ws) in enumerate(bags[f]):
+                block[i][q] = n
+                pos[(f, q)] = base + q * len(fs) + i  # one unit (row of DIM) per bag: [batch, features] rows
+                ids.extend(rows)
+                wts.extend(ws)
+        lengths.extend(x for row in block for x in row)
+        batches.append(batch)
+        base += batch * len(fs)
+    rows_pos = [pos[(f, received[f] + k)] for f in range(F) for k in range(ext_per_feature[f])]
+    send_index = []
+    for s in range(world):
+        send_index += [pos[(f, q)] for src, f, q in arrival if src == s] + rows_pos
+    return dict(lengths=lengths, ids=ids, weights=wts if weighted else None, batches=batches, send_index=send_index,
+                row_pos=rows_pos)
+
+
+def _split(owner: int, world: int, weighted: bool, step: int, most: int):
+    """The output all-to-all's split sizes and the per-feature totals the exchange must report."""
+    into = [_sent_bags(s, owner, world, weighted, step, most) for s in range(world)]
+    mine = [_sent_bags(owner, d, world, weighted, step, most) for d in range(world)]
+    returned = [sum(len(fb) for fb in into[s]) for s in range(world)]
+    partial = [sum(len(fb) for fb in mine[d]) for d in range(world)]
+    bags = [sum(len(into[s][f]) for s in range(world)) for f in range(F)]
+    id_totals = [sum(len(rows) for s in range(world) for _, rows, _ in into[s][f]) for f in range(F)]
+    return [returned, partial, sum(partial), bags, id_totals]
+
+
+def _hot(rank: int, world: int, weighted: bool, step: int, most: int):
+    values, lengths, _ = _batch(rank, world, weighted, step, most)
+    route = _route_map(world)
+    rows, per_bag, i = [], [], 0
+    for f in range(F):
+        for b in range(B):
+            n, k0 = int(lengths[f * B + b]), len(rows)
+            for k in range(i, i + n):
+                e = int(route[f * ROWS + int(values[k])])
+                if e % (world + 1) == world:
+                    rows.append(e // (world + 1))
+            per_bag.append(len(rows) - k0)
+            i += n
+    return rows, per_bag
+
+
+@pytest.mark.parametrize("composed_ops", [False, True], ids=["fused", "composed"])
+@pytest.mark.parametrize("world,weighted,lanes", [(1, False, "one"), (3, False, "two"), (3, True, "one"),
+                                                  (2, True, "two")])
+def test_owners_receive_exactly_what_was_sent(world, weighted, lanes, composed_ops):
+    """Step after step on one exchange: header and room in one all-to-all, rooms kept while the runs fit
+    them, a run past its room sent in a second all-to-all, rooms resized after a run that outgrew them or
+    left them far too large: every owner's lane inputs and send plan, every split size and report are
+    what the senders' batches make, both ends of each pair agree on its room, every rank on the spills."""
+    out = run_ranks(_rank, world, weighted=weighted, lanes=LANES[lanes], composed_ops=composed_ops)
     for owner, steps in enumerate(out):
         for step, got in enumerate(steps):
-            want = _expected(owner, world, weighted, lanes, step, STEPS[step])
-            for key in ("lengths", "values", "weights", "stride", "keys", "length_per_key", "positions",
-                        "rows_per_feature"):
-                assert got[key] == want[key], (owner, step, key)
-            assert got["split"] == _split(owner, world, weighted, step, STEPS[step], units), (owner, step)
+            want = _expected(owner, world, weighted, LANES[lanes], step, STEPS[step])
+            for key in ("lengths", "ids", "weights", "batches", "send_index", "row_pos"):
+                assert got[key] == want[key], (owner, step, key)  # weights: the same floats, bit for bit
+            assert got["split"] == _split(owner, world, weighted, step, STEPS[step]), (owner, step)
+            assert got["reports"] == [w for s in range(world) for w in (s, 7, -1, 2)], (owner, step)
+            rows, per_bag = _hot(owner, world, weighted, step, STEPS[step])
+            assert got["hot_rows"] == rows and got["hot_lengths"] == per_bag, (owner, step)
             for q in range(world):
                 assert out[q][step]["recv"][owner] == got["send"][q], (owner, q, step)  # one room, two ends
         assert [s["spills"] for s in steps] == [s["spills"] for s in out[0]], owner  # every rank saw the flags
     spills = [s["spills"] for s in out[0]]
-    assert spills[0] == 0 and spills[2] > spills[1], spills  # 30 per run outgrows rooms sized for 3 or fewer
+    assert spills[1] == 0 and spills[2] == 1, spills  # 30 ids per bag outgrow rooms sized for 3 or fewer
     kept = [s["kept"] for s in out[0]]
-    assert any(kept[1:]) and not all(kept[1:]), kept  # rooms kept across some steps, resized at others
+    assert kept[1] and not kept[2] and any(kept[3:]), kept  # rooms kept across some steps, resized at others
 
 
 def test_next_room_keeps_a_room_the_run_fits_and_half_fills():

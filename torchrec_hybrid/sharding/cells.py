@@ -76,6 +76,13 @@ class LaneLayout:
         as_t = lambda x: torch.tensor(x, dtype=torch.int64, device=device)  # noqa: E731
         self.lane_of, self.local_of, self.unit_local, self.units = map(as_t, (lane_of, local_of, unit_local, units))
         self._host = (lane_of, local_of if self.one_unit else unit_local, local_of, lane_units)
+        self.lane_units = lane_units  # per lane, output units per row
+        # what the fused unpack reads (fused.py): per feature its lane (-1: none), first slot, slots, units
+        # before it in a row and units per bag; per lane its slots and units per row
+        in_lane = set(self.order)
+        self.feature_table = as_t([[g if f in in_lane else -1 for f, g in enumerate(lane_of)], local_of, slots,
+                                   self._host[1], units])
+        self.lane_table = as_t([self.lane_slots, lane_units]).view(2, len(lane_units))
         # per step's lane batches: per feature where its bags start in the outputs and in the lengths, and its
         # lane's batch, worked out on the host and copied to the device once (both position calls share it)
         self._per_feature: Tuple[Optional[Tuple[int, ...]], Optional[torch.Tensor]] = (None, None)
@@ -180,6 +187,9 @@ class CellPositions:
     def __init__(self, dims: List[int], device: torch.device) -> None:
         self.num_features = len(dims)
         self.layout = LaneLayout([list(range(len(dims)))], dims, device)
+        # the fused ops' view (fused.receive_plan): per feature its units before it in a row and per bag
+        self.fused_table = self.layout.feature_table[3:5].contiguous()
+        self.row_units = self.layout.lane_units[0] if dims else 0
 
     def __call__(self, cells: torch.Tensor, total: Optional[int] = None) -> torch.Tensor:
         """``total``: how many units the cells' bags span, when known on the host (no sync)."""

@@ -20,7 +20,7 @@ input dist learns with an all-gather of per-rank "touched" masks.
 """
 
 import warnings
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 import torch
 from fbgemm_gpu.split_embedding_configs import EmbOptimType
@@ -95,6 +95,7 @@ class HotPooling:
         sizes = [h.numel() for h in hot_ids]
         self.table_sizes, self.table_dims = sizes, dims
         self.table_features = [t.num_features() for t in tables]
+        self.num_features = sum(self.table_features)
         self.num_slots, self.slot_base = sum(sizes), slot_base
         bucket, self.table_slot_start, bucket_start = hot_slot_layout(dims, sizes)
         widths = list(dict.fromkeys(dims))  # per bucket, in the layout's order
@@ -148,6 +149,24 @@ def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.int64)
 
 
+class HotSelection(NamedTuple):
+    """The hot slots that travel one step (:meth:`HotRowLayout.select`).
+
+    mine: the slots this rank owns and sends, in sync order; slots: every sent slot in sync
+    order (what each rank receives, owner after owner); per_owner: how many per owner ``[W]``;
+    extra_features / extra_rows / extra_per_feature: ``mine`` as the extra one-id bags of the
+    owner's cold lookup - their features (sorted), their rows there (int32), and per feature
+    how many (host ints).
+    """
+
+    mine: torch.Tensor
+    slots: torch.Tensor
+    per_owner: torch.Tensor
+    extra_features: torch.Tensor
+    extra_rows: torch.Tensor
+    extra_per_feature: List[int]
+
+
 class HotRowLayout:
     """Where every hot slot of a sharding lives: owner, cold row, replica position, feature.
 
@@ -185,29 +204,30 @@ class HotRowLayout:
             base += rep.flat_size
         self.owner, self.row, self.feature, self.flat, self.width = map(_cat, (owner, row, feature, flat, width))
         self.flat_size, self.world, self.rank = base, world, rank
+        self.num_features = f
         self.num_slots = int(self.owner.numel())
-        num_features = int(self.feature.max()) + 1 if self.num_slots else 1
-        self.sync_order = torch.argsort(self.owner * num_features + self.feature, stable=True)
-        self._all = self._select(self.sync_order)
+        self.sync_order = torch.argsort(self.owner * max(f, 1) + self.feature, stable=True)
+        self._all: Optional[HotSelection] = None
 
     def to(self, device: torch.device) -> "HotRowLayout":
         for name in ("owner", "row", "feature", "flat", "width", "sync_order"):
             setattr(self, name, getattr(self, name).to(device))
-        self._all = tuple(t.to(device) for t in self._all)
+        self._all = None
         return self
 
-    def _select(self, order: torch.Tensor):
+    def _select(self, order: torch.Tensor) -> HotSelection:
         mine = order[self.owner[order] == self.rank]
-        return mine, order, torch.bincount(self.owner[order], minlength=self.world)
+        features = self.feature[mine]
+        return HotSelection(mine, order, torch.bincount(self.owner[order], minlength=self.world), features,
+                            self.row[mine].to(torch.int32),
+                            torch.bincount(features, minlength=self.num_features).tolist())
 
-    def select(self, touched: Optional[torch.Tensor]):
-        """The hot slots that travel this step: ``(mine, all, per_owner)``.
-
-        ``mine``: the slots this rank owns and sends, in sync order; ``all``: every sent
-        slot in sync order (what each rank receives, owner after owner); ``per_owner``: how
-        many per owner ``[W]``. ``touched`` (bool ``[num_slots]``, the global union of this
-        step's hot lookups) restricts them to looked-up rows; None sends every hot row.
-        """
+    def select(self, touched: Optional[torch.Tensor]) -> HotSelection:
+        """The hot slots that travel this step (:class:`HotSelection`). ``touched`` (bool
+        ``[num_slots]``, the global union of this step's hot lookups) restricts them to looked-up
+        rows; None sends every hot row (worked out once)."""
         if touched is None:
+            if self._all is None:
+                self._all = self._select(self.sync_order)
             return self._all
         return self._select(self.sync_order[touched[self.sync_order]])

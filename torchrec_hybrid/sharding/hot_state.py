@@ -13,7 +13,7 @@ flight under ``TrainPipelineSparseDist``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
@@ -42,6 +42,21 @@ class HotState:
     @property
     def num_slots(self) -> int:
         return self.layout.num_slots
+
+    def pool(self, replica: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor, weights: Optional[torch.Tensor],
+             batch: int) -> torch.Tensor:
+        """Pooled hot embeddings ``[batch, sum of the groups' widths]`` of this rank's hot lookups (``rows``
+        jagged by (feature, sample) through ``offsets``, input_dist.py) from the flat ``replica`` (the owners'
+        rows as the output dist assembled them): one dense TBE call per group (hot_replica.HotPooling)."""
+        if len(self.replicas) == 1:
+            return self.replicas[0].pool(replica, rows, offsets, weights, batch)
+        out, f0 = [], 0
+        for rep, base in zip(self.replicas, self.layout.flat_bases):  # per group (set-up sized loop)
+            nf = rep.num_features  # the group's offsets index into every group's lookups
+            out.append(rep.pool(replica[base:base + rep.flat_size], rows, offsets[f0 * batch:(f0 + nf) * batch + 1],
+                                weights, batch))
+            f0 += nf
+        return torch.cat(out, dim=1)
 
 
 def build_hot_state(groups: Sequence[GroupedEmbeddingConfig], hot_ids_per_group: Sequence[Sequence[torch.Tensor]],

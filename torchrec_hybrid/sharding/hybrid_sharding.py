@@ -35,7 +35,7 @@ from torchrec_hybrid.sharding.hot_replica import zero_grad_is_noop
 from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
 from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
-from torchrec_hybrid.sharding.lookup import HybridLookup, own_lane_pays
+from torchrec_hybrid.sharding.lookup import HybridLookup, lanes_of, own_lane_pays
 from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, HybridPooledEmbeddingDist, describe_codec_problems
 from torchrec_hybrid.sharding.row_blocks import is_row_layout, slices_of
 
@@ -88,6 +88,7 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
         self._exchange_touched = not all(zero_grad_is_noop(g.fused_params) for g in groups)
         self._state: Optional[HotState] = None
         self._input_dists: List[HybridSparseFeaturesDist] = []
+        self._lanes: Optional[tuple] = None  # (lane configs, layout, keys): the owner's cold lookup (lookup.lanes_of)
 
     def shard_tables(self, sharding_infos: List[EmbeddingShardingInfo], stock_shard) -> list:
         """Per rank its tables: stock row-wise for row blocks; for column-wise cold (and a lone
@@ -206,10 +207,31 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
     def _feature_tables(self) -> List[int]:
         return [i for i, t in enumerate(self._tables) for _ in range(t.num_features())]
 
+    def lanes(self, device: torch.device) -> tuple:
+        """The owner's cold lookup as lanes (lookup.lanes_of): heavy tables' features looked up as W virtual
+        features, or, multi-hot, in a TBE call of their own. Worked out once; the lookup runs them and the
+        input dist unpacks what arrives into them."""
+        if self._lanes is None:
+            setup = self._setup
+            rank = setup.rank
+            heavy = heavy_tables(setup.world_size, [b[rank + 1] - b[rank] for b in self._bounds],
+                                 [t.num_embeddings for t in self._tables])
+            # a table's column slices share one TBE (its fused optimizer holds all of the table's local shards)
+            heavy_names = {t.name for t, h in zip(self._tables, heavy) if h}
+            lanes = {i for i, t in enumerate(self._tables) if t.name in heavy_names}
+            groups = _compat.sharding_grouped_configs(self)
+            group_of = [g for g in groups for _ in g.embedding_tables]  # per table (self._tables order)
+            multi_hot = {i for i in lanes if own_lane_pays(group_of[i], self._tables[i].num_features(),
+                                                           self._pooling.get(self._tables[i].name),
+                                                           torch.device(device))}
+            self._lanes = lanes_of(groups, lanes, setup.world_size, multi_hot, torch.device(device))
+        return self._lanes
+
     def create_input_dist(self, device: Optional[torch.device] = None) -> HybridSparseFeaturesDist:
         device = device if device is not None else self._setup.device
         feature_tables = self._feature_tables()
         rows = [t.num_embeddings for t in self._tables]
+        _, layout, keys = self.lanes(device)
         dist_ = HybridSparseFeaturesDist(
             pg=self.hybrid_pg,
             feature_tables=feature_tables,
@@ -217,6 +239,8 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
             state=self.hot_state(device),
             row_bounds=[self._bounds[i] for i in feature_tables],
             device=device,
+            lanes=layout,
+            lane_keys=keys,
             exchange_touched=self._exchange_touched,
             feature_dims=self._slice_dims(),
         )
@@ -225,20 +249,9 @@ class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):
 
     def create_lookup(self, device: Optional[torch.device] = None, fused_params: Optional[Dict[str, Any]] = None,
                       feature_processor: Any = None) -> HybridLookup:
-        setup = self._setup
-        device = device if device is not None else setup.device
-        rank = setup.rank
-        heavy = heavy_tables(setup.world_size, [b[rank + 1] - b[rank] for b in self._bounds],
-                             [t.num_embeddings for t in self._tables])
-        # a table's column slices share one TBE (its fused optimizer holds all of the table's local shards)
-        heavy_names = {t.name for t, h in zip(self._tables, heavy) if h}
-        lanes = {i for i, t in enumerate(self._tables) if t.name in heavy_names}
-        groups = _compat.sharding_grouped_configs(self)
-        group_of = [g for g in groups for _ in g.embedding_tables]  # per table (self._tables order)
-        multi_hot = {i for i in lanes if own_lane_pays(group_of[i], self._tables[i].num_features(),
-                                                       self._pooling.get(self._tables[i].name), torch.device(device))}
-        return HybridLookup(groups, pg=self.hybrid_pg, device=device,
-                            env=setup.env, heavy_tables=lanes, own_lane_tables=multi_hot)
+        device = device if device is not None else self._setup.device
+        lane_configs, _, _ = self.lanes(device)
+        return HybridLookup(lane_configs, pg=self.hybrid_pg, device=device, env=self._setup.env)
 
     def create_output_dist(self, device: Optional[torch.device] = None) -> HybridPooledEmbeddingDist:
         mean = [self._tables[i].pooling == PoolingType.MEAN for i in self._feature_tables()]

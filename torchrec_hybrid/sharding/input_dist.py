@@ -1,99 +1,85 @@
-"""Input dist of the frequency-hybrid sharding: remap, split hot/cold, ship cold ids.
+"""Input dist of the frequency-hybrid sharding: split each id hot or cold, ship the cold ones.
 
-Per step and per rank (local batch B, F features of hybrid tables):
+Per step and per rank (local batch B, F features of hybrid tables), one fused op
+(:func:`fused.split_pack`; composed.py spells it out in torch and FBGEMM ops):
 1. every id becomes a key ``table_offset + id`` (all tables at once) and is looked up in a
-   dense key -> hot-slot map (one gather), or, when the tables are too large in total for
-   such a map, by binary search in the sorted hot keys -> a hot slot or "cold";
-2. every id is bucketized by FBGEMM's ``bucketize_sparse_features``: a cold id to its
-   owner with its row there (any row layout, row_blocks.py), a hot id to an extra bucket W
-   that stays here, as its replica row. The key map of step 1 holds each id's bucket and
-   row already, encoded as ``row * (W + 1) + bucket`` (:func:`row_blocks.bucket_ids`),
-   which the cyclic bucketization into W + 1 buckets decodes (bucket ``id % (W + 1)``,
-   row ``id // (W + 1)``); only the non-empty cold bags go to their
-   owner, in one all-to-all per step (two on the first step and when a run outgrows its room;
-   cold_all_to_all.py);
-3. bucket W is the replicated hot TBE's input as it stands: it comes last, in (feature,
-   sample) order, and the hot TBE reads it through offsets into the bucketized ids (one
-   cumsum of the bucketized lengths), nothing else.
-Every shape is known before any data is read, so nothing here waits for the device (on a
-GPU, a data-dependent size such as a hot/cold split's would be a host sync per step).
-The forward does all local work and returns a :class:`HybridInputDistAwaitable`; the cold
-all-to-all starts when the sharded module hands it this step's id-check report
-(:meth:`HybridInputDistAwaitable.start`), so the verdicts ride the cold ids' header.
-The result handed to the lookup is a :class:`HybridLookupInput`: the received cold bags plus
-the local hot part and the lengths the output dist needs to route partial sums back. When
-the optimizer could change a row on a zero gradient, the hot rows this rank looked up are
-also all-gathered (a bit mask), overlapping the all-to-alls: only rows some rank looked up
-may then be updated (hot_replica.py).
+   dense key map (or, when the tables are too large in total for one, by binary searches
+   over the sorted hot keys and the row blocks): its bucket - the owner of its row, or W,
+   "hot", for the local replica - and its row there (row_blocks.bucket_ids);
+2. the cold bags go to their owners in one all-to-all (cold_all_to_all.py), packed with the
+   step's id-check report into each destination's header and room;
+3. the hot lookups stay here as the replica TBE's input (rows and offsets, nothing else).
+Every shape is known before any data is read; the step's one host sync is the cold
+exchange's (all sizes at once). The forward returns a :class:`HybridInputDistAwaitable`
+whose exchange starts when the sharded module hands it this step's id-check report
+(:meth:`HybridInputDistAwaitable.start`), so the verdicts ride the cold ids' headers; waiting
+syncs the sizes, then the :class:`~cold_all_to_all.ColdTensorsAwaitable` unpacks what the
+owner received into its lanes' TBE inputs (:func:`fused.unpack_cold`): a
+:class:`HybridLookupInput`. When the optimizer could change a row on a zero gradient, the hot
+rows this rank looked up are also all-gathered (a bit mask), overlapping the all-to-all: only
+rows some rank looked up may then be updated (hot_replica.py).
 """
 
 import sys
 from dataclasses import dataclass
-from typing import Callable, List, NamedTuple, Optional, Tuple
+from typing import Callable, List, Optional
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.autograd.profiler import record_function
-from torchrec.distributed.types import Awaitable
+from torchrec.distributed.embedding_sharding import BaseSparseFeaturesDist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
-from torchrec_hybrid._compat import Deferred
-from torchrec_hybrid.sharding import row_blocks
-from torchrec_hybrid.sharding.cells import partial_units
-from torchrec_hybrid.sharding.cold_all_to_all import ColdBags, ColdIdsAllToAll
+from torchrec_hybrid._compat import HybridAwaitable
+from torchrec_hybrid.sharding import fused, row_blocks
+from torchrec_hybrid.sharding.cells import LaneLayout, partial_units
+from torchrec_hybrid.sharding.cold_all_to_all import ColdExchange, ColdIdsAllToAll, ColdTensorsAwaitable, ExchangeSizes
+from torchrec_hybrid.sharding.composed import ColdUnpacked, SplitPack
+from torchrec_hybrid.sharding.hot_replica import HotSelection
 from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.segments import cached_tensor, exclusive_cumsum
 
 
 @dataclass
 class HybridLookupInput:
-    """What the hybrid lookup consumes for one step (one element of SEBC's ``KJTList``).
+    """What the hybrid lookup consumes for one step (one element of SEBC's ``KJTList``), and
+    what the step's output dist needs from its input dist.
 
-    cold: the bags received from every rank for the rows this rank owns (local row ids),
-        only the non-empty ones, ``cold.bag_counts[w, f]`` from rank w for feature f.
-    hot_indices / hot_offsets / hot_weights: the local batch's hot lookups for the
-        replicas, as rows of their feature's replica table, jagged by (feature, sample):
-        ``hot_offsets`` (``[F * B + 1]``) index into ``hot_indices``, whose hot rows come
-        last; no offset spans the head (the cold ids' places).
-    touched: None, or () -> bool ``[total hot rows]``: the hot slots any rank looked up
-        this step (when only those may be updated).
-    hot: the hot set the ids were split by (hot_state.py): the lookup and output dist use
-        it, so a refresh never mixes two sets within a step.
-    sent_cells: the bags this rank sent (each with >= 1 cold id), in (owner, feature,
-        sample) order - the order their partial sums come back in - as cells
-        ``sample * F + feature`` of the pooled output; followed by padding (the count is
-        ``cold.host_sent_bags``).
-    sent_counts: how many of them per ``[owner, feature]``.
+    lane_kjts: the owner's cold lookups, one fixed-batch KJT per lane (cells.LaneLayout): the
+        bags received from every rank, then the owned hot rows as one-id bags.
+    send: where each unit of the lanes' output goes in the output all-to-all (owner side).
+    cold_units: units of the lanes' concatenated output.
+    sizes: the cold exchange's sizes, on the host since its sync.
+    pack: this rank's sample side: the bags it sent (as cells) and its hot lookups.
+    hot: the hot set the ids were split by (hot_state.py), so a refresh never mixes two sets
+        within a step; selection: the hot slots that travel this step.
     lengths: the full bag lengths ``[F, B]`` of the local batch (MEAN pooling divisor).
     """
 
-    cold: ColdBags
-    hot_indices: torch.Tensor
-    hot_offsets: torch.Tensor
-    hot_weights: Optional[torch.Tensor]
-    touched: Optional[Callable[[], torch.Tensor]]
+    lane_kjts: List[KeyedJaggedTensor]
+    send: ColdUnpacked
+    cold_units: int
+    sizes: ExchangeSizes
+    pack: SplitPack
     hot: HotState
-    sent_cells: torch.Tensor
-    sent_counts: torch.Tensor
+    selection: HotSelection
     lengths: torch.Tensor
 
     @property
     def id_reports(self) -> Optional[List[int]]:
         """None, or every rank's id-check report words (:func:`id_report_words`), one host list
-        of ``ID_REPORT_WORDS`` per rank in rank order, carried to here by the cold ids' header
-        all-to-all."""
-        return self.cold.host_reports
+        of ``ID_REPORT_WORDS`` per rank in rank order, carried here by the cold ids' headers."""
+        return self.sizes.reports
 
     # Hooks TorchRec's KJTList / pipelines call on their elements.
     def variable_stride_per_key(self) -> bool:
         return False
 
     def record_stream(self, stream: torch.Stream) -> None:
-        self.cold.record_stream(stream)
-        for t in (self.hot_indices, self.hot_offsets, self.hot_weights,
-                  self.sent_cells, self.sent_counts, self.lengths):
-            if t is not None:
+        for kjt in self.lane_kjts:
+            kjt.record_stream(stream)
+        for t in (*self.send, *self.pack, *self.selection[:5], self.lengths):
+            if isinstance(t, torch.Tensor):
                 t.record_stream(stream)
 
 
@@ -121,44 +107,43 @@ def id_reports_from_words(words: List[int]) -> List[List[int]]:
             for i in range(0, len(words), n)]
 
 
-class _SentBags(NamedTuple):
-    """The non-empty cold bags this rank sends, front-packed into fixed-size buffers."""
+class HybridInputDistAwaitable(HybridAwaitable[ColdTensorsAwaitable]):
+    """The input dist's result for one step, its cold exchange not started yet (the splits stage).
 
-    bag_counts: torch.Tensor  # how many per (owner, feature)  [W * F]
-    id_counts: torch.Tensor  # how many cold ids per (owner, feature)  [W * F]
-    lengths: torch.Tensor  # their lengths, then padding  [W * F * B]
-    cells: torch.Tensor  # their cells sample * F + feature, then padding  [W * F * B]
-
-
-class HybridInputDistAwaitable(Deferred):
-    """The input dist's result for one step, its cold all-to-all not started yet.
-
-    :meth:`start` starts it, carrying the given id-check report words to every rank (every
-    rank must pass words, or every rank None); waiting first starts it with none.
+    :meth:`start` packs the batch and starts the exchange, its headers carrying the given id-check
+    report words to every rank (every rank must pass words, or every rank None); waiting starts it
+    with none if need be, then syncs the sizes: a :class:`~cold_all_to_all.ColdTensorsAwaitable`.
     """
 
-    def __init__(self, launch: Callable[[Optional[torch.Tensor]], Awaitable[Awaitable[HybridLookupInput]]]) -> None:
-        super().__init__(self._metadata_sent)
-        self._launch = launch
-        self._started: Optional[Awaitable[Awaitable[HybridLookupInput]]] = None
+    def __init__(self, dist_: "HybridSparseFeaturesDist", features: KeyedJaggedTensor, state: HotState,
+                 route_map: Optional[torch.Tensor], touched: Optional[Callable[[], torch.Tensor]]) -> None:
+        super().__init__()
+        self._dist, self._features, self._touched = dist_, features, touched
+        self._state, self._route_map = state, route_map  # the hot set of the forward, whenever it starts
+        self._started: Optional[tuple] = None
 
     def start(self, id_report: Optional[torch.Tensor]) -> None:
         if self._started is not None:
             raise RuntimeError("this step's cold all-to-all has already started")
-        self._started = self._launch(id_report)
+        self._started = self._dist.start(self._features, id_report, self._state, self._route_map)
 
-    def _metadata_sent(self) -> Awaitable[HybridLookupInput]:
+    def result(self) -> ColdTensorsAwaitable:
         if self._started is None:
             self.start(None)
-        started = self._started
-        assert started is not None  # start() set it
-        return started.wait()
+        assert self._started is not None
+        pack, layout, rows_in, work, weighted, report_words = self._started
+        if work is not None:
+            work.wait()
+        dist_, features, touched, state = self._dist, self._features, self._touched, self._state
+        return dist_.cold_exchange.received(
+            pack, layout, rows_in, weighted, report_words,
+            lambda exchange: dist_.lookup_input(exchange, features, state, touched))
 
 
 DENSE_MAP_MAX_ROWS = 1 << 24  # 128 MiB of int64 per sharding, at most
 
 
-class HybridSparseFeaturesDist(nn.Module):
+class HybridSparseFeaturesDist(BaseSparseFeaturesDist[HybridLookupInput]):
     """Splits each feature's ids into hot (kept) and cold (sent to the owner rank).
 
     Args:
@@ -171,6 +156,8 @@ class HybridSparseFeaturesDist(nn.Module):
         row_bounds: per feature, its table's row bounds (row_blocks.py: rank r owns rows
             ``b[r] .. b[r+1]-1``), the cold shard's layout.
         device: where the ids live.
+        lanes / lane_keys: the owner's cold lookup as lanes (cells.LaneLayout) and each lane's
+            feature names (the lookup's TBE keys): what the received bags are unpacked into.
         exchange_touched: all-gather which hot slots each rank looks up (see the module doc).
         feature_dims: each feature's width, for the output all-to-all's split sizes, which
             the cold exchange's host sync computes (cells.partial_units); None: 1 per feature.
@@ -193,6 +180,8 @@ class HybridSparseFeaturesDist(nn.Module):
         state: HotState,
         row_bounds: List[List[int]],
         device: torch.device,
+        lanes: LaneLayout,
+        lane_keys: List[List[str]],
         exchange_touched: bool = False,
         feature_dims: Optional[List[int]] = None,
     ) -> None:
@@ -200,6 +189,7 @@ class HybridSparseFeaturesDist(nn.Module):
         self._pg = pg
         self._world = pg.size()
         self._num_features = len(feature_tables)
+        self._lanes, self._lane_keys = lanes, lane_keys
         rows = torch.tensor(table_rows, dtype=torch.int64)
         table_offset = exclusive_cumsum(rows)
         ft = torch.tensor(feature_tables, dtype=torch.int64)
@@ -211,22 +201,21 @@ class HybridSparseFeaturesDist(nn.Module):
         self.register_buffer("_feature_ids", torch.arange(self._num_features, device=device), persistent=False)
         # every table's row blocks as keys (rank after rank, table after table, then the end
         # of the last): bounds whose block index gives a cold key's owner and row there
-        W = self._world
         self._table_feature = [feature_tables.index(t) for t in range(len(table_rows))]  # a feature per table
         starts = [off + b for t, off in enumerate(self._table_offset) for b in row_bounds[self._table_feature[t]][:-1]]
         self.register_buffer("_block_bounds", torch.tensor(starts + [self._total_rows], dtype=torch.int64,
                                                            device=device), persistent=False)
         # the bucketized ids' dtype: int32 when every encoded id fits (half the work of int64)
-        top = row_blocks.bucket_ids(torch.tensor(self._total_rows), W, W)  # rows, replica rows < total rows
+        top = row_blocks.bucket_ids(torch.tensor(self._total_rows), self._world, self._world)
         self._id_dtype = torch.int32 if int(top) < 2 ** 31 else torch.int64
         units = None if feature_dims is None else partial_units(feature_dims)
         self._cold_a2a = ColdIdsAllToAll(pg, self._num_features, device, feature_units=units)
-        self._cells_cache: Tuple[int, torch.Tensor] = (-1, torch.empty(0, dtype=torch.int64))
+        self._no_report = torch.empty(0, dtype=torch.int32, device=device)
         self.set_hot_state(state)
 
     def set_hot_state(self, state: HotState) -> None:
         """Splits ids by ``state``'s hot set from the next forward on (refresh time: rebuilds
-        the key -> slot map). Inputs already produced keep the state they were split by."""
+        the key map). Inputs already produced keep the state they were split by."""
         device = self._device
         keys = [h.to(torch.int64).cpu() + off for h, off in zip(state.hot_ids, self._table_offset)]
         hot_keys = torch.cat(keys) if keys else torch.empty(0, dtype=torch.int64)
@@ -259,49 +248,62 @@ class HybridSparseFeaturesDist(nn.Module):
 
     @property
     def cold_exchange(self) -> ColdIdsAllToAll:
-        """The cold ids' all-to-all this dist starts every step."""
+        """The cold ids' all-to-all this dist starts every step (its rooms and spills)."""
         return self._cold_a2a
 
-    def forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
-        with record_function("## hybrid:input_dist ##"):
-            return self._forward(features)
+    def forward(self, sparse_features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
+        touched = None
+        if self._exchange_touched:
+            with record_function("## hybrid:touched_rows ##"):
+                touched = self._start_touched_exchange(*self._slots(sparse_features))
+        return HybridInputDistAwaitable(self, sparse_features, self._state, self._route_map, touched)
 
-    def _forward(self, features: KeyedJaggedTensor) -> HybridInputDistAwaitable:
-        F, W = self._num_features, self._world
-        B = features.stride()
-        values = features.values()
-        flat_lengths = features.lengths()
-        weights = features.weights_or_none()
-        # ids per feature from the lengths, on the device (no host list to copy over: a sync)
-        routed, touched = self._route(values, flat_lengths.view(F, B).sum(1))
-        sent, local_rows, sent_weights = self._bucketize(flat_lengths, routed, weights)
-        bags = self._nonempty_bags(sent[:W * F * B], B)
-        # bucket W holds the hot lookups (replica rows), last: offsets into the bucketized ids
-        hot_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(sent)[W * F * B:]
-        hot_indices, hot_weights = local_rows, sent_weights
-        state = self._state
-        local = dict(
-            hot_indices=hot_indices,
-            hot_offsets=hot_offsets,
-            hot_weights=hot_weights,
-            touched=touched,
-            hot=state,
-            sent_cells=bags.cells,
-            sent_counts=bags.bag_counts.view(W, F),
-            lengths=flat_lengths.view(F, B),
-        )
+    @record_function("## hybrid:input_dist ##")
+    def start(self, features: KeyedJaggedTensor, id_report: Optional[torch.Tensor], state: HotState,
+              route_map: Optional[torch.Tensor]) -> tuple:
+        """Packs ``features`` (:func:`fused.split_pack`) by ``state``'s hot set (its ``route_map``) with the
+        report words in every header and starts the cold exchange: ``(pack, layout, rows_in, work, weighted,
+        report words)``."""
+        values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
+        if weights is not None and weights.dtype != torch.float32:
+            weights = weights.to(torch.float32)
+        report = self._no_report if id_report is None else id_report.to(device=values.device, dtype=torch.int32)
+        layout = self._cold_a2a.layout_for(2 * self._num_features + report.numel() + 1)
+        if route_map is None:  # tables too large for a dense map: the ids bucketized by searches
+            values = self._searched_ids(values, lengths, state)
+        pack = fused.split_pack(values, lengths, weights, route_map, self._feature_key_offset, self._world, report,
+                                layout, self._cold_a2a.feature_units)
+        rows_in, work = self._cold_a2a.start(pack, layout)
+        return pack, layout, rows_in, work, weights is not None, report.numel()
 
-        def launch(id_report: Optional[torch.Tensor]) -> Awaitable[Awaitable[HybridLookupInput]]:
-            cold = self._cold_a2a(bags.bag_counts, bags.id_counts, bags.lengths, local_rows, sent_weights,
-                                  None if id_report is None else id_report.to(values.device))
-
-            def metadata_arrived() -> Awaitable[HybridLookupInput]:
-                payload = cold.wait()  # the payload all-to-all is under way
-                return Deferred(lambda: HybridLookupInput(cold=payload.wait(), **local))
-
-            return Deferred(metadata_arrived)
-
-        return HybridInputDistAwaitable(launch)
+    def lookup_input(self, exchange: ColdExchange, features: KeyedJaggedTensor, state: HotState,
+                     touched: Optional[Callable[[], torch.Tensor]]) -> HybridLookupInput:
+        """What the owner received, unpacked into its lanes' TBE inputs (:func:`fused.unpack_cold`), with this
+        rank's own sample side of the step (split by ``state``'s hot set)."""
+        selection = state.layout.select(None if touched is None else touched())
+        sizes, lanes = exchange.sizes, self._lanes
+        weighted = exchange.pack.hot_weights is not None
+        bags = [n + e for n, e in zip(sizes.feature_bags, selection.extra_per_feature)]
+        batches = lanes.batches(bags)
+        send = fused.unpack_cold(exchange.rows_in, exchange.rest_in, exchange.layout, sizes.recv_words,
+                                 self._num_features, weighted, lanes, batches, selection.extra_features,
+                                 selection.extra_rows, selection.extra_per_feature, sizes.return_units,
+                                 sizes.feature_bags, sizes.feature_ids)
+        ids = [n + e for n, e in zip(sizes.feature_ids, selection.extra_per_feature)]
+        kjts, len0, id0 = [], 0, 0
+        for fs, names, batch, slots in zip(lanes.lane_features, self._lane_keys, batches, lanes.lane_slots):
+            lpk = [ids[f] for f in fs]  # per lane (group): views of the unpacked ids and lengths
+            n = sum(lpk)
+            kjts.append(KeyedJaggedTensor(
+                keys=names, values=send.ids[id0:id0 + n], lengths=send.lengths[len0:len0 + slots * batch],
+                weights=None if send.weights is None else send.weights[id0:id0 + n], stride=batch,
+                length_per_key=lpk if slots == len(fs) else None))
+            len0, id0 = len0 + slots * batch, id0 + n
+        F = self._num_features
+        return HybridLookupInput(
+            lane_kjts=kjts, send=send, cold_units=sum(b * u for b, u in zip(batches, lanes.lane_units)),
+            sizes=sizes, pack=exchange.pack, hot=state, selection=selection,
+            lengths=features.lengths().view(F, -1))
 
     def _cold_ids(self, keys: torch.Tensor, block_bounds: torch.Tensor) -> torch.Tensor:
         """The bucketized ids of these keys as cold ids: owner and row there (the blocks of
@@ -309,62 +311,34 @@ class HybridSparseFeaturesDist(nn.Module):
         block = row_blocks.owners(keys, block_bounds)
         return row_blocks.bucket_ids(keys - block_bounds.index_select(0, block), block % self._world, self._world)
 
-    def _route(self, values: torch.Tensor, per_feature: torch.Tensor):
-        """Per id: the id the bucketization decodes (row_blocks.bucket_ids: cold ids to their
-        owner, hot ids to bucket W as their replica row) and, when only looked-up hot rows
-        may be updated, the started exchange of those."""
-        n = values.numel()
-        keys = torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=n).add_(values)
-        if self._route_map is not None:
-            routed = self._route_map.index_select(0, keys)
-            if not self._exchange_touched:
-                return routed, None
-            assert self._slot_map is not None  # built with the map when rows are exchanged
-            slot = self._slot_map.index_select(0, keys)
-            return routed, self._start_touched_exchange(slot, slot >= 0)
-        fid = torch.repeat_interleave(self._feature_ids, per_feature, output_size=n)
-        if self._total_hot > 0:
-            pos = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
-            slot, is_hot = self._key_slots.index_select(0, pos), self._hot_keys.index_select(0, pos) == keys
-        else:
-            slot, is_hot = torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
-        state = self._state
+    def _keys(self, values: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        per_feature = lengths.view(self._num_features, -1).sum(1)
+        return torch.repeat_interleave(self._feature_key_offset, per_feature, output_size=values.numel()).add_(values)
+
+    def _searched_ids(self, values: torch.Tensor, lengths: torch.Tensor, state: HotState) -> torch.Tensor:
+        """Per id the bucketized id (row_blocks.bucket_ids) by binary searches: the large tables' route."""
+        keys = self._keys(values, lengths)
+        per_feature = lengths.view(self._num_features, -1).sum(1)
+        fid = torch.repeat_interleave(self._feature_ids, per_feature, output_size=values.numel())
+        slot, is_hot = self._hot_slots(keys)
         cold = self._cold_ids(keys, self._block_bounds)
         hot = row_blocks.bucket_ids(slot - state.feature_shift.index_select(0, fid), self._world, self._world)
-        routed = torch.where(is_hot, hot, cold).to(self._id_dtype)
-        return routed, self._start_touched_exchange(slot, is_hot) if self._exchange_touched else None
+        return torch.where(is_hot, hot, cold).to(self._id_dtype)
 
-    def _bucketize(self, lengths: torch.Tensor, routed: torch.Tensor, weights: Optional[torch.Tensor]):
-        """Every id bucketized by owner, hot ids into an extra bucket W that is never sent:
-        ``(lengths [(W + 1) * F * B], local rows, weights)`` in (bucket, feature, sample)
-        order, so the cold ids are a prefix (:func:`row_blocks.bucketize`)."""
-        return row_blocks.bucketize(lengths, routed, self._world, weights)
+    def _hot_slots(self, keys: torch.Tensor):
+        """Per key its hot slot and whether it is hot (binary search in the sorted hot keys)."""
+        if self._total_hot == 0:
+            return torch.zeros_like(keys), torch.zeros_like(keys, dtype=torch.bool)
+        pos = torch.searchsorted(self._hot_keys, keys).clamp_(max=self._total_hot - 1)
+        return self._key_slots.index_select(0, pos), self._hot_keys.index_select(0, pos) == keys
 
-    def _nonempty_bags(self, sent: torch.Tensor, B: int) -> "_SentBags":
-        """The non-empty (owner, feature, sample) bags of ``sent`` (lengths ``[W * F * B]``)
-        moved to the front in that order (a stable partition: no data-dependent shape)."""
-        W, F = self._world, self._num_features
-        n = sent.numel()
-        nonempty = sent > 0
-        per_group = nonempty.view(W * F, B).sum(1)
-        # a non-empty bag goes to its rank among them; every empty one to a spare last place
-        # (written over and over, cut off: only the first bags are ever read)
-        target = torch.where(nonempty, torch.cumsum(nonempty, 0) - 1, n)
-        cells = self._bag_cells(B, sent.device)
-        # 1-D scatters (scatter_: about twice as fast as index_copy_ on CPU, same result)
-        lengths = sent.new_empty(n + 1).scatter_(0, target, sent)[:n]
-        return _SentBags(per_group, sent.view(W * F, B).sum(1), lengths,
-                         cells.new_empty(n + 1).scatter_(0, target, cells)[:n])
-
-    def _bag_cells(self, B: int, device: torch.device) -> torch.Tensor:
-        """Each (owner, feature, sample) bag's cell ``sample * F + feature``, cached per batch
-        size (a training run has one or two)."""
-        if self._cells_cache[0] != B:
-            F = self._num_features
-            index = torch.arange(self._world * F * B, device=device)
-            group = torch.div(index, B, rounding_mode="floor")  # owner * F + feature
-            self._cells_cache = (B, (index - group * B) * F + group % F)
-        return self._cells_cache[1]
+    def _slots(self, features: KeyedJaggedTensor):
+        """Per id its hot slot and whether it is hot (the touched-rows exchange's input)."""
+        keys = self._keys(features.values(), features.lengths())
+        if self._slot_map is not None:
+            slot = self._slot_map.index_select(0, keys)
+            return slot, slot >= 0
+        return self._hot_slots(keys)
 
     def _start_touched_exchange(self, slot: torch.Tensor, is_hot: torch.Tensor) -> Callable[[], torch.Tensor]:
         """Starts an async all-gather of which hot slots this rank looks up (one byte each)."""

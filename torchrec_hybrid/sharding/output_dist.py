@@ -27,18 +27,19 @@ from typing import Any, List, Mapping, NamedTuple, Optional, Tuple
 
 import torch
 import torch.distributed as dist
-from torch import nn
 from torch.autograd.profiler import record_function
 from torchrec.distributed.comm_ops import get_gradient_division
-from torchrec.distributed.types import Awaitable, CommOp, QuantizedCommCodec, QuantizedCommCodecs
+from torchrec.distributed.embedding_sharding import BaseEmbeddingDist, EmbeddingShardingContext
+from torchrec.distributed.types import CommOp, QuantizedCommCodec, QuantizedCommCodecs
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid._compat import Deferred
-
+from torchrec_hybrid.sharding import fused
 from torchrec_hybrid.sharding.cells import CellPositions
+from torchrec_hybrid.sharding.composed import Received
 from torchrec_hybrid.sharding.hot_replica import HotRowLayout
+from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 from torchrec_hybrid.sharding.lookup import HybridLookupOutput
-from torchrec_hybrid.sharding.segments import host_segment_positions, segment_positions, starts
+from torchrec_hybrid.sharding.segments import segment_positions
 
 
 # (replica_dst, units per owner, order, units per owner as host ints)
@@ -248,19 +249,6 @@ class _AllToAllWait(torch.autograd.Function):
         return grad.new_empty(0), None, None, None, None, None, None
 
 
-_ZERO_SPREAD = 256  # output units the received hot rows' zeros are added to, round robin
-
-
-def _interleave(a: List[int], b: List[int], device: torch.device):
-    """Positions of two runs per rank laid out ``a_0, b_0, a_1, b_1, ...`` (counts ``a``, ``b`` per rank, host
-    ints: the cold exchange's sync made them). Returns where the items of the ``a`` runs (rank after rank) and
-    of the ``b`` runs go: one segment gather whose shifts and sizes the host works out."""
-    at = starts([n for pair in zip(a, b) for n in pair])  # a_0, b_0, a_1, b_1, ...
-    pos = host_segment_positions(at[0::2] + at[1::2], list(a) + list(b), device)
-    n = sum(a)
-    return pos[:n], pos[n:]
-
-
 class _Pack(torch.autograd.Function):
     """Owner side send buffer: per destination its bags' partial sums, then our hot rows.
 
@@ -313,7 +301,7 @@ class _AddPartials(torch.autograd.Function):
         return grad, grad.reshape(-1, ctx.width).index_select(0, positions).view(-1), None, None
 
 
-class HybridPooledEmbeddingDist(nn.Module):
+class HybridPooledEmbeddingDist(BaseEmbeddingDist[EmbeddingShardingContext, HybridLookupOutput, torch.Tensor]):
     """Sends cold partial sums home and hot rows to every replica; adds up ``[B, sum(dims)]``.
 
     One all-to-all each way per step: rank r gets from each owner the partial sums of r's
@@ -386,50 +374,60 @@ class HybridPooledEmbeddingDist(nn.Module):
         return plan
 
     @record_function("## hybrid:output_dist ##")
-    def forward(self, out: HybridLookupOutput, sharding_ctx=None) -> Awaitable[torch.Tensor]:
+    def forward(self, local_embs: HybridLookupOutput, sharding_ctx=None) -> "HybridOutputAwaitable":
         W, unit = self._world, self._unit
-        # owner side: per destination the bags it sent us (received order), then our hot rows
-        bag_pos = out.cold_bag_pos
-        row_pos = out.hot_row_pos
-        # units per rank from the host copies the cold exchange made (no sync)
-        bag_dst, row_dst = _interleave(out.host_return_units, [row_pos.numel()] * W, bag_pos.device)
-        index = torch.empty(bag_pos.numel() + W * row_pos.numel(), dtype=torch.int64, device=bag_pos.device)
-        index.scatter_(0, bag_dst, bag_pos).scatter_(0, row_dst, row_pos.repeat(W))  # 1-D: scatter_ beats index_copy_
-        units = out.cold.numel() // unit
-        source = torch.zeros(units, dtype=torch.int64, device=bag_pos.device).scatter_(0, bag_pos, bag_dst)
+        inp = local_embs.input
+        send, sizes, selection = inp.send, inp.sizes, inp.selection
+        n_rows = send.row_pos.numel()
+        # owner side: per destination the bags it sent us (arrival order), then our hot rows (unpack_cold's plan)
+        packed = _Pack.apply(local_embs.cold.reshape(-1, unit), send.send_index, send.source, send.row_pos,
+                             send.row_dst, W)
         # sample side: from each owner the bags we sent it (same order), then its hot rows
-        # the partials' units are known on the host since the cold exchange (W entries): no sync
-        part_pos = self._cells(out.sent_cells, sum(out.host_partial_units) if out.host_partial_units else None)
-        replica_dst, _, order, host_replica_units = self._receive_plan(
-            out.layout, out.hot_slots, out.hot_counts)
-        replica_size = out.layout.flat_size // unit
-        part_src, row_src = _interleave(out.host_partial_units, host_replica_units, part_pos.device)
-        replica_src = row_src.index_select(0, order) if row_src.numel() else None  # None: no row was sent
-        # where each received unit adds in: its partial's place, or, for a hot-row unit (zeroed on arrival), any
-        # place, spread over the first few (its zeros pile on no one address - a GPU's index_add_ adds
-        # atomically - and stay in a few cached rows on a CPU)
-        recv_units = sum(out.host_partial_units) + sum(host_replica_units)
-        pooled_units = out.lengths.size(1) * self._total_dim // unit  # [B, sum(dims)] in units; 0: an empty batch
-        spread = torch.arange(recv_units, device=part_pos.device) % max(1, min(pooled_units, _ZERO_SPREAD))
-        recv_pos = spread.scatter_(0, part_src, part_pos)
-
-        send = _Pack.apply(out.cold.reshape(-1, unit), index, source, row_pos, row_dst, W)
+        replica_dst, _, order, replica_units = self._receive_plan(inp.hot.layout, selection.slots,
+                                                                  selection.per_owner)
+        batch = inp.lengths.size(1)
+        pooled_units = batch * self._total_dim // unit  # [B, sum(dims)] in units; 0: an empty batch
+        sent = sum(sizes.sent_bags)
+        cells = inp.pack.sent_cells
+        plan = fused.receive_plan(cells if cells.numel() == sent else cells[:sent], self._cells, sizes.sent_units,
+                                  replica_units, order, pooled_units)
         # split sizes from the host copies the cold exchange made (no sync of its own)
-        send_splits = [(u + row_pos.numel()) * unit for u in out.host_return_units]
-        recv_splits = [(u + r) * unit for u, r in zip(out.host_partial_units, host_replica_units)]
+        send_splits = [(u + n_rows) * unit for u in sizes.return_units]
+        recv_splits = [(u + r) * unit for u, r in zip(sizes.sent_units, replica_units)]
         req = _Request(self._pg, send_splits, recv_splits, self._codecs)
-        token = _AllToAllRequest.apply(send.reshape(-1), req)
+        token = _AllToAllRequest.apply(packed.reshape(-1), req)
+        return HybridOutputAwaitable(self, inp, req, token, plan, replica_dst,
+                                     inp.hot.layout.flat_size // unit, pooled_units)
 
-        @record_function("## hybrid:output_dist_wait ##")
-        def finish() -> torch.Tensor:
-            recv, replica = _AllToAllWait.apply(token, req, unit, row_src, replica_dst, replica_src, replica_size)
-            pooled = out.hot(replica.reshape(-1))
-            if pooled_units:  # else no partial arrived (an empty batch) and nothing adds in
-                pooled = _AddPartials.apply(pooled, recv.reshape(-1), recv_pos, unit)
-            if self._any_mean:
-                per_col = torch.repeat_interleave(out.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
-                divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
-                pooled = pooled / divisor.to(pooled.dtype)
-            return pooled if self._column_order is None else pooled.index_select(1, self._column_order)
+    def finish(self, inp: HybridLookupInput, req: "_Request", token: torch.Tensor, plan: Received,
+               replica_dst: torch.Tensor, replica_size: int, pooled_units: int) -> torch.Tensor:
+        """Receives (the wait node), pools the hot lookups from the assembled replica, adds the partial sums in."""
+        unit = self._unit
+        recv, replica = _AllToAllWait.apply(token, req, unit, plan.row_src, replica_dst, plan.replica_src,
+                                            replica_size)
+        pack = inp.pack
+        pooled = inp.hot.pool(replica.reshape(-1), pack.hot_rows, pack.hot_offsets, pack.hot_weights,
+                              inp.lengths.size(1))
+        if pooled_units:  # else no partial arrived (an empty batch) and nothing adds in
+            pooled = _AddPartials.apply(pooled, recv.reshape(-1), plan.recv_pos, unit)
+        if self._any_mean:
+            per_col = torch.repeat_interleave(inp.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
+            divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
+            pooled = pooled / divisor.to(pooled.dtype)
+        return pooled if self._column_order is None else pooled.index_select(1, self._column_order)
 
-        return Deferred(finish)  # the all-to-all is in flight; wait() receives and adds up
+
+class HybridOutputAwaitable(_compat.HybridAwaitable[torch.Tensor]):
+    """The output all-to-all in flight (the model's dense part runs meanwhile); ``wait`` receives, pools
+    the hot lookups and adds the cold partial sums in: the pooled ``[B, sum(dims)]``."""
+
+    def __init__(self, dist_: HybridPooledEmbeddingDist, inp: HybridLookupInput, req: "_Request",
+                 token: torch.Tensor, plan: Received, replica_dst: torch.Tensor, replica_size: int,
+                 pooled_units: int) -> None:
+        super().__init__()
+        self._args = (inp, req, token, plan, replica_dst, replica_size, pooled_units)
+        self._dist = dist_
+
+    @record_function("## hybrid:output_dist_wait ##")
+    def result(self) -> torch.Tensor:
+        return self._dist.finish(*self._args)
