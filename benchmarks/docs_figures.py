@@ -388,12 +388,6 @@ def table_results_comm_floor() -> str:
     return "\n".join(markdown(load("comm_floor"))[2:])  # without the title
 
 
-def table_results_cpu_phases() -> str:
-    from benchmarks.cpu_phases import markdown
-
-    return "\n".join(markdown(load("cpu_phases"), title=False))
-
-
 # ---------------------------------------------------------------- our dist code on a GPU (benchmarks.device_check)
 
 
@@ -468,7 +462,6 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_same_plan": ("docs/results.md", table_results_same_plan),
     "results_candidates": ("docs/results.md", table_results_candidates),
     "results_comm_floor": ("docs/results.md", table_results_comm_floor),
-    "results_cpu_phases": ("docs/results.md", table_results_cpu_phases),
     "results_device_check": ("docs/results.md", table_results_device_check),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
 }
