@@ -461,3 +461,28 @@ def test_refresh_counts_the_ids_that_entered_each_hot_set():
     and filled sets used to report 0: only removals were counted)."""
     for changed in run_ranks(_refresh_counts, 2, timeout=120):
         assert changed == {"t0": 3, "t1": 1, "t2": 2, "t3": 0}
+
+
+def _composed_pair(rank, world, **case):
+    """``train_pair`` with the hot path's composed ops (sharding/composed.py: what CUDA tensors, or a build
+    without the fused CPU ops, run) instead of the fused ones, in this rank's process only."""
+    import os
+
+    from torchrec_hybrid.sharding import fused
+
+    os.environ["TORCHREC_HYBRID_FUSED_OPS"] = "0"
+    fused._state.clear()
+    assert not fused.available()
+    train_pair(rank, world, **case)
+
+
+@pytest.mark.parametrize("world,case", [
+    (2, dict(opt="rowwise_adagrad", weighted=True, kinds={"t0": "hybrid", "t1": "hybrid_tw", "t2": "hybrid_uneven",
+                                                          "t3": "tw"})),
+    (3, dict(opt="sgd", mean=True, kinds={"t0": "hybrid_cw", "t1": "hybrid_tw_mh", "t2": "hybrid", "t3": "tw"})),
+    (4, dict(opt="adagrad", steps=6, hot=ALL_HOT, mode=["hot_only", "cold_only", "mixed"])),
+], ids=["w2-weighted-layouts", "w3-mean-column-wise", "w4-adagrad-spills"])
+def test_composed_ops_train_like_table_wise(world, case):
+    """The composed reference of the fused ops trains like table_wise too (outputs every step, then weights
+    and optimizer state): the path CUDA tensors take, checked where there is no GPU."""
+    run_ranks(_composed_pair, world, **case)
