@@ -2,29 +2,37 @@
 
 The GPU machines this project is lent now and then have PyTorch with CUDA, but no CUDA
 build of FBGEMM (its wheel is about 450 MiB; 64 MiB can be carried there) and so no
-TorchRec kernels. This script runs what is ours on the GPU: the real
-``HybridSparseFeaturesDist`` (remap, bucketize, front-pack of the non-empty bags),
-``ColdIdsAllToAll`` (metadata and payload exchange), ``ColdBags.lane_inputs`` and
-``LaneLayout.positions`` (the owner's lookup input), and ``HybridPooledEmbeddingDist``
-(the output all-to-all, partial sums and hot rows, forward and backward), with:
+TorchRec kernels. This script runs what is ours on the GPU, the hot path as a sharded module
+drives it: the real ``HybridSparseFeaturesDist`` (``split_pack``: route, bucketize, pack the
+non-empty cold bags), its cold exchange (``ColdIdsAllToAll``: the all-to-all, the step's one
+host sync - a read of ``exchange_summary`` -, a spill) and ``unpack_cold`` (the owner's lane
+KJTs and output send plan: a ``HybridLookupInput``), then ``HybridPooledEmbeddingDist``
+(``receive_plan``, the output all-to-all of partial sums and hot rows, the hot pooling,
+forward and backward). CUDA tensors take ``sharding/composed.py``'s ops (fused.py dispatches
+to the fused C++ ops on CPU tensors only), with:
 
-- FBGEMM's sparse ops they call (cyclic bucketize, segment permute, complete and
-  exclusive cumsum) given CUDA implementations made of torch ops (:func:`register_standins`),
-  each checked against FBGEMM's own CPU kernel on the same input first;
+- the FBGEMM sparse ops those call (:data:`STANDIN_OPS`: cyclic bucketize, segment permute,
+  complete and exclusive cumsum) given CUDA implementations made of torch ops
+  (:func:`register_standins`), each checked against FBGEMM's own CPU kernel first;
 - the two lookups' TBE kernels replaced by torch stand-ins of the same shapes (a sum of
-  embedding rows per bag), since they are FBGEMM's, not ours.
+  embedding rows per bag, :func:`_pool`), since they are FBGEMM's, not ours: the owner's cold
+  TBEs over ``HybridLookupInput.lane_kjts`` (the script's lookup, :meth:`Dists.lookup`), and the
+  hot pooling's dense TBE (``HotPooling.pool``, swapped on the device side's replicas: :func:`_hot_pool`).
 
 Every step runs under ``torch.cuda.set_sync_debug_mode("warn")``: each device-to-host sync
 warns, and the warnings are counted per step with the line that caused them. The same
-steps run on CPU (FBGEMM's real CPU ops) and must give the same pooled output and the same
-gradients. Timings are CUDA events around the whole dist path, median over the steps.
+steps run on CPU - through the fused ops where the extension is built, FBGEMM's real CPU
+kernels where the path calls FBGEMM - and must give the same pooled output and gradients.
+Timings are CUDA events around the whole dist path, median over the steps.
 
 Run on a GPU machine with torchrec and fbgemm-gpu-cpu importable (for the Python modules
 and the CPU reference):  ``python -m benchmarks.device_check --out DIR``.
-On a machine without CUDA it runs the CPU side only (``--device cpu``), as the tests do.
+On a machine without CUDA it runs the CPU side only (``--device cpu``); the tests run the
+"device" side on CPU, through the stand-ins and the composed ops.
 """
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -43,6 +51,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 logger = logging.getLogger(__name__)
 
+# what sharding/composed.py (and row_blocks / segments, which it calls) dispatches to FBGEMM
 STANDIN_OPS = ("bucketize_sparse_features", "permute_1D_sparse_data", "asynchronous_complete_cumsum",
                "asynchronous_exclusive_cumsum")
 
@@ -78,13 +87,13 @@ def _bucketize_cyclic(lengths, indices, bucketize_pos, my_size, weights=None):
 
 def _permute_1d(permute, lengths, values, weights=None, permuted_lengths_sum=None):
     """``permute_1D_sparse_data``: segment ``permute[i]`` of ``values`` becomes segment i."""
-    from torchrec_hybrid.sharding.segments import exclusive_cumsum, segment_positions
-
+    perm = permute.to(torch.int64)
     lengths64 = lengths.to(torch.int64)
-    starts = exclusive_cumsum(lengths64).index_select(0, permute.to(torch.int64))
-    new_lengths = lengths.index_select(0, permute.to(torch.int64))
-    total = permuted_lengths_sum if permuted_lengths_sum is not None else int(new_lengths.sum())  # a sync
-    pos = segment_positions(starts, new_lengths.to(torch.int64), total)
+    new_lengths = lengths.index_select(0, perm)
+    moved = lengths64.index_select(0, perm)
+    total = permuted_lengths_sum if permuted_lengths_sum is not None else int(moved.sum())  # a sync
+    shift = _exclusive_cumsum(lengths64).index_select(0, perm) - _exclusive_cumsum(moved)
+    pos = torch.arange(total, device=values.device) + torch.repeat_interleave(shift, moved, output_size=total)
     return (new_lengths, values.index_select(0, pos),
             None if weights is None else weights.index_select(0, pos))
 
@@ -110,6 +119,34 @@ def register_standins(dispatch_key: str = "CUDA", override: bool = False) -> Lis
     return ops
 
 
+# ---------------------------------------------------------------------------------------------
+# the TBE stand-ins
+# ---------------------------------------------------------------------------------------------
+
+def _pool(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, bags: int,
+          per_sample_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Stand-in for a SUM-pooling TBE: ``[bags, D]`` sums of ``weight`` rows per bag of
+    ``offsets`` (``[bags + 1]``, may start past 0: ids outside every bag are not read; no host
+    sync). A fresh tensor, never a view."""
+    pos = torch.arange(ids.numel(), device=ids.device)
+    bag = torch.searchsorted(offsets.to(torch.int64), pos, right=True) - 1  # -1 before the first offset
+    inside = (bag >= 0) & (bag < bags)
+    rows = weight.index_select(0, torch.where(inside, ids.to(torch.int64), 0))
+    scale = inside.to(weight.dtype) if per_sample_weights is None else torch.where(inside, per_sample_weights, 0)
+    out = torch.zeros(bags, weight.size(1), dtype=weight.dtype, device=weight.device)
+    return out.index_add_(0, torch.where(inside, bag, 0), rows * scale.unsqueeze(1))
+
+
+def _hot_pool(rep, replica: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor,
+              weights: Optional[torch.Tensor], batch: int) -> torch.Tensor:
+    """``HotPooling.pool`` (FBGEMM's dense TBE over the group's flat replica) with :func:`_pool`:
+    ``[batch, total_dim]``; one width per group (one replica table, rows = its rows)."""
+    (dim,) = set(rep.table_dims)
+    F = rep.num_features
+    pooled = _pool(replica.view(-1, dim), rows, offsets, F * batch, weights)
+    return pooled.view(F, batch, dim).transpose(0, 1).reshape(batch, F * dim)
+
+
 def check_standins(seed: int = 0) -> Dict[str, bool]:
     """Each stand-in against FBGEMM's CPU kernel on the same random input (on the CPU)."""
     import fbgemm_gpu  # noqa: F401
@@ -128,7 +165,8 @@ def check_standins(seed: int = 0) -> Dict[str, bool]:
     ref_p = torch.ops.fbgemm.permute_1D_sparse_data(perm, lengths, ids, w, total)
     ok_p = all(torch.equal(a, b) for a, b in zip(ours_p, ref_p))
     sizes = lengths.long()
-    ok_c = torch.equal(_complete_cumsum(sizes), torch.ops.fbgemm.asynchronous_complete_cumsum(sizes))
+    ok_c = all(torch.equal(_complete_cumsum(s), torch.ops.fbgemm.asynchronous_complete_cumsum(s))
+               for s in (sizes, lengths))
     ok_e = torch.equal(_exclusive_cumsum(sizes), torch.ops.fbgemm.asynchronous_exclusive_cumsum(sizes))
     return dict(zip(STANDIN_OPS, (ok_b, ok_p, ok_c, ok_e)))
 
@@ -152,15 +190,26 @@ WORKLOADS = [Workload("one-hot B=1024", 1024, False), Workload("DLRMv2 multi-hot
 
 @dataclass
 class Dists:
-    """One rank's frequency_hybrid dists on one device, and the stand-in lookup weights."""
+    """One rank's frequency_hybrid dists on one device, its lanes, and the stand-in cold lookup's weights
+    (one table every feature looks up: the cold TBEs' stand-in)."""
 
     input_dist: Any
     output_dist: Any
-    lanes: Any
-    keys: List[List[str]]
-    extra: Any
+    lane_slots: List[int]
     cold_weight: torch.Tensor
     _grad: Optional[torch.Tensor] = None
+
+    def lookup(self, lane_kjts: List[Any]) -> torch.Tensor:
+        """The owner's cold lookup (``HybridLookup.forward``) with :func:`_pool` for its TBEs: every lane's
+        ``[batch, slots * D]``, flattened, one after another (cells.LaneLayout)."""
+        outs = []
+        for slots, kjt in zip(self.lane_slots, lane_kjts):
+            lengths = kjt.lengths()
+            batch = lengths.numel() // slots
+            pooled = _pool(self.cold_weight, kjt.values(), _complete_cumsum(lengths.to(torch.int64)), slots * batch,
+                           kjt.weights_or_none())
+            outs.append(pooled.view(slots, batch, -1).transpose(0, 1).reshape(-1))
+        return torch.cat(outs) if len(outs) > 1 else outs[0]
 
     def grad_weights(self, pooled: torch.Tensor) -> torch.Tensor:
         """A fixed, non-uniform upstream gradient (the same on every device)."""
@@ -189,44 +238,34 @@ def _grouped_config(sizes: List[int], names: List[str], dim: int, world: int, ra
 
 
 def build_dists(w: Workload, pg: dist.ProcessGroup, device: torch.device, hot: List[torch.Tensor],
-                sizes: List[int], names: List[str]) -> Dists:
-    """The real input and output dists of one frequency_hybrid sharding (row-wise cold
-    rows, hot set ``hot``), as ``hybrid_sharding.py`` builds them."""
+                sizes: List[int], names: List[str], standin_tbe: bool = False) -> Dists:
+    """The real input and output dists of one frequency_hybrid sharding (row-wise cold rows, hot set
+    ``hot``, the owner's lanes), as ``hybrid_sharding.py`` builds them. ``standin_tbe``: the hot
+    pooling through :func:`_hot_pool` (on CUDA it must: no CUDA kernel for FBGEMM's dense TBE)."""
     from torchrec_hybrid.sharding import row_blocks
-    from torchrec_hybrid.sharding.cells import LaneLayout
-    from torchrec_hybrid.sharding.cold_all_to_all import ExtraBags
     from torchrec_hybrid.sharding.hot_state import build_hot_state
     from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
+    from torchrec_hybrid.sharding.lookup import lanes_of
     from torchrec_hybrid.sharding.output_dist import HybridPooledEmbeddingDist
 
     W, rank = pg.size(), pg.rank()
     F = len(sizes)
     bounds = [row_blocks.even_bounds(n, W) for n in sizes]
     config = _grouped_config(sizes, names, w.dim, W, rank)
-    # built on the CPU (its replica's FBGEMM TBE has no CUDA kernel here), then moved
+    # built on the CPU (its replica's FBGEMM dense TBE has no CUDA kernel here), then moved
     state = build_hot_state([config], [hot], [bounds], W, rank, torch.device("cpu"))
     state = replace(state, layout=state.layout.to(device), feature_shift=state.feature_shift.to(device))
-    inp = HybridSparseFeaturesDist(pg, list(range(F)), sizes, state, bounds, device)
+    if standin_tbe or device.type != "cpu":
+        for rep in state.replicas:  # HotState.pool calls each replica's pool
+            rep.pool = functools.partial(_hot_pool, rep)
+    _, lanes, keys = lanes_of([config], set(), W, set(), device)  # no heavy table on even row blocks: one lane
+    inp = HybridSparseFeaturesDist(pg, list(range(F)), sizes, state, bounds, device, lanes, keys,
+                                   feature_dims=[w.dim] * F)
     out = HybridPooledEmbeddingDist(pg, [w.dim] * F, [False] * F, device)
-    lanes = LaneLayout([list(range(F))], [w.dim] * F, device)
-    mine = state.layout.select(None)[0]
-    extra = ExtraBags(state.layout.feature[mine], state.layout.row[mine], F)
     g = torch.Generator().manual_seed(1234 + rank)
     rows = max(b[rank + 1] - b[rank] for b in bounds)
     cold_weight = torch.randn(max(rows, 1), w.dim, generator=g).to(device).requires_grad_()
-    return Dists(inp, out, lanes, [names], extra, cold_weight)
-
-
-def _pool(weight: torch.Tensor, ids: torch.Tensor, offsets: torch.Tensor, bags: int) -> torch.Tensor:
-    """Stand-in for a SUM-pooling TBE: ``[bags, D]`` sums of ``weight`` rows per bag of
-    ``offsets`` (``[bags + 1]``, may start past 0; no host sync)."""
-    pos = torch.arange(ids.numel(), device=ids.device)
-    bag = torch.searchsorted(offsets, pos, right=True) - 1  # -1 before the first offset
-    inside = (bag >= 0) & (bag < bags)
-    bag = torch.where(inside, bag, bags)  # outside every bag (the head): a spare row
-    rows = weight.index_select(0, torch.where(inside, ids.to(torch.int64), 0))
-    return torch.zeros(bags + 1, weight.size(1), dtype=weight.dtype, device=weight.device).index_add(
-        0, bag, rows)[:bags]
+    return Dists(inp, out, list(lanes.lane_slots), cold_weight)
 
 
 def _no_mark(name: str) -> None:
@@ -237,37 +276,15 @@ def run_step(d: Dists, kjt, report_words: torch.Tensor, mark: Callable[[str], No
     """One forward and backward through the dists; returns the pooled output ``[B, F * D]``
     and the gradient of the stand-in cold weights. ``mark(phase)`` is called as each phase
     (input dist, lookup, output dist, backward) ends."""
-    from torchrec_hybrid.sharding.lookup import HybridLookupOutput, cold_positions
+    from torchrec_hybrid.sharding.lookup import HybridLookupOutput
 
     aw = d.input_dist(kjt)
     aw.start(report_words)
-    inp = aw.wait().wait()
+    inp = aw.wait().wait()  # the exchange and its sync, then the spill and the owner's unpacking
     mark("input_dist")
-    # the lookup's own index work (HybridLookup.forward), its TBE replaced by _pool
-    extra, lanes = d.extra, d.lanes
-    layout = inp.hot.layout
-    mine, hot_slots, hot_counts = layout.select(None)
-    kjts, batches, rows_per_feature, (q, feature) = inp.cold.lane_inputs(lanes, d.keys, extra)
-    F = lanes.num_features
-    lane_kjt = kjts[0]
-    lane_offsets = torch.ops.fbgemm.asynchronous_complete_cumsum(lane_kjt.lengths().to(torch.int64))
-    pooled_cold = _pool(d.cold_weight, lane_kjt.values(), lane_offsets, F * batches[0])
-    cold = pooled_cold.view(F, batches[0], -1).transpose(0, 1).reshape(-1)
-    bag_pos, row_pos = cold_positions(lanes, inp, extra, q, feature, rows_per_feature, batches)
-    B = inp.lengths.size(1)
-    dim = d.cold_weight.size(1)
-
-    def hot(replica: torch.Tensor) -> torch.Tensor:  # stand-in for the dense hot TBE
-        table = replica.view(-1, dim)
-        return _pool(table, inp.hot_indices, inp.hot_offsets, F * B).view(F, B, dim).transpose(0, 1).reshape(B, -1)
-
-    out = HybridLookupOutput(
-        cold=cold, cold_bag_pos=bag_pos, cold_bag_counts=inp.cold.bag_counts, hot_row_pos=row_pos, hot=hot,
-        hot_slots=hot_slots, hot_counts=hot_counts, layout=layout,
-        sent_cells=inp.sent_cells[:inp.cold.host_sent_bags], sent_counts=inp.sent_counts, lengths=inp.lengths,
-        host_return_units=inp.cold.host_return_units or [], host_partial_units=inp.cold.host_partial_units or [])
+    cold = d.lookup(inp.lane_kjts)
     mark("lookup")
-    pooled = d.output_dist(out).wait()
+    pooled = d.output_dist(HybridLookupOutput(cold, inp)).wait()
     mark("output_dist")
     g = d.grad_weights(pooled)
     d.cold_weight.grad = None
@@ -388,8 +405,10 @@ def _batches(w: Workload, world: int, steps: int, rank: int):
 
 
 def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str, pg_backend: str) -> None:
-    """Per workload: the dists on CPU (FBGEMM's CPU ops) and on ``device``; the same steps
-    through both, compared; syncs and times on the device."""
+    """Per workload: the dists on CPU (the fused ops where built, FBGEMM's CPU kernels) and on ``device``
+    (the composed ops, the stand-ins); the same steps through both, compared; syncs and times on the
+    device."""
+    from torchrec_hybrid.sharding import fused
     logging.getLogger("torchrec").setLevel(logging.ERROR)
     dev = torch.device(device)
     if dev.type == "cuda":
@@ -430,14 +449,15 @@ def rank_main(rank: int, world: int, emit, steps: int, warmup: int, device: str,
             err = max((pooled.cpu() - pooled_ref).abs().max().item(), (grad.cpu() - grad_ref).abs().max().item())
             max_err = max(max_err, err / max(1.0, pooled_ref.abs().max().item()))
             if i >= warmup:
-                names = list(events)
-                phases.append({b: events[a].elapsed_time(events[b]) for a, b in zip(names, names[1:])})
+                marks = list(events)
+                phases.append({b: events[a].elapsed_time(events[b]) for a, b in zip(marks, marks[1:])})
                 walls.append(wall)
                 syncs.append(counter.total)
                 for k, v in counter.sites.items():
                     sites[k] = sites.get(k, 0) + v
         row: Dict[str, Any] = dict(workload=w.name, world=world, backend=pg_backend, device=str(dev),
-                                   steps=len(phases), ids_per_rank=int(local[0].values().numel()))
+                                   steps=len(phases), ids_per_rank=int(local[0].values().numel()),
+                                   cpu_reference="fused" if fused.available() else "composed")
         if phases:
             row.update(
                 phase_ms={k: statistics.median(p[k] for p in phases) for k in phases[0]},
@@ -464,12 +484,18 @@ def _ms(v: Optional[float]) -> str:
     return "-" if v is None else f"{v:.2f}"
 
 
+def _reference(result: Dict[str, Any]) -> str:
+    paths = {r.get("cpu_reference") for r in result["rows"]} - {None}
+    return " / ".join(f"the {p} ops" for p in sorted(paths)) or "not recorded"
+
+
 def markdown(result: Dict[str, Any]) -> str:
     lines = [f"# Our dist code on {result['gpu'] or 'CPU only'}", "",
              f"torch {result['torch']}; FBGEMM ops given torch CUDA stand-ins: "
              f"{', '.join(result['standins']) or 'none'}; stand-ins equal to FBGEMM's CPU kernels: "
-             f"{all(result['standins_checked'].values())}. Median of the timed steps; the lookup "
-             "phase is the stand-in TBEs plus our index work.", "",
+             f"{all(result['standins_checked'].values())}; CPU reference: {_reference(result)}. Median of the "
+             "timed steps; the lookup phase is the stand-in cold TBEs alone (the owner's index work is the input "
+             "dist's), the output dist includes the hot pooling's stand-in dense TBE.", "",
              "| workload | W | backend | ids/rank | input dist | lookup | output dist | backward | step (ms) | "
              "host wall (ms) | GPU kernels (ms) | host syncs/step | where | kernel launches/step | "
              "ops dispatched: ours / harness | max rel. diff vs CPU |",
