@@ -123,7 +123,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
         dist.barrier()
         counts[name] = count_training_step(models[name], batches[-1])
     out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
-                           "faults": measured["faults"], "counts": counts,
+                           "faults": measured["faults"], "cpu": measured["cpu"], "counts": counts,
                            "spills": {m: cold_spills(models[m], len(batches) + 1) for m in MODELS}}
     if rank == 0:
         out.update(_planner_report(planners, plans), allocator=malloc.current(), network=network)
@@ -287,6 +287,9 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
         est = r0["estimate"][m]
         res[m] = {"sent_per_rank": sent, "mean_bytes": sum(sent) / world, "busiest_bytes": max(sent),
                   "median_step_s": statistics.median(step),
+                  # per step the process CPU summed over ranks (what the ranks' work costs the machine), median
+                  "cpu_per_step_s": statistics.median(
+                      sum(per_rank) for run in runs for per_rank in zip(*(o["cpu"][m] for o in run))),
                   # per step the rank with the most, median over every run's steps
                   "page_faults_per_step": malloc.busiest_median(
                       [[f for run in runs for f in run[r]["faults"][m]] for r in range(world)]),
@@ -322,6 +325,15 @@ def network_record(rate: str, measurement: Optional[Any], world: int) -> Dict[st
         out["measured"] = dict(fields, per_rank_gbit_s=per_rank, aggregate_gbit_s=per_rank * world,
                                allreduce_gbit_s=measurement.allreduce_bandwidth * 8e3 / 1e9)
     return out
+
+
+def cpu_text(r: Dict[str, Any], m: str) -> str:
+    """A plan's process CPU per step (summed over ranks) and its ratio to the stock plan's ("-" before it was
+    recorded)."""
+    cpu, base = r[m].get("cpu_per_step_s"), r["stock_planner"].get("cpu_per_step_s")
+    if cpu is None or not base:
+        return "-"
+    return f"{cpu * 1e3:.1f} ({cpu / base:.2f}x)"
 
 
 def paired_step_ratios(outs: List[Dict[str, Any]], model: str, base: str) -> List[float]:
@@ -379,9 +391,11 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
     lines += ["", "Per training step (forward / backward), counted by a dispatch hook "
               "(`benchmarks/step_counts.py`), busiest rank; minor page faults per timed step (the rank with the "
               "most, median over steps; `benchmarks/malloc.py`); cold spills: the hybrid cold-id all-to-alls "
-              "that outgrew their rooms and took a second one, of all those run (warm-up included):", "",
-              col + "| workload | W | plan | collectives | host syncs | ops dispatched | page faults | cold spills |",
-              rule + "|---|---:|---|---:|---:|---:|---:|---:|"]
+              "that outgrew their rooms and took a second one, of all those run (warm-up included); process CPU: "
+              "per timed step summed over ranks (median over steps), and over the stock plan's:", "",
+              col + "| workload | W | plan | collectives | host syncs | ops dispatched | page faults | cold spills "
+              "| process CPU, ms |",
+              rule + "|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for r in results:
         for m in MODELS:
             c, spills = r[m]["counts"], r[m].get("spills")
@@ -389,7 +403,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
             lines.append(f"{cell(r)}| {r['workload']} | {r['world']} | {m} | {c['fwd_collectives']} / "
                          f"{c['bwd_collectives']} | "
                          f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} | "
-                         f"{malloc.faults_text(r[m].get('page_faults_per_step'))} | {spilled} |")
+                         f"{malloc.faults_text(r[m].get('page_faults_per_step'))} | {spilled} | {cpu_text(r, m)} |")
     lines += ["", f"Allocator: {malloc.described(results)}."]
     if net:
         lines += [""] + network_markdown(results)

@@ -168,3 +168,52 @@ def test_fused_ops_equal_their_composed_reference(case):
         assert torch.equal(a.recv_pos, b.recv_pos) and torch.equal(a.row_src, b.row_src), r
         assert (a.replica_src is None) == (b.replica_src is None), r
         assert a.replica_src is None or torch.equal(a.replica_src, b.replica_src), r
+
+
+def _hot_state(dims, features, hot_sizes):
+    """A real one-group hot set of tables of widths ``dims`` (``features[t]`` features each, ``hot_sizes[t]``
+    hot rows), on one rank (hot_state.build_hot_state)."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel, GroupedEmbeddingConfig, \
+        ShardedEmbeddingTable
+    from torchrec.modules.embedding_configs import DataType, PoolingType
+
+    from torchrec_hybrid.sharding.hot_state import build_hot_state
+
+    tables = [ShardedEmbeddingTable(num_embeddings=50, embedding_dim=d, name=f"t{t}", local_rows=50, local_cols=d,
+                                    feature_names=[f"t{t}_f{i}" for i in range(n)])
+              for t, (d, n) in enumerate(zip(dims, features))]
+    group = GroupedEmbeddingConfig(DataType.FP32, PoolingType.SUM, False, False, EmbeddingComputeKernel.FUSED, tables)
+    hot = [torch.arange(h, dtype=torch.int64) * 3 for h in hot_sizes]
+    return build_hot_state([group], [hot], [[[0, 50]] * len(dims)], 1, 0, torch.device("cpu"))
+
+
+@pytest.mark.parametrize("weighted,dims,dtype", [(False, [8, 8], torch.int32), (True, [8, 4], torch.int64),
+                                                 (False, [4, 12, 4], torch.int64)])
+def test_fused_hot_pooling_equals_the_dense_tbe_and_index_add(weighted, dims, dtype):
+    """The fused hot pooling (one pass: FBGEMM's dense TBE over the replica, then the received units
+    added at their positions) against those two composed, forward and both gradients."""
+    features = [2] + [1] * (len(dims) - 1)
+    state = _hot_state(dims, features, [5, 3, 4][:len(dims)])
+    g = torch.Generator().manual_seed(3)
+    F, B = sum(features), 6
+    rep = state.replicas[0]
+    lengths = torch.randint(0, 3, (F * B,), generator=g)
+    table_of = [t for t, n in enumerate(features) for _ in range(n)]
+    sizes = [5, 3, 4]
+    rows = torch.cat([torch.randint(0, sizes[table_of[f]], (int(lengths[f * B:(f + 1) * B].sum()),), generator=g)
+                      for f in range(F)]).to(dtype)
+    offsets = torch.cat([torch.zeros(1, dtype=torch.int64), lengths.cumsum(0)]).to(dtype)
+    weights = torch.rand(rows.numel(), generator=g) if weighted else None
+    unit = 4
+    total = B * sum(dims[table_of[f]] for f in range(F)) // unit
+    recv_pos = torch.randint(0, total, (9,), generator=g)
+    grad = torch.randn(B, sum(dims[table_of[f]] for f in range(F)), generator=g)
+    out = {}
+    for name, impl in (("composed", composed), ("fused", fused)):
+        replica = torch.randn(rep.flat_size, generator=torch.Generator().manual_seed(5)).requires_grad_()
+        recv = torch.randn(9 * unit, generator=torch.Generator().manual_seed(6)).requires_grad_()
+        pooled = impl.hot_pool_add(state, replica, rows, offsets, weights, B, recv, recv_pos, unit)
+        pooled.backward(grad)
+        out[name] = (pooled.detach(), replica.grad, recv.grad)
+    for a, b in zip(out["composed"], out["fused"]):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

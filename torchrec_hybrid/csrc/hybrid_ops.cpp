@@ -7,6 +7,8 @@
 //   exchange_summary  after the exchange: every size the host needs, in one small tensor
 //   unpack_cold       owner side: the lanes' TBE inputs and the output all-to-all's send plan
 //   receive_plan      sample side: where each received unit of the output all-to-all adds in
+//   hot_pool          sample side: the replica's SUM pooling of the hot lookups, the received partial sums added
+//                     (and its backward): FBGEMM's dense TBE plus an index_add_, in one pass
 
 #include <ATen/ATen.h>
 #include <torch/library.h>
@@ -61,122 +63,140 @@ std::vector<Tensor> split_pack_impl(const Tensor& values, const Tensor& lengths,
   const M* map = route_map.has_value() ? route_map->data_ptr<M>() : nullptr;
   const float* wts = weighted ? weights->data_ptr<float>() : nullptr;
   const int64_t buckets = W + 1;
+  const uint32_t ub = static_cast<uint32_t>(buckets);
   const int64_t map_size = route_map.has_value() ? route_map->numel() : 0;
+  const auto id_opts = route_map.has_value() ? route_map->options() : values.options();
+  const auto i32 = values.options().dtype(at::kInt);
+  const auto i64 = values.options().dtype(at::kLong);
 
-  // per id its bucket and row; per (bucket, feature, sample) its length
-  std::vector<int64_t> bucket_of(N), row_of(N);
-  std::vector<int64_t> blen(static_cast<size_t>(buckets * F * B), 0);
+  // pass 1, per id: its bucket (an owner, or W: hot) and its row there; per (owner, feature) the non-empty
+  // bags and the ids, per (feature, sample) the hot ids (the replica TBE's offsets)
+  std::vector<int32_t> bucket_of(N);
+  std::vector<M> row_of(N);
+  std::vector<int64_t> bag_counts(W * F, 0), id_counts(W * F, 0), cnt(buckets, 0);
+  Tensor hot_offsets = at::empty({F * B + 1}, id_opts);
+  M* hoff = hot_offsets.data_ptr<M>();
+  hoff[0] = 0;
   {
     int64_t i = 0;
     for (int64_t f = 0; f < F; ++f) {
       for (int64_t b = 0; b < B; ++b) {
         const int64_t n = static_cast<int64_t>(len[f * B + b]);
         TORCH_CHECK(n >= 0 && i + n <= N, "split_pack: bag lengths do not fit the ids (feature ", f, ")");
-        for (int64_t k = 0; k < n; ++k, ++i) {
-          int64_t e = static_cast<int64_t>(ids[i]);
+        int64_t hot = 0;
+        for (int64_t k = i; k < i + n; ++k) {
+          int64_t e = static_cast<int64_t>(ids[k]);
           if (map) {
             const int64_t key = key_off[f] + e;
             TORCH_CHECK(key >= 0 && key < map_size, "split_pack: id ", e, " of feature ", f, " outside its table");
             e = static_cast<int64_t>(map[key]);
           }
-          const int64_t bucket = e % buckets;
-          bucket_of[i] = bucket;
-          row_of[i] = e / buckets;
-          blen[(bucket * F + f) * B + b] += 1;
+          int64_t q, d;
+          if (e >= 0 && e <= 0xFFFFFFFFll) {  // 32-bit division where the id fits: a few times faster
+            const uint32_t u = static_cast<uint32_t>(e);
+            const uint32_t uq = u / ub;
+            q = uq;
+            d = u - uq * ub;
+          } else {
+            q = e / buckets;
+            d = e - q * buckets;
+          }
+          bucket_of[k] = static_cast<int32_t>(d);
+          row_of[k] = static_cast<M>(q);
+          if (d == W) {
+            ++hot;
+          } else if (n == 1) {
+            bag_counts[d * F + f] += 1;
+            id_counts[d * F + f] += 1;
+          } else {
+            cnt[d] += 1;
+          }
         }
+        if (n > 1) {
+          for (int64_t d = 0; d < W; ++d) {
+            if (cnt[d]) {
+              bag_counts[d * F + f] += 1;
+              id_counts[d * F + f] += cnt[d];
+              cnt[d] = 0;
+            }
+          }
+        }
+        hoff[f * B + b + 1] = static_cast<M>(hoff[f * B + b] + hot);
+        i += n;
       }
     }
     TORCH_CHECK(i == N, "split_pack: bag lengths add up to ", i, " ids, got ", N);
   }
-  // counts per (destination, feature)
-  std::vector<int64_t> bag_counts(W * F, 0), id_counts(W * F, 0);
-  for (int64_t g = 0; g < W * F; ++g) {
-    for (int64_t b = 0; b < B; ++b) {
-      const int64_t n = blen[g * B + b];
-      bag_counts[g] += n > 0;
-      id_counts[g] += n;
-    }
-  }
-  std::vector<int64_t> words(W), units(W, 0), bags(W, 0);
+  std::vector<int64_t> words(W), units(W, 0), bags(W, 0), ids_to(W, 0);
   const int64_t* fu = feature_units.has_value() ? feature_units->data_ptr<int64_t>() : nullptr;
   bool over = false;
+  int64_t sent_bags = 0;
   for (int64_t d = 0; d < W; ++d) {
-    int64_t nb = 0, ni = 0;
     for (int64_t f = 0; f < F; ++f) {
-      nb += bag_counts[d * F + f];
-      ni += id_counts[d * F + f];
+      bags[d] += bag_counts[d * F + f];
+      ids_to[d] += id_counts[d * F + f];
       units[d] += bag_counts[d * F + f] * (fu ? fu[f] : 1);
     }
-    bags[d] = nb;
-    words[d] = nb + (parts - 1) * ni;
+    words[d] = bags[d] + (parts - 1) * ids_to[d];
     over = over || words[d] > rooms[d];
+    sent_bags += bags[d];
   }
-  const auto i32 = values.options().dtype(at::kInt);
-  const auto i64 = values.options().dtype(at::kLong);
-  // payload: per destination its lengths, ids, weights' bits; then the hot bucket's (never sent)
-  int64_t hot_ids = 0;
-  for (int64_t g = W * F * B; g < buckets * F * B; ++g) hot_ids += blen[g];
-  const int64_t cold_ids = N - hot_ids;
-  int64_t sent_bags = 0;
-  for (auto x : bags) sent_bags += x;
+  // pass 2, bag by bag in (feature, sample) order: each destination's run is its bags' lengths, then their
+  // ids, then their weights' bits, each in (feature, sample) order; the cells of the bags sent, destination
+  // after destination; the hot rows, compact
   Tensor payload = at::empty({total(words)}, i32);
   Tensor sent_cells = at::empty({sent_bags}, i64);
+  const int64_t hot_ids = static_cast<int64_t>(hoff[F * B]);
+  Tensor hot_rows = at::empty({hot_ids}, id_opts);
+  c10::optional<Tensor> hot_weights;
+  if (weighted) hot_weights = at::empty({hot_ids}, weights->options());
   int32_t* pay = payload.data_ptr<int32_t>();
   int64_t* cells = sent_cells.data_ptr<int64_t>();
+  M* hrows = hot_rows.data_ptr<M>();
+  float* hw = weighted ? hot_weights->data_ptr<float>() : nullptr;
   const std::vector<int64_t> run_start = starts_of(words);
-  // where each destination's lengths, ids and weights go; each (destination, feature)'s first id
-  std::vector<int64_t> at_len(W), at_id(W), at_w(W);
-  for (int64_t d = 0; d < W; ++d) {
-    int64_t ni = 0;
-    for (int64_t f = 0; f < F; ++f) ni += id_counts[d * F + f];
-    at_len[d] = run_start[d];
-    at_id[d] = run_start[d] + bags[d];
-    at_w[d] = at_id[d] + ni;
-  }
+  std::vector<int64_t> at_len(W), at_id(W), at_w(W), at_cell(W);
   {
     int64_t c = 0;
     for (int64_t d = 0; d < W; ++d) {
-      for (int64_t f = 0; f < F; ++f) {
-        for (int64_t b = 0; b < B; ++b) {
-          const int64_t n = blen[(d * F + f) * B + b];
-          if (n > 0) {
-            pay[at_len[d]++] = static_cast<int32_t>(n);
-            cells[c++] = b * F + f;
+      at_len[d] = run_start[d];
+      at_id[d] = run_start[d] + bags[d];
+      at_w[d] = at_id[d] + ids_to[d];
+      at_cell[d] = c;
+      c += bags[d];
+    }
+  }
+  {
+    int64_t i = 0, h = 0;
+    for (int64_t f = 0; f < F; ++f) {
+      for (int64_t b = 0; b < B; ++b) {
+        const int64_t n = static_cast<int64_t>(len[f * B + b]);
+        for (int64_t k = i; k < i + n; ++k) {
+          const int64_t d = bucket_of[k];
+          if (d == W) {
+            hrows[h] = row_of[k];
+            if (hw) hw[h] = wts[k];
+            ++h;
+          } else {
+            pay[at_id[d]++] = static_cast<int32_t>(row_of[k]);
+            if (wts) std::memcpy(&pay[at_w[d]++], &wts[k], sizeof(float));
+            cnt[d] += 1;
           }
         }
+        for (int64_t d = 0; d < W; ++d) {  // the bag's lengths per destination (W small counters)
+          if (cnt[d]) {
+            pay[at_len[d]++] = static_cast<int32_t>(cnt[d]);
+            cells[at_cell[d]++] = b * F + f;
+            cnt[d] = 0;
+          }
+        }
+        i += n;
       }
     }
   }
-  // the hot rows, compact, with offsets from 0; and the cold ids in place, in (feature, sample) order per
-  // destination: walk the ids once, each to its bucket's next place (bucket order = (feature, sample) order)
-  const auto id_opts = route_map.has_value() ? route_map->options() : values.options();
-  Tensor hot_rows = at::empty({hot_ids}, id_opts);
-  Tensor hot_offsets = at::empty({F * B + 1}, id_opts);
-  c10::optional<Tensor> hot_weights;
-  if (weighted) hot_weights = at::empty({hot_ids}, weights->options());
-  M* hrows = hot_rows.data_ptr<M>();
-  M* hoff = hot_offsets.data_ptr<M>();
-  float* hw = weighted ? hot_weights->data_ptr<float>() : nullptr;
-  {
-    hoff[0] = 0;
-    for (int64_t g = 0; g < F * B; ++g) hoff[g + 1] = static_cast<M>(hoff[g] + blen[W * F * B + g]);
-    int64_t h = 0;
-    for (int64_t i = 0; i < N; ++i) {
-      const int64_t d = bucket_of[i];
-      if (d == W) {
-        hrows[h] = static_cast<M>(row_of[i]);
-        if (hw) hw[h] = wts[i];
-        ++h;
-      } else {
-        pay[at_id[d]++] = static_cast<int32_t>(row_of[i]);
-        if (wts) std::memcpy(&pay[at_w[d]++], &wts[i], sizeof(float));
-      }
-    }
-  }
-  (void)cold_ids;
   // send rows: per destination its header, then its room
   const int64_t total_rows = W * head + total(rooms);
-  Tensor send_rows = at::zeros({total_rows}, i32);
+  Tensor send_rows = at::empty({total_rows}, i32);
   int32_t* out = send_rows.data_ptr<int32_t>();
   const int32_t* rep = report.data_ptr<int32_t>();
   int64_t o = 0;
@@ -188,6 +208,7 @@ std::vector<Tensor> split_pack_impl(const Tensor& values, const Tensor& lengths,
     o += head;
     const int64_t n = std::min(words[d], rooms[d]);
     if (n > 0) std::memcpy(out + o, pay + run_start[d], n * sizeof(int32_t));
+    if (rooms[d] > n) std::memset(out + o + n, 0, (rooms[d] - n) * sizeof(int32_t));
     o += rooms[d];
   }
   Tensor stats = at::empty({3, W}, i64);
@@ -200,7 +221,7 @@ std::vector<Tensor> split_pack_impl(const Tensor& values, const Tensor& lengths,
   Tensor counts = at::empty({W, F}, i64);
   std::memcpy(counts.data_ptr<int64_t>(), bag_counts.data(), W * F * sizeof(int64_t));
   return {send_rows, payload, stats, sent_cells, counts, hot_rows, hot_offsets,
-          weighted ? *hot_weights : at::empty({0}, weights.has_value() ? weights->options() : values.options())};
+          weighted ? *hot_weights : at::empty({0}, values.options().dtype(at::kFloat))};
 }
 
 std::vector<Tensor> split_pack(const Tensor& values, const Tensor& lengths, const c10::optional<Tensor>& weights,
@@ -492,6 +513,138 @@ std::vector<Tensor> receive_plan(const Tensor& sent_cells, int64_t F, const Tens
   return {recv_pos, row_src, replica_src};
 }
 
+// ---- hot_pool / hot_pool_backward ----------------------------------------------------------------
+// The replica TBE's SUM pooling of this rank's hot lookups (FBGEMM's dense TBE: rows of feature f's table at
+// weights_offsets[f], width D_offsets[f + 1] - D_offsets[f], output columns from D_offsets[f]), with the output
+// all-to-all's received units added in at their positions (units of `unit` elements of the pooled output).
+
+// dst[0:n] (+)= scale * src[0:n]: the pooling's inner loop (restrict: no aliasing, so the compiler vectorises)
+inline void axpy(float* __restrict__ dst, const float* __restrict__ src, int64_t n, float scale, bool first) {
+  if (first) {
+    for (int64_t d = 0; d < n; ++d) dst[d] = scale * src[d];
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] += scale * src[d];
+  }
+}
+
+inline void add(float* __restrict__ dst, const float* __restrict__ src, int64_t n, bool first) {
+  if (first) {
+    std::memcpy(dst, src, n * sizeof(float));
+  } else {
+    for (int64_t d = 0; d < n; ++d) dst[d] += src[d];
+  }
+}
+
+template <typename I>
+Tensor hot_pool_impl(const Tensor& replica, const Tensor& weights_offsets, const Tensor& D_offsets, const Tensor& rows,
+                     const Tensor& offsets, const c10::optional<Tensor>& weights, const Tensor& recv,
+                     const Tensor& recv_pos, int64_t unit, int64_t batch) {
+  const int64_t F = weights_offsets.numel();
+  const int64_t* wo = weights_offsets.data_ptr<int64_t>();
+  const int32_t* Do = D_offsets.data_ptr<int32_t>();
+  const int64_t total_D = Do[F];
+  const I* r = rows.data_ptr<I>();
+  const I* off = offsets.data_ptr<I>();
+  const float* w = weights.has_value() ? weights->data_ptr<float>() : nullptr;
+  const float* rep = replica.data_ptr<float>();
+  Tensor out = at::empty({batch, total_D}, replica.options());
+  float* o = out.data_ptr<float>();
+  // sample after sample (the output's rows in order), each feature's block: its first row copied, the rest added
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t f = 0; f < F; ++f) {
+      const int64_t D = Do[f + 1] - Do[f];
+      const float* table = rep + wo[f];
+      float* dst = o + b * total_D + Do[f];
+      const I k0 = off[f * batch + b], k1 = off[f * batch + b + 1];
+      if (k0 == k1) {
+        std::memset(dst, 0, D * sizeof(float));
+        continue;
+      }
+      for (I k = k0; k < k1; ++k) {
+        const float* src = table + static_cast<int64_t>(r[k]) * D;
+        if (w) {
+          axpy(dst, src, D, w[k], k == k0);
+        } else {
+          add(dst, src, D, k == k0);
+        }
+      }
+    }
+  }
+  const int64_t n = recv_pos.numel();
+  const int64_t* pos = recv_pos.data_ptr<int64_t>();
+  const float* in = recv.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) add(o + pos[i] * unit, in + i * unit, unit, false);
+  return out;
+}
+
+Tensor hot_pool(const Tensor& replica, const Tensor& weights_offsets, const Tensor& D_offsets, const Tensor& rows,
+                const Tensor& offsets, const c10::optional<Tensor>& weights, const Tensor& recv,
+                const Tensor& recv_pos, int64_t unit, int64_t batch) {
+  TORCH_CHECK(replica.scalar_type() == at::kFloat && replica.is_contiguous(), "hot_pool: contiguous float replica");
+  TORCH_CHECK(recv.scalar_type() == at::kFloat && recv.is_contiguous(), "hot_pool: contiguous float units");
+  TORCH_CHECK(recv.numel() == recv_pos.numel() * unit, "hot_pool: one position per received unit");
+  TORCH_CHECK(rows.scalar_type() == offsets.scalar_type(), "hot_pool: rows and offsets of one dtype");
+  TORCH_CHECK(offsets.numel() == weights_offsets.numel() * batch + 1, "hot_pool: offsets per (feature, sample)");
+  if (rows.scalar_type() == at::kInt) {
+    return hot_pool_impl<int32_t>(replica, weights_offsets, D_offsets, rows, offsets, weights, recv, recv_pos, unit,
+                                  batch);
+  }
+  return hot_pool_impl<int64_t>(replica, weights_offsets, D_offsets, rows, offsets, weights, recv, recv_pos, unit,
+                                batch);
+}
+
+template <typename I>
+std::vector<Tensor> hot_pool_backward_impl(const Tensor& grad, int64_t replica_numel, const Tensor& weights_offsets,
+                                           const Tensor& D_offsets, const Tensor& rows, const Tensor& offsets,
+                                           const c10::optional<Tensor>& weights, const Tensor& recv_pos,
+                                           int64_t unit) {
+  const int64_t F = weights_offsets.numel();
+  const int64_t* wo = weights_offsets.data_ptr<int64_t>();
+  const int32_t* Do = D_offsets.data_ptr<int32_t>();
+  const int64_t total_D = Do[F];
+  const int64_t batch = total_D ? grad.numel() / total_D : 0;
+  const I* r = rows.data_ptr<I>();
+  const I* off = offsets.data_ptr<I>();
+  const float* w = weights.has_value() ? weights->data_ptr<float>() : nullptr;
+  const float* g = grad.data_ptr<float>();
+  Tensor grad_replica = at::zeros({replica_numel}, grad.options());
+  float* gr = grad_replica.data_ptr<float>();
+  for (int64_t f = 0; f < F; ++f) {
+    const int64_t D = Do[f + 1] - Do[f];
+    float* table = gr + wo[f];
+    for (int64_t b = 0; b < batch; ++b) {
+      const float* src = g + b * total_D + Do[f];
+      for (I k = off[f * batch + b]; k < off[f * batch + b + 1]; ++k) {
+        float* dst = table + static_cast<int64_t>(r[k]) * D;
+        if (w) {
+          axpy(dst, src, D, w[k], false);
+        } else {
+          add(dst, src, D, false);
+        }
+      }
+    }
+  }
+  const int64_t n = recv_pos.numel();
+  const int64_t* pos = recv_pos.data_ptr<int64_t>();
+  Tensor grad_recv = at::empty({n * unit}, grad.options());
+  float* gv = grad_recv.data_ptr<float>();
+  for (int64_t i = 0; i < n; ++i) std::memcpy(gv + i * unit, g + pos[i] * unit, unit * sizeof(float));
+  return {grad_replica, grad_recv};
+}
+
+std::vector<Tensor> hot_pool_backward(const Tensor& grad, int64_t replica_numel, const Tensor& weights_offsets,
+                                      const Tensor& D_offsets, const Tensor& rows, const Tensor& offsets,
+                                      const c10::optional<Tensor>& weights, const Tensor& recv_pos, int64_t unit) {
+  const Tensor g = grad.contiguous();
+  TORCH_CHECK(g.scalar_type() == at::kFloat, "hot_pool_backward: float gradient");
+  if (rows.scalar_type() == at::kInt) {
+    return hot_pool_backward_impl<int32_t>(g, replica_numel, weights_offsets, D_offsets, rows, offsets, weights,
+                                           recv_pos, unit);
+  }
+  return hot_pool_backward_impl<int64_t>(g, replica_numel, weights_offsets, D_offsets, rows, offsets, weights,
+                                         recv_pos, unit);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(torchrec_hybrid, m) {
@@ -508,6 +661,12 @@ TORCH_LIBRARY(torchrec_hybrid, m) {
   m.def(
       "receive_plan(Tensor sent_cells, int num_features, Tensor cell_table, int row_units, int[] partial_units, "
       "int[] replica_units, Tensor replica_order, int pooled_units, int spread_max) -> Tensor[]");
+  m.def(
+      "hot_pool(Tensor replica, Tensor weights_offsets, Tensor D_offsets, Tensor rows, Tensor offsets, "
+      "Tensor? weights, Tensor recv, Tensor recv_pos, int unit, int batch) -> Tensor");
+  m.def(
+      "hot_pool_backward(Tensor grad, int replica_numel, Tensor weights_offsets, Tensor D_offsets, Tensor rows, "
+      "Tensor offsets, Tensor? weights, Tensor recv_pos, int unit) -> Tensor[]");
 }
 
 TORCH_LIBRARY_IMPL(torchrec_hybrid, CPU, m) {
@@ -515,4 +674,6 @@ TORCH_LIBRARY_IMPL(torchrec_hybrid, CPU, m) {
   m.impl("exchange_summary", &exchange_summary);
   m.impl("unpack_cold", &unpack_cold);
   m.impl("receive_plan", &receive_plan);
+  m.impl("hot_pool", &hot_pool);
+  m.impl("hot_pool_backward", &hot_pool_backward);
 }

@@ -25,6 +25,7 @@ import torch
 
 from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.sharding.cells import CellPositions, LaneLayout
+from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.segments import (cached_tensor, exclusive_cumsum, host_segment_positions,
                                                host_to_device, round_robin_order, segment_arange,
                                                segment_positions, starts)
@@ -316,3 +317,37 @@ def receive_plan(sent_cells: torch.Tensor, cells: CellPositions, partial_units: 
     recv_units = n_partial + sum(replica_units)
     spread = torch.arange(recv_units, device=sent_cells.device) % max(1, min(pooled_units, ZERO_SPREAD))
     return Received(spread.scatter_(0, part_src, part_pos), row_src, replica_src)
+
+
+class AddPartials(torch.autograd.Function):
+    """``hot`` += each received unit at its position, in place (hot is a fresh, private tensor; the received
+    hot-row units are zeros, output_dist's ``_AllToAllWait``).
+
+    Spares the copy of an out-of-place ``index_add`` and, unlike an in-place op on a view,
+    autograd's CopySlices machinery, which clones the whole gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, hot, received, positions, width):
+        ctx.save_for_backward(positions)
+        ctx.width = width
+        hot.view(-1, width).index_add_(0, positions, received.view(-1, width))
+        ctx.mark_dirty(hot)
+        return hot
+
+    @staticmethod
+    def backward(ctx, grad):
+        (positions,) = ctx.saved_tensors
+        return grad, grad.reshape(-1, ctx.width).index_select(0, positions).view(-1), None, None
+
+
+def hot_pool_add(state: HotState, replica: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor,
+                 weights: Optional[torch.Tensor], batch: int, recv: torch.Tensor, recv_pos: torch.Tensor,
+                 unit: int) -> torch.Tensor:
+    """Sample side: the hot lookups pooled from ``replica`` (FBGEMM's dense TBE per group, hot_state.HotState.pool)
+    plus every received unit (``recv``, units of ``unit`` elements) added at its position ``recv_pos``:
+    the pooled ``[batch, sum(dims)]``, differentiable in ``replica`` and ``recv``."""
+    pooled = state.pool(replica, rows, offsets, weights, batch)
+    if recv_pos.numel() == 0:
+        return pooled
+    return AddPartials.apply(pooled, recv, recv_pos, unit)

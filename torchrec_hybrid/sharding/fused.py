@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import List, Optional
+from typing import Any, List, Optional
 
 import torch
 
 from torchrec_hybrid.sharding import composed
 from torchrec_hybrid.sharding.cells import CellPositions, LaneLayout
 from torchrec_hybrid.sharding.composed import ColdUnpacked, ExchangeLayout, Received, SplitPack
+from torchrec_hybrid.sharding.hot_state import HotState
 
 logger = logging.getLogger(__name__)
 
@@ -99,3 +100,36 @@ def receive_plan(sent_cells: torch.Tensor, cells: CellPositions, partial_units: 
         sent_cells, cells.num_features, cells.fused_table, cells.row_units, partial_units, replica_units,
         replica_order, pooled_units, composed.ZERO_SPREAD)
     return Received(recv_pos, row_src, replica_src if row_src.numel() else None)
+
+
+class _HotPoolAdd(torch.autograd.Function):
+    """:func:`composed.hot_pool_add` of one replica as one fused op each way: the pooling and the adds in
+    one pass forward; backward, the replica's row gradients (summed per row, weighted) and the received
+    units' (gathered at their positions) in another."""
+
+    @staticmethod
+    def forward(ctx, replica, recv, tables: Any, rows, offsets, weights, recv_pos, unit, batch):
+        ctx.save_for_backward(rows, offsets, recv_pos, *(() if weights is None else (weights,)))
+        ctx.tables, ctx.unit, ctx.replica_numel = tables, unit, replica.numel()
+        return torch.ops.torchrec_hybrid.hot_pool(replica, tables.weights_offsets, tables.D_offsets, rows, offsets,
+                                                  weights, recv, recv_pos, unit, batch)
+
+    @staticmethod
+    def backward(ctx, grad):
+        rows, offsets, recv_pos, *weights = ctx.saved_tensors
+        t = ctx.tables
+        grad_replica, grad_recv = torch.ops.torchrec_hybrid.hot_pool_backward(
+            grad, ctx.replica_numel, t.weights_offsets, t.D_offsets, rows, offsets, weights[0] if weights else None,
+            recv_pos, ctx.unit)
+        return grad_replica, grad_recv, None, None, None, None, None, None, None
+
+
+def hot_pool_add(state: HotState, replica: torch.Tensor, rows: torch.Tensor, offsets: torch.Tensor,
+                 weights: Optional[torch.Tensor], batch: int, recv: torch.Tensor, recv_pos: torch.Tensor,
+                 unit: int) -> torch.Tensor:
+    """:func:`composed.hot_pool_add`, one op each way on the CPU where the sharding has one replica (one table
+    group; FBGEMM's dense CPU kernel took about 3x the time of this pooling on the product's one-hot batch)."""
+    if not fused_on(replica) or len(state.replicas) != 1:
+        return composed.hot_pool_add(state, replica, rows, offsets, weights, batch, recv, recv_pos, unit)
+    return _HotPoolAdd.apply(replica, recv, state.replicas[0].tbe, rows, offsets.to(rows.dtype), weights,
+                             recv_pos, unit, batch)

@@ -121,6 +121,11 @@ class HotPooling:
         # per feature: the slot of row 0 of its bucket (slot - shift = the row the TBE reads)
         self.feature_shift = torch.tensor(bucket_start, dtype=torch.int64)[feature_bucket] + slot_base
 
+    @property
+    def tbe(self) -> DenseTableBatchedEmbeddingBagsCodegen:
+        """The dense TBE whose layout the replica has (its per-feature ``weights_offsets``, ``D_offsets``)."""
+        return self._dense
+
     def pool(self, replica: torch.Tensor, rows, offsets, weights: Optional[torch.Tensor],
              batch: int) -> torch.Tensor:
         """Pooled hot embeddings ``[batch, total_dim]`` (SUM) of this group's lookups.

@@ -208,13 +208,13 @@ class _AllToAllRequest(torch.autograd.Function):
 class _AllToAllWait(torch.autograd.Function):
     """Waits for the request's all-to-all and unpacks what arrived (decoded) as ``[units, unit]``:
     returns ``(received, replica)``, the received buffer with its hot-row units zeroed once the
-    assembled hot replica has copied them, so that :class:`_AddPartials` adds the whole buffer
+    assembled hot replica has copied them, so that :func:`fused.hot_pool_add` adds the whole buffer
     in where it arrived (its partial sums, and zeros: no gather of the partials first).
     ``replica_src`` names, for every replica position, the received unit it copies (any unit
     where no owner sent one: rows nobody looked up, never read; None when no row was sent at
     all). The sums are a gather-then-add's, in the same order (only a -0.0 where a hot unit
     adds its zeros becomes +0.0). Backward: the buffer's gradient is the partials' as
-    :class:`_AddPartials` gathered it for every unit, the hot-row units overwritten by the
+    :func:`fused.hot_pool_add` gathered it for every unit, the hot-row units overwritten by the
     replica's; then starts the reverse all-to-all of it (async; encoded by the backward codec,
     TorchRec's ``All2All_Pooled_Wait``) and hands the token its (empty) gradient."""
 
@@ -277,28 +277,6 @@ class _Pack(torch.autograd.Function):
             rows = grad.index_select(0, row_dst)
             out.index_copy_(0, row_pos, rows.view((ctx.copies, -1) + tuple(rows.shape[1:])).sum(0))
         return out, None, None, None, None, None
-
-
-class _AddPartials(torch.autograd.Function):
-    """``hot`` += each received unit at its position, in place (hot is a fresh, private tensor;
-    the received hot-row units are zeros, :class:`_AllToAllWait`).
-
-    Spares the copy of an out-of-place ``index_add`` and, unlike an in-place op on a view,
-    autograd's CopySlices machinery, which clones the whole gradient.
-    """
-
-    @staticmethod
-    def forward(ctx, hot, received, positions, width):
-        ctx.save_for_backward(positions)
-        ctx.width = width
-        hot.view(-1, width).index_add_(0, positions, received.view(-1, width))
-        ctx.mark_dirty(hot)
-        return hot
-
-    @staticmethod
-    def backward(ctx, grad):
-        (positions,) = ctx.saved_tensors
-        return grad, grad.reshape(-1, ctx.width).index_select(0, positions).view(-1), None, None
 
 
 class HybridPooledEmbeddingDist(BaseEmbeddingDist[EmbeddingShardingContext, HybridLookupOutput, torch.Tensor]):
@@ -406,10 +384,11 @@ class HybridPooledEmbeddingDist(BaseEmbeddingDist[EmbeddingShardingContext, Hybr
         recv, replica = _AllToAllWait.apply(token, req, unit, plan.row_src, replica_dst, plan.replica_src,
                                             replica_size)
         pack = inp.pack
-        pooled = inp.hot.pool(replica.reshape(-1), pack.hot_rows, pack.hot_offsets, pack.hot_weights,
-                              inp.lengths.size(1))
-        if pooled_units:  # else no partial arrived (an empty batch) and nothing adds in
-            pooled = _AddPartials.apply(pooled, recv.reshape(-1), plan.recv_pos, unit)
+        # the hot lookups pooled from the assembled replica, every received unit added in where it belongs (the
+        # received hot rows' units are zeros now); with an empty batch no partial arrived and nothing adds in
+        received = (recv.reshape(-1), plan.recv_pos) if pooled_units else (recv.new_zeros(0), plan.recv_pos[:0])
+        pooled = fused.hot_pool_add(inp.hot, replica.reshape(-1), pack.hot_rows, pack.hot_offsets, pack.hot_weights,
+                                    inp.lengths.size(1), *received, unit)
         if self._any_mean:
             per_col = torch.repeat_interleave(inp.lengths.t(), self._dims, dim=1, output_size=self._total_dim)
             divisor = torch.where(self._mean_cols[None, :], per_col.clamp(min=1), torch.ones_like(per_col))
