@@ -166,7 +166,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             measurement shared by several planners): the topology (TorchRec's default one where
             none is given) with its bandwidths (``NetworkMeasurement.apply_to``, every other field
             kept; a :class:`HybridEnumerator` given is rebuilt for it too), and its fixed cost per
-            collective as ``collective_ms`` unless that is given. Kept as :attr:`network`.
+            collective as ``collective_ms`` unless that is given or the compute prices carry one (fitted
+            from whole steps with them). Kept as :attr:`network`.
 
     ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
     only, as a user would run it), the partitioner's plan over stock and hybrid options, and
@@ -237,12 +238,15 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             topology = self.network.apply_to(topology if topology is not None else _default_topology())
             if enumerator is not None:
                 enumerator = enumerator.with_topology(topology)
-            if collective_ms is None:
-                collective_ms = self.network.collective_ms
-            logger.info("planning for the measured %s; collective_ms %.3f", self.network, collective_ms)
+        # a collective's fixed cost: the user's; else the compute prices' own (fitted with them from whole steps,
+        # where part of a collective's latency hides behind other ranks' work); else the measured network's
+        # (a collective alone); else a default
+        fitted = compute_costs.collective_ms if compute_costs is not None else None
         if collective_ms is None:
-            fitted = compute_costs.collective_ms if compute_costs is not None else None
-            collective_ms = fitted if fitted is not None else DEFAULT_COLLECTIVE_MS
+            collective_ms = fitted if fitted is not None else (
+                self.network.collective_ms if self.network is not None else DEFAULT_COLLECTIVE_MS)
+        if self.network is not None:
+            logger.info("planning for the measured %s; collective_ms %.3f", self.network, collective_ms)
         what = "tie_ms"
         tie_rel = 0.0
         if tie_ms == "auto":
