@@ -51,7 +51,7 @@ from torchrec_hybrid.sharding.input_dist import (
     id_reports_from_words,
 )
 from torchrec_hybrid.sharding.output_dist import describe_codec_problems
-from torchrec_hybrid.sharding import variable_batch
+from torchrec_hybrid.sharding import fused, variable_batch
 from torchrec_hybrid.sharding.segments import cached_tensor, host_to_device
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
 
@@ -582,29 +582,41 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             if negative is not None:
                 check.report = _bare_report(negative * _NEGATIVE_LENGTH)
             return features
-        limits, _, _, known = self._id_limits(features)
-        # every id clamped into its table (a new tensor: the batch is the user's); an id it changed was outside
-        checked = torch.clamp(values, cached_tensor(0, values.dtype, values.device), limits)
-        if known is not None:  # ids of keys that are no feature are not checked and stay as they are
-            checked = torch.where(known, checked, values)
-        code = checked.ne(values).any() * _BAD_ID  # int64
         weights = features.weights_or_none()
-        bad_weight = None
-        if self._validate_weights and weights is not None and weights.is_floating_point():
-            bad_weight = self._bad_weights(weights, known)
-            code = torch.where(code != 0, code, bad_weight.any() * _BAD_WEIGHT)
+        checked_weights = self._validate_weights and weights is not None and weights.is_floating_point()
+        if fused.fused_on(values) and (not checked_weights or weights.dtype == torch.float32):
+            # one pass, no copy unless some id or weight is out of range (fused.check_ids)
+            limit, feature_of_key, _ = self._key_limits(features)
+            code, checked, weights = fused.check_ids(values, limit, features.length_per_key(), feature_of_key,
+                                                     weights, checked_weights)
+        else:
+            code, checked, weights = self._composed_check(features, checked_weights)
         if negative is not None:  # a malformed batch is reported before its ids
             code = torch.where(negative, _NEGATIVE_LENGTH, code)
         check.report = _bare_report(code)
-        if not self._ids_index_rows:
+        if not self._ids_index_rows or (checked is values and weights is features.weights_or_none()):
             return features
-        if bad_weight is not None:
-            assert weights is not None
-            weights = torch.where(bad_weight, 0, weights)
         return KeyedJaggedTensor(keys=list(features.keys()), values=checked, weights=weights,
                                  lengths=features.lengths(), offsets=features.offsets_or_none(),
                                  stride=features.stride(), length_per_key=features.length_per_key(),
                                  offset_per_key=features.offset_per_key())
+
+    def _composed_check(self, features: KeyedJaggedTensor, checked_weights: bool):
+        """:meth:`_check_values`' verdict from torch ops (the fused op's reference, and its path on other
+        devices): ``(code, ids, weights)``, every id clamped into its table (a new tensor: the batch is the
+        user's; an id it changed was outside) and, checked, every non-finite weight zeroed."""
+        values, weights = features.values(), features.weights_or_none()
+        limits, _, _, known = self._id_limits(features)
+        checked = torch.clamp(values, cached_tensor(0, values.dtype, values.device), limits)
+        if known is not None:  # ids of keys that are no feature are not checked and stay as they are
+            checked = torch.where(known, checked, values)
+        code = checked.ne(values).any() * _BAD_ID  # int64
+        if checked_weights:
+            assert weights is not None
+            bad_weight = self._bad_weights(weights, known)
+            code = torch.where(code != 0, code, bad_weight.any() * _BAD_WEIGHT)
+            weights = torch.where(bad_weight, 0, weights)
+        return code, checked, weights
 
     def _first_value_problem(self, features: KeyedJaggedTensor) -> torch.Tensor:
         """This rank's first negative bag length (or, without one, first bad id, or first bad
@@ -666,15 +678,10 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         work.wait()
         return gathered.view(-1, 3).tolist()
 
-    def _id_limits(self, features: KeyedJaggedTensor
-                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-        """Per id of ``features``, the largest valid id of its table; per key, its feature's
-        index (-1: a key that is no feature); where each key's ids end; per id, whether its key
-        is a feature (None: all are). Per keys, dtype and device the per-key tensors are built
-        once; the per-id ones are kept for the last lengths per key (fixed bag sizes, as one-hot
-        and MLPerf's multi-hot batches have, expand them once)."""
+    def _key_limits(self, features: KeyedJaggedTensor) -> Tuple[torch.Tensor, torch.Tensor, bool]:
+        """Per key of ``features``, the largest valid id of its table (the ids' dtype) and its feature's index
+        (-1: a key that is no feature), and whether every key is a feature; built once per keys, dtype, device."""
         keys, values = tuple(features.keys()), features.values()
-        counts = tuple(features.length_per_key())
         cache_key = (keys, values.dtype, values.device)
         cached = self._limit_cache.get(cache_key)
         if cached is None:
@@ -685,7 +692,20 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             feature_of_key = torch.tensor(features_of_keys, dtype=torch.int64, device=values.device)
             all_known = min(features_of_keys, default=0) >= 0
             cached = self._limit_cache[cache_key] = ((limit, feature_of_key, all_known), None, None)
-        (limit, feature_of_key, all_known), last_counts, expanded = cached
+        return cached[0]
+
+    def _id_limits(self, features: KeyedJaggedTensor
+                   ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+        """Per id of ``features``, the largest valid id of its table; per key, its feature's
+        index (-1: a key that is no feature); where each key's ids end; per id, whether its key
+        is a feature (None: all are). Per keys, dtype and device the per-key tensors are built
+        once; the per-id ones are kept for the last lengths per key (fixed bag sizes, as one-hot
+        and MLPerf's multi-hot batches have, expand them once)."""
+        keys, values = tuple(features.keys()), features.values()
+        counts = tuple(features.length_per_key())
+        cache_key = (keys, values.dtype, values.device)
+        limit, feature_of_key, all_known = self._key_limits(features)
+        _, last_counts, expanded = self._limit_cache[cache_key]
         if last_counts == counts:
             assert expanded is not None
             return expanded

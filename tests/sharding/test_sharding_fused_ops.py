@@ -217,3 +217,36 @@ def test_fused_hot_pooling_equals_the_dense_tbe_and_index_add(weighted, dims, dt
         out[name] = (pooled.detach(), replica.grad, recv.grad)
     for a, b in zip(out["composed"], out["fused"]):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bad", ["none", "id", "weight", "both", "unknown_key"])
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_fused_id_check(bad, dtype):
+    """fused.check_ids against the check written out in torch ops: the verdict (1: an id of a feature's key
+    out of range, else 2: a non-finite weight, else 0), ids clamped and weights zeroed only where needed
+    (the same tensors when nothing is), keys that are no feature left alone."""
+    g = torch.Generator().manual_seed(11)
+    counts = [5, 0, 7, 3]
+    limit = torch.tensor([9, 4, 19, 2], dtype=dtype)
+    feature_of_key = torch.tensor([0, 1, -1 if bad == "unknown_key" else 2, 3])
+    values = torch.cat([torch.randint(0, int(lim) + 1, (n,), generator=g) for n, lim in zip(counts, limit)]).to(dtype)
+    weights = torch.rand(values.numel(), generator=g)
+    if bad in ("id", "both", "unknown_key"):
+        values[6] = -3 if bad != "unknown_key" else 99  # in key 2 (no feature when unknown_key: not checked)
+        values[13] = 7  # key 3, limit 2 ("unknown_key": in range, see below)
+        if bad == "unknown_key":
+            values[13] = 1
+    if bad in ("weight", "both"):
+        weights[2] = float("nan")
+        weights[14] = float("inf")
+    code, ids, w = fused.check_ids(values, limit, counts, feature_of_key, weights, True)
+    key = torch.repeat_interleave(torch.arange(4), torch.tensor(counts))
+    known = feature_of_key[key] >= 0
+    lim = limit[key]
+    want_ids = torch.where(known, values.clamp(min=0).minimum(lim), values)
+    bad_w = ~torch.isfinite(weights) & known
+    want_code = 1 if bool((want_ids != values).any()) else 2 if bool(bad_w.any()) else 0
+    assert int(code) == want_code
+    assert torch.equal(ids, want_ids) and torch.equal(w, torch.where(bad_w, 0.0, weights))
+    assert (ids is values) == (want_code != 1)  # no copy unless an id changed
+    assert (w is weights) == (not bool(bad_w.any()))

@@ -7,6 +7,7 @@
 //   exchange_summary  after the exchange: every size the host needs, in one small tensor
 //   unpack_cold       owner side: the lanes' TBE inputs and the output all-to-all's send plan
 //   receive_plan      sample side: where each received unit of the output all-to-all adds in
+//   check_ids         the sharded module's input check of ids and weights: a verdict, copies only where needed
 //   hot_pool          sample side: the replica's SUM pooling of the hot lookups, the received partial sums added
 //                     (and its backward): FBGEMM's dense TBE plus an index_add_, in one pass
 
@@ -15,6 +16,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -645,6 +647,96 @@ std::vector<Tensor> hot_pool_backward(const Tensor& grad, int64_t replica_numel,
                                          recv_pos, unit);
 }
 
+// ---- check_ids -----------------------------------------------------------------------------------
+// The sharded module's per-step input check of ids and weights (sharded_ebc.py): whether some id of a key that
+// is a feature lies outside [0, its limit], else whether some weight is NaN / infinite (codes 1, 2; 0: neither),
+// and only where one does, a copy with such ids clamped into range and such weights zeroed (empty: none).
+
+template <typename V>
+std::vector<Tensor> check_ids_impl(const Tensor& values, const Tensor& limit_per_key, at::IntArrayRef counts,
+                                   const Tensor& feature_of_key, const c10::optional<Tensor>& weights) {
+  const int64_t K = static_cast<int64_t>(counts.size());
+  const V* v = values.data_ptr<V>();
+  const V* lim = limit_per_key.data_ptr<V>();
+  const int64_t* fk = feature_of_key.data_ptr<int64_t>();
+  bool bad_id = false, bad_weight = false;
+  int64_t i = 0;
+  for (int64_t k = 0; k < K; ++k) {
+    const int64_t n = counts[k];
+    if (fk[k] >= 0) {
+      const V top = lim[k];
+      for (int64_t j = i; j < i + n; ++j) bad_id |= (v[j] < 0) | (v[j] > top);
+    }
+    i += n;
+  }
+  TORCH_CHECK(i == values.numel(), "check_ids: ids per key add up to ", i, ", got ", values.numel());
+  const float* w = weights.has_value() ? weights->data_ptr<float>() : nullptr;
+  if (w && !bad_id) {
+    i = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      if (fk[k] >= 0) {
+        for (int64_t j = i; j < i + counts[k]; ++j) bad_weight |= !std::isfinite(w[j]);
+      }
+      i += counts[k];
+    }
+  }
+  Tensor code = at::full({1}, bad_id ? 1 : (bad_weight ? 2 : 0), values.options().dtype(at::kLong));
+  Tensor fixed_values = at::empty({0}, values.options());
+  Tensor fixed_weights = at::empty({0}, values.options().dtype(at::kFloat));
+  if (bad_id) {
+    fixed_values = values.clone();
+    V* out = fixed_values.data_ptr<V>();
+    i = 0;
+    for (int64_t k = 0; k < K; ++k) {
+      if (fk[k] >= 0) {
+        for (int64_t j = i; j < i + counts[k]; ++j) out[j] = std::min(std::max(out[j], V(0)), lim[k]);
+      }
+      i += counts[k];
+    }
+  }
+  if (w) {  // bad weights are zeroed whenever there is one (the code reports a bad id first)
+    bool any = bad_weight;
+    if (bad_id) {
+      i = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        if (fk[k] >= 0) {
+          for (int64_t j = i; j < i + counts[k]; ++j) any |= !std::isfinite(w[j]);
+        }
+        i += counts[k];
+      }
+    }
+    if (any) {
+      fixed_weights = weights->clone();
+      float* out = fixed_weights.data_ptr<float>();
+      i = 0;
+      for (int64_t k = 0; k < K; ++k) {
+        if (fk[k] >= 0) {
+          for (int64_t j = i; j < i + counts[k]; ++j) {
+            if (!std::isfinite(out[j])) out[j] = 0.0f;
+          }
+        }
+        i += counts[k];
+      }
+    }
+  }
+  return {code, fixed_values, fixed_weights};
+}
+
+std::vector<Tensor> check_ids(const Tensor& values, const Tensor& limit_per_key, at::IntArrayRef counts,
+                              const Tensor& feature_of_key, const c10::optional<Tensor>& weights) {
+  TORCH_CHECK(values.dim() == 1 && values.is_contiguous(), "check_ids: contiguous 1-D ids");
+  TORCH_CHECK(limit_per_key.scalar_type() == values.scalar_type(), "check_ids: limits of the ids' dtype");
+  if (weights.has_value()) {
+    TORCH_CHECK(weights->scalar_type() == at::kFloat && weights->numel() == values.numel() &&
+                    weights->is_contiguous(),
+                "check_ids: float32 weights, one per id");
+  }
+  if (values.scalar_type() == at::kInt) return check_ids_impl<int32_t>(values, limit_per_key, counts, feature_of_key,
+                                                                        weights);
+  TORCH_CHECK(values.scalar_type() == at::kLong, "check_ids: int32 or int64 ids");
+  return check_ids_impl<int64_t>(values, limit_per_key, counts, feature_of_key, weights);
+}
+
 }  // namespace
 
 TORCH_LIBRARY(torchrec_hybrid, m) {
@@ -662,6 +754,9 @@ TORCH_LIBRARY(torchrec_hybrid, m) {
       "receive_plan(Tensor sent_cells, int num_features, Tensor cell_table, int row_units, int[] partial_units, "
       "int[] replica_units, Tensor replica_order, int pooled_units, int spread_max) -> Tensor[]");
   m.def(
+      "check_ids(Tensor values, Tensor limit_per_key, int[] counts, Tensor feature_of_key, Tensor? weights) "
+      "-> Tensor[]");
+  m.def(
       "hot_pool(Tensor replica, Tensor weights_offsets, Tensor D_offsets, Tensor rows, Tensor offsets, "
       "Tensor? weights, Tensor recv, Tensor recv_pos, int unit, int batch) -> Tensor");
   m.def(
@@ -674,6 +769,7 @@ TORCH_LIBRARY_IMPL(torchrec_hybrid, CPU, m) {
   m.impl("exchange_summary", &exchange_summary);
   m.impl("unpack_cold", &unpack_cold);
   m.impl("receive_plan", &receive_plan);
+  m.impl("check_ids", &check_ids);
   m.impl("hot_pool", &hot_pool);
   m.impl("hot_pool_backward", &hot_pool_backward);
 }

@@ -133,3 +133,16 @@ def hot_pool_add(state: HotState, replica: torch.Tensor, rows: torch.Tensor, off
         return composed.hot_pool_add(state, replica, rows, offsets, weights, batch, recv, recv_pos, unit)
     return _HotPoolAdd.apply(replica, recv, state.replicas[0].tbe, rows, offsets.to(rows.dtype), weights,
                              recv_pos, unit, batch)
+
+
+def check_ids(values: torch.Tensor, limit_per_key: torch.Tensor, counts: List[int], feature_of_key: torch.Tensor,
+              weights: Optional[torch.Tensor], check_weights: bool):
+    """The sharded module's check of a batch's ids (and, ``check_weights``, float32 weights) on the CPU, in one
+    pass: ``(code, ids, weights)`` - code 1 (an id of a key that is a feature outside ``[0, its limit]``), else
+    2 (a non-finite weight), else 0, as an int64 scalar tensor; ids and weights as given when all are fine,
+    else copies with the bad ids clamped into range and the bad weights zeroed (sharded_ebc.py composes the
+    same from torch ops on other devices)."""
+    code, fixed_values, fixed_weights = torch.ops.torchrec_hybrid.check_ids(
+        values, limit_per_key, counts, feature_of_key, weights if check_weights else None)
+    ids = fixed_values if fixed_values.numel() else values
+    return code.view(()), ids, fixed_weights if fixed_weights.numel() else weights
