@@ -152,9 +152,20 @@ class RefreshConfig:
     window: int = dataclasses.field(default=10, metadata=_positive("an integer > 0"))
 
 
+def _network_ok(value: Any) -> bool:
+    """``sharding.network``: one of its words, or a finite bandwidth > 0 (GiB/s per rank)."""
+    return isinstance(value, str) or (math.isfinite(value) and value > 0)
+
+
 @dataclasses.dataclass
 class ShardingConfig:
     planner: Literal["hybrid", "manual", "stock"] = "hybrid"
+    # the network the hybrid and stock planners price bytes on: "measure" (every rank times the
+    # process group's collectives before planning, about a second), "topology" (the topology's own
+    # bandwidths: gloo_topology's 1 GiB/s on CPU, TorchRec's NVLink + NIC defaults on CUDA) or a
+    # number, GiB/s per rank for every collective; the manual planner prices nothing
+    network: Union[Literal["measure", "topology"], float] = dataclasses.field(
+        default="measure", metadata=_check(_network_ok, "'measure', 'topology' or a number of GiB/s per rank > 0"))
     stats: StatsConfig = dataclasses.field(default_factory=StatsConfig)
     # hybrid planner: the same keys as configs/planner.yaml's hot_set / tables
     hot_set: Dict[str, Any] = dataclasses.field(default_factory=dict)

@@ -5,9 +5,12 @@
 - ``build_plan``: one of three planners (``sharding.planner``):
   ``hybrid``  ``torchrec_hybrid.planner.HybridEmbeddingShardingPlanner`` fed with the
               frequency statistics: it picks each table's sharding type and the hot set of
-              each hybrid table (options under ``sharding.hybrid``);
+              each hybrid table (options under ``sharding.hot_set``);
   ``manual``  every table ``frequency_hybrid`` (hot rows replicated, cold rows row-wise);
   ``stock``   TorchRec's ``EmbeddingShardingPlanner`` with the stock sharder (comparison).
+  The hybrid and stock planners price bytes on the network of ``sharding.network``: measured
+  on the process group first (``measure``, default), the topology's own bandwidths, or a given
+  one; ``plan_summary`` says in one line which plan the run trains and why.
 - ``build_optimizer``: every embedding table gets the same optimizer whatever its sharding:
   FBGEMM's fused one (applied in backward) for sharded tables, the same algorithm as a torch
   optimizer (``torchrec.optim.RowWiseAdagrad`` for ``rowwise_adagrad``) for data-parallel
@@ -32,6 +35,7 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 from torchrec.distributed.model_parallel import DistributedModelParallel
 from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
+from torchrec.distributed.planner.types import CollectiveType
 from torchrec.distributed.sharding_plan import construct_module_sharding_plan
 from torchrec.distributed.types import ModuleSharder, ShardingPlan
 from torchrec.models.dlrm import DLRM, DLRMTrain
@@ -42,9 +46,12 @@ from torchrec.optim.optimizers import in_backward_optimizer_filter
 from torchrec.optim.rowwise_adagrad import RowWiseAdagrad
 from torch.distributed._shard.sharded_tensor import ShardedTensor
 
-from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder, frequency_hybrid
+from examples.dlrm.data import _hash_uniform
+from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder, _compat, frequency_hybrid
 from torchrec_hybrid.planner.config import parse_hot_set, parse_table_constraints
-from torchrec_hybrid.planner.planner import without_hybrid
+from torchrec_hybrid.planner.network import NetworkMeasurement, measure_network
+from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner, PlanCandidate, without_hybrid
+from torchrec_hybrid.planner.topology import UniformCommsBandwidth, gbps_to_bytes_per_ms, gloo_topology
 from torchrec_hybrid.stats import FrequencyStats, HotSetRule
 
 logger = logging.getLogger(__name__)
@@ -90,62 +97,92 @@ def hot_set_rule(cfg) -> HotSetRule:
     return HotSetRule(**h)
 
 
-def _hybrid_planner_class():
-    try:
-        from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner
-    except ImportError:  # a checkout without the planner
-        return None
-    return HybridEmbeddingShardingPlanner
-
-
-def _topology(world_size: int, device: torch.device) -> Topology:
+def _topology(world_size: int, device: torch.device, bandwidth_gbps: Optional[float] = None) -> Topology:
+    """The topology the planners start from: on CPU ``gloo_topology`` (gloo: one bandwidth for every
+    collective; TorchRec's defaults describe NVLink), else TorchRec's default one; ``bandwidth_gbps``
+    (``sharding.network`` given as a number): every collective at that many GiB/s per rank, any device."""
     # ranks per host, as torchrun sets it; a multi-node job is planned as several hosts
     local = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
     if device.type == "cpu":
-        try:  # gloo: one bandwidth for every collective (torchrec's defaults describe NVLink)
-            from torchrec_hybrid.planner import gloo_topology
-        except ImportError:
-            pass
-        else:
-            return gloo_topology(world_size, local_world_size=local)
-    return Topology(world_size=world_size, local_world_size=local, compute_device=device.type)
+        if bandwidth_gbps is not None:
+            return gloo_topology(world_size, bandwidth_gbps=bandwidth_gbps, local_world_size=local)
+        return gloo_topology(world_size, local_world_size=local)
+    comms = UniformCommsBandwidth(gbps_to_bytes_per_ms(bandwidth_gbps)) if bandwidth_gbps is not None else None
+    return Topology(world_size=world_size, local_world_size=local, compute_device=device.type,
+                    generalized_comms_bandwidths=comms)
+
+
+def planning_network(cfg, pg: dist.ProcessGroup) -> Optional[NetworkMeasurement]:
+    """``sharding.network: measure``: the process group's collectives measured (``measure_network``,
+    about a second; collective, every rank gets the same measurement), once, for whichever of the
+    hybrid and stock planners plans, so the two price bytes alike and the hybrid planner's own copy
+    of TorchRec's plan is priced as ``--planner stock`` plans it. None for the other settings, and for
+    the manual planner, which prices nothing (said in the log)."""
+    network = cfg.sharding.network
+    if cfg.sharding.planner == "manual":
+        logger.info("sharding.network %r: not used by the manual planner (it prices no plan)", network)
+        return None
+    if network != "measure":
+        return None
+    measurement = measure_network(pg)
+    logger.info("sharding.network measure: %s", measurement)
+    return measurement
+
+
+@dataclasses.dataclass
+class PlanResult:
+    """What :func:`build_plan` made: the plan and its sharder, the planner that made it (``name``:
+    hybrid / stock / manual; ``planner``: None for manual) and the network it was priced on
+    (``measurement`` where ``sharding.network`` is ``measure``)."""
+
+    plan: ShardingPlan
+    sharder: ModuleSharder
+    name: str
+    planner: Any
+    measurement: Optional[NetworkMeasurement] = None
+    network_setting: Any = "topology"  # sharding.network as configured
 
 
 def build_plan(cfg, model: torch.nn.Module, stats: Optional[FrequencyStats], hot_ids: Dict[str, torch.Tensor],
-               world_size: int, device: torch.device, pg: dist.ProcessGroup
-               ) -> Tuple[ShardingPlan, ModuleSharder, str, Any]:
-    """(plan, sharder, planner actually used, the planner object or None for ``manual``).
+               world_size: int, device: torch.device, pg: dist.ProcessGroup) -> PlanResult:
+    """The plan of ``sharding.planner`` (collective: every rank calls it).
 
     ``hybrid``: the planner picks each table's type and, for hybrid tables, its hot set
     (carried in the plan) from the statistics. ``manual``: every table ``frequency_hybrid``
-    with ``hot_ids`` (from ``sharding.hot_set``). ``stock``: TorchRec's planner and sharder.
+    with ``hot_ids`` (from ``sharding.manual_hot_set``). ``stock``: TorchRec's planner and sharder.
+    The hybrid and stock planners plan for the network of ``sharding.network`` (:func:`planning_network`):
+    the hybrid planner given the measurement (``network=``), TorchRec's given the topology with its
+    bandwidths (``NetworkMeasurement.apply_to``), the same network either way.
     """
     kind = cfg.sharding.planner
     fp = fused_params(cfg)
-    topology = _topology(world_size, device)
+    network = cfg.sharding.network
+    topology = _topology(world_size, device, None if isinstance(network, str) else float(network))
+    measurement = planning_network(cfg, pg)
     constraints = parse_table_constraints(cfg.sharding.tables, "sharding.tables") or None
     if kind == "stock":
         sharder = EmbeddingBagCollectionSharder(fused_params=fp)
-        planner = EmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size,
-                                           constraints=without_hybrid(constraints))
-        return planner.collective_plan(model, [sharder], pg), sharder, "stock", planner
+        planner = EmbeddingShardingPlanner(
+            topology=measurement.apply_to(topology) if measurement is not None else topology,
+            batch_size=cfg.data.batch_size, constraints=without_hybrid(constraints))
+        return PlanResult(planner.collective_plan(model, [sharder], pg), sharder, "stock", planner, measurement,
+                          network)
     if kind not in ("hybrid", "manual"):
         raise ValueError(f"sharding.planner must be hybrid, stock or manual, got {kind!r}")
     sharder = HybridEmbeddingBagCollectionSharder(hot_ids=hot_ids, fused_params=fp)
     if kind == "hybrid":
-        planner_cls = _hybrid_planner_class()
-        if planner_cls is not None:
-            opts = parse_hot_set(cfg.sharding.hot_set, "sharding.hot_set")  # same keys as configs/planner.yaml
-            planner = planner_cls(topology=topology, batch_size=cfg.data.batch_size, frequency_stats=stats,
-                                  constraints=constraints, **opts)
-            return planner.collective_plan(model, [sharder], pg), sharder, "hybrid", planner
-        logger.warning("torchrec_hybrid.planner is not available; using the manual plan")
+        opts = parse_hot_set(cfg.sharding.hot_set, "sharding.hot_set")  # same keys as configs/planner.yaml
+        planner = HybridEmbeddingShardingPlanner(topology=topology, batch_size=cfg.data.batch_size,
+                                                 frequency_stats=stats, constraints=constraints,
+                                                 network=measurement, **opts)
+        return PlanResult(planner.collective_plan(model, [sharder], pg), sharder, "hybrid", planner, measurement,
+                          network)
     ebc = model.model.sparse_arch.embedding_bag_collection
     gens = {c.name: frequency_hybrid() if c.num_embeddings >= world_size else  # no empty cold row block
             frequency_hybrid(cold="table_wise", rank=0) for c in ebc.embedding_bag_configs()}
     plan = construct_module_sharding_plan(ebc, gens, sharder=sharder, local_size=world_size,
                                           world_size=world_size, device_type=device.type)
-    return ShardingPlan({EBC_PATH: plan}), sharder, "manual", None
+    return PlanResult(ShardingPlan({EBC_PATH: plan}), sharder, "manual", None, None, network)
 
 
 def planned_hot_ids(plan: ShardingPlan, sharder_hot_ids: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
@@ -214,11 +251,14 @@ def build_optimizer(cfg, model: DistributedModelParallel) -> Optimizers:
 
 def _init_values(rows: torch.Tensor, cols: torch.Tensor, dim: int, num_rows: int, salt: int) -> torch.Tensor:
     """Uniform(-1/sqrt(rows), 1/sqrt(rows)) (TorchRec's default), from a hash of the position."""
-    from examples.dlrm.data import _hash_uniform
-
     pos = rows.view(-1, 1) * dim + cols.view(1, -1)
     bound = math.sqrt(1.0 / num_rows)
     return ((2.0 * _hash_uniform(pos, salt) - 1.0) * bound).float()
+
+
+# init_embeddings fills a shard this many elements at a time: whole 200k x 128 shards (configs/dlrm_mlperf.yaml)
+# held a few hundred MB of hash temporaries each, at the run's peak memory
+INIT_CHUNK_ELEMENTS = 1 << 22
 
 
 def init_embeddings(model: DistributedModelParallel, tables: List[EmbeddingBagConfig], seed: int) -> None:
@@ -237,10 +277,13 @@ def init_embeddings(model: DistributedModelParallel, tables: List[EmbeddingBagCo
         for tensor, (r0, c0) in pieces:
             if tensor.numel() == 0:
                 continue
-            rows = torch.arange(r0, r0 + tensor.shape[0], dtype=torch.int64)
             cols = torch.arange(c0, c0 + tensor.shape[1], dtype=torch.int64)
-            with torch.no_grad():
-                tensor.copy_(_init_values(rows, cols, t.embedding_dim, t.num_embeddings, salt).to(tensor.device))
+            step = max(1, INIT_CHUNK_ELEMENTS // tensor.shape[1])  # the hash's int64 temporaries: ~8 x a chunk
+            for start in range(0, tensor.shape[0], step):
+                rows = torch.arange(r0 + start, r0 + min(start + step, tensor.shape[0]), dtype=torch.int64)
+                with torch.no_grad():
+                    tensor[start:start + step].copy_(
+                        _init_values(rows, cols, t.embedding_dim, t.num_embeddings, salt).to(tensor.device))
     model.load_state_dict(sd)
 
 
@@ -294,6 +337,135 @@ def plan_table(plan: ShardingPlan, tables: List[EmbeddingBagConfig], hot_ids: Di
         est = f", modelled {rank_bytes[r] / 1e6:.3f} MB sent/step" if rank_bytes and r < len(rank_bytes) else ""
         lines.append(f"rank {r}: {memory[r] / 2**20:.2f} MiB embedding weights + optimizer state{est}")
     return lines
+
+
+def network_fields(setting: Any, used: bool, measurement: Optional[NetworkMeasurement]) -> Dict[str, Any]:
+    """The final JSON's ``network``: ``sharding.network`` as set, whether a planner priced with it
+    (the manual planner does not), and, where measured, what ``measure_network`` found (bandwidths
+    in bytes/ms per rank, TorchRec's unit)."""
+    out: Dict[str, Any] = {"setting": setting, "used": used}
+    if measurement is not None:
+        out.update(backend=measurement.backend, bandwidth=measurement.bandwidth,
+                   bandwidth_gbps=measurement.bandwidth_gbps, allreduce_bandwidth=measurement.allreduce_bandwidth,
+                   collective_ms=measurement.collective_ms, elapsed_s=measurement.elapsed_s)
+    return out
+
+
+# the hybrid planner's candidates (PlanCandidate.name) as the plan line names them
+CANDIDATE_LABELS = {
+    "stock: TorchRec's EmbeddingShardingPlanner": "TorchRec's plan",
+    "hybrid planner: stock + hybrid options": "the partitioner's mix",
+    "every eligible table frequency_hybrid": "the all-hybrid candidate",
+}
+
+
+def _is_stock(candidate: PlanCandidate) -> bool:
+    return candidate.name.startswith("stock")  # how the hybrid planner tells TorchRec's plan among its candidates
+
+
+def plan_types_text(plan: ShardingPlan, sharder_hot_ids: Optional[Dict[str, torch.Tensor]] = None) -> str:
+    """``"15 frequency_hybrid with 2,855 hot rows, 11 data_parallel"``: tables per sharding type, most
+    first, and the hot rows the plan's hybrid tables replicate (the plan's own, else the sharder's)."""
+    counts = describe_plan(plan)
+    hot = sum(int(ids.numel()) for ids in planned_hot_ids(plan, sharder_hot_ids or {}).values())
+    return ", ".join(f"{n} {t}" + (f" with {hot:,} hot rows" if t == FREQUENCY_HYBRID else "")
+                     for t, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
+
+
+def _sig3(x: float) -> str:
+    """``x`` to three significant figures, trailing zeros kept (14.0, 1.30, 0.618, 123)."""
+    if not x or not math.isfinite(x):
+        return f"{x:g}"
+    x = float(f"{x:.3g}")  # rounded first: 9.999 is 10.0, not 10.00
+    return f"{x:.{max(0, 2 - math.floor(math.log10(abs(x))))}f}"
+
+
+def _ms(c: PlanCandidate) -> str:
+    return _sig3(c.cost["cost_ms"])
+
+
+def _mb(c: PlanCandidate) -> str:
+    return _sig3(c.cost["busiest_bytes"] / 1e6)
+
+
+def _estimate(c: PlanCandidate, short: bool = False) -> str:
+    if short:
+        return f"est. {_ms(c)} ms, {_mb(c)} MB"
+    return f"est. {_ms(c)} ms per step, {_mb(c)} MB on the busiest rank"
+
+
+def _verdict(c: PlanCandidate, chosen: PlanCandidate, left_out: Dict[str, str]) -> str:
+    """Why candidate ``c`` was not chosen over ``chosen`` (``choose_plan``'s rules, in words)."""
+    if c.name in left_out:
+        return f"left out ({left_out[c.name]})"
+    if c.cost["cost_ms"] > chosen.cost["cost_ms"]:
+        return "costs more"
+    if _is_stock(chosen):  # cheaper or as cheap, yet TorchRec's plan kept: it did not save min_saving
+        return "saves too little over it (min_saving)"
+    return "ties on cost, sends more bytes"
+
+
+def plan_summary(result: PlanResult) -> Tuple[str, Dict[str, Any]]:
+    """One line saying which plan this run trains and why, and the same as JSON fields.
+
+    Hybrid planner: the candidate it returned (``planner.chosen``), set against TorchRec's plan
+    priced by the same model (est. step cost and busiest-rank bytes per step), or, where TorchRec's
+    plan won, what each hybrid candidate lacked; stock and manual planners compare nothing and say
+    so. The fields: ``plan_summary`` (the line), ``plan_candidates`` (per candidate its name, types,
+    estimates, whether chosen and why not) and ``planned_bandwidth`` (bytes/ms per rank, TorchRec's
+    unit: the all-to-all bandwidth of the topology the planner held, read back from it)."""
+    planner, plan = result.planner, result.plan
+    fields: Dict[str, Any] = {"plan_candidates": [], "planned_bandwidth": None}
+    if planner is not None:
+        topo = _compat.planner_topology(planner)
+        fields["planned_bandwidth"] = topo.comms_bandwidths.get_bw(topo.local_world_size, topo.world_size,
+                                                                   CollectiveType.ALL_TO_ALL)
+    chosen: Optional[PlanCandidate] = getattr(planner, "chosen", None)
+    if result.name == "stock":
+        line = f"TorchRec's own ({plan_types_text(plan)}): --planner stock, TorchRec's EmbeddingShardingPlanner " \
+               "(nothing compared)"
+    elif result.name == "manual":
+        line = f"{plan_types_text(plan, getattr(result.sharder, 'hot_ids', None))}: --planner manual, every " \
+               "table frequency_hybrid with " \
+               "sharding.manual_hot_set's hot rows (not priced, nothing compared)"
+    elif chosen is None:  # another rank than the one that planned (collective_plan plans on rank 0)
+        line = f"{plan_types_text(plan)}: the hybrid planner's (compared on rank 0)"
+    else:
+        left_out = dict(planner.left_out)
+        stock = next((c for c in planner.candidates if _is_stock(c)), None)
+        others = [c for c in planner.candidates if c is not chosen and c is not stock]
+        compared = {c.name for c in planner.candidates}
+        unplanned = {n: w for n, w in left_out.items() if n not in compared}  # found no plan at all
+        if stock is None:
+            why = next((w for n, w in left_out.items() if n.startswith("stock")),
+                       "the constraints allow a table no stock type")
+            line = f"{plan_types_text(chosen.plan)}, {CANDIDATE_LABELS.get(chosen.name, chosen.name)}: no TorchRec " \
+                   f"plan to compare with ({why}); {_estimate(chosen)}"
+        elif chosen is stock:
+            rest = "; ".join([f"{CANDIDATE_LABELS.get(c.name, c.name)} ({plan_types_text(c.plan)}) "
+                              f"{_verdict(c, stock, left_out)}, {_estimate(c, short=True)}" for c in others]
+                             + [f"{CANDIDATE_LABELS.get(n, n)}: {w}" for n, w in unplanned.items()])
+            line = f"TorchRec's own ({plan_types_text(stock.plan)}): {_estimate(stock)}; the hybrid candidates " \
+                   f"do not pay here: {rest or 'none was compared'}"
+        else:
+            why = "cheaper" if chosen.cost["cost_ms"] <= stock.cost["cost_ms"] else \
+                "costs within the tie band, sends fewer bytes"
+            line = f"{plan_types_text(chosen.plan)}, {CANDIDATE_LABELS.get(chosen.name, chosen.name)}, chosen over " \
+                   f"TorchRec's plan ({plan_types_text(stock.plan)}): est. {_ms(chosen)} vs {_ms(stock)} ms per " \
+                   f"step, {_mb(chosen)} vs {_mb(stock)} MB on the busiest rank ({why})"
+        for c in planner.candidates:
+            fields["plan_candidates"].append({
+                "name": c.name, "types": describe_plan(c.plan), "cost_ms": c.cost["cost_ms"],
+                "busiest_bytes": c.cost["busiest_bytes"], "chosen": c is chosen,
+                "why_not": None if c is chosen else _verdict(c, chosen, left_out)})
+        fields["plan_candidates"] += [{"name": n, "types": None, "cost_ms": None, "busiest_bytes": None,
+                                       "chosen": False, "why_not": w} for n, w in unplanned.items()]
+    if fields["planned_bandwidth"] is not None:
+        how = ("measured" if result.measurement is not None else
+               "the topology's own" if result.network_setting == "topology" else "sharding.network")
+        line += f" [network {how}: {fields['planned_bandwidth'] / 1e3:,.0f} MB/s per rank]"
+    fields["plan_summary"] = line
+    return line, fields
 
 
 def describe_plan(plan: ShardingPlan) -> Dict[str, int]:

@@ -6,7 +6,8 @@ Wiring (each piece is a small module next to this file):
   config.py      validated config schema, YAML + ``--set key=value`` / ``--steps N`` overrides
   data.py        synthetic Criteo-like batches, or Criteo TSV / .npy files
   (stats)        frequency statistics of the first N batches (all-reduced), or a file
-  model.py       DLRM -> plan (hybrid planner | manual | stock) -> DMP -> optimizers
+  model.py       DLRM -> network (measured: sharding.network) -> plan (hybrid planner | manual | stock),
+                 one line saying which plan and why -> DMP -> optimizers
   checkpoint.py  torch.distributed.checkpoint save / resume under any plan (model, optimizer, progress)
   metrics.py     loss, AUC and NE (torchrec.metrics), validation, samples/s, embedding bytes per step
   refresh.py     hot-set coverage per step; streaming statistics and hot-set refresh (sharding.refresh)
@@ -46,8 +47,8 @@ from examples.dlrm.metrics import (  # noqa: E402
     JsonlLog, StepTimer, TrainMetrics, evaluate, json_safe, measure_dense_sync_bytes)
 from torchrec.distributed.train_pipeline import TrainPipelineSparseDist  # noqa: E402
 from examples.dlrm.model import (  # noqa: E402
-    build_model, build_optimizer, build_plan, describe_plan, hot_set_rule, init_embeddings, mlp_numel,
-    plan_table, planned_hot_ids, replicated_tables, shard_model)
+    PlanResult, build_model, build_optimizer, build_plan, hot_set_rule, init_embeddings, mlp_numel, network_fields,
+    plan_summary, plan_table, planned_hot_ids, replicated_tables, shard_model)
 from examples.dlrm.refresh import HotSetTracker  # noqa: E402
 from examples.dlrm.watchdog import StepWatchdog, exit_with_launcher  # noqa: E402
 from torchrec_hybrid.stats import FrequencyStats  # noqa: E402
@@ -265,6 +266,7 @@ class Training:
         self.steps = int(cfg.train.steps)
         self.start = self.data_position = 0
         self.val: Dict[str, float] = {}
+        self.plan_fields: Dict[str, Any] = {}  # plan_summary's fields and the network, for the final JSON
 
     def prepare(self, resume_from: Optional[str]) -> None:
         """Data, statistics, plan, sharded model and optimizer, hot-set tracker; then the
@@ -279,11 +281,11 @@ class Training:
             rule_hot_ids = hot_set_rule(cfg).select(self.stats)  # manual plan (the hybrid planner picks its own)
         torch.manual_seed(cfg.seed)
         model = build_model(cfg, self.tables)
-        plan, sharder, self.planner_used, planner = build_plan(cfg, model, self.stats, rule_hot_ids, self.world,
-                                                               self.device, dist.group.WORLD)
-        self.hot_ids = planned_hot_ids(plan, rule_hot_ids)
-        self._log_plan(plan, planner)
-        self.dmp = shard_model(model, plan, sharder, self.device)
+        planned = build_plan(cfg, model, self.stats, rule_hot_ids, self.world, self.device, dist.group.WORLD)
+        self.planner_used = planned.name
+        self.hot_ids = planned_hot_ids(planned.plan, rule_hot_ids)
+        self._log_plan(planned)
+        self.dmp = shard_model(model, planned.plan, planned.sharder, self.device)
         init_embeddings(self.dmp, self.tables, cfg.seed)  # the same initial tables under every plan
         self.opt = build_optimizer(cfg, self.dmp)
         self.tracker = HotSetTracker(cfg, self.dmp, self.tables, self.side_group)
@@ -298,8 +300,10 @@ class Training:
             self.start, self.data_position = progress["step"], progress["data_position"]
             self.tracker.restore(resume_from)  # the hot sets (and statistics) in use when it was written
 
-    def _log_plan(self, plan, planner) -> None:
-        logger.info("planner %s: %s", self.planner_used, describe_plan(plan))
+    def _log_plan(self, planned: PlanResult) -> None:
+        """The planner's comparison and the plan's table, then one line saying which plan this run
+        trains and why (:func:`plan_summary`; its fields go into the final JSON)."""
+        plan, planner = planned.plan, planned.planner
         rank_bytes = planner.estimated_rank_bytes() if hasattr(planner, "estimated_rank_bytes") else None
         for line in planner.comparison_table() if hasattr(planner, "comparison_table") else []:
             logger.info("%s", line)
@@ -311,6 +315,10 @@ class Training:
                         "data-parallel tables)", sum(int(v.numel()) for v in self.hot_ids.values()),
                         sum(t.num_embeddings for t in self.tables),
                         100 * local_share(self.stats, self.hot_ids, replicated_tables(plan)))
+        line, self.plan_fields = plan_summary(planned)
+        self.plan_fields["network"] = network_fields(self.cfg.sharding.network, planner is not None,
+                                                     planned.measurement)
+        logger.info("plan: %s", line)
 
     def _loop_parts(self) -> None:
         """The batches (a finite source: the same step count on every rank), the pipeline,
@@ -429,7 +437,7 @@ class Training:
         final.update(tracker.summary())
         hot = tracker.hot if tracker.active else self.hot_ids
         final.update(status=f"stopped by {signal.Signals(stopped_by).name}" if stopped_by else "completed",
-                     planner=self.planner_used, world_size=self.world,
+                     planner=self.planner_used, **self.plan_fields, world_size=self.world,
                      global_batch=self.world * self.cfg.data.batch_size,
                      hot_rows=int(sum(int(v.numel()) for v in hot.values())), start_step=self.start,
                      weights_sha256=checkpoint.weights_digest(self.dmp, self.side_group))

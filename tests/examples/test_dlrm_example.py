@@ -12,6 +12,7 @@ from typing import Dict, List, Tuple
 
 import pytest
 
+from torchrec_hybrid.planner.topology import DEFAULT_GLOO_BW_GBPS, gbps_to_bytes_per_ms
 from torchrec_hybrid.spawn import free_port
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -56,6 +57,11 @@ def test_smoke_two_ranks(tmp_path):
     # per rank memory and modelled bytes
     assert "plan: table" in err and "frequency_hybrid" in err and "hot cover" in err
     assert "plan: rank 1:" in err and "modelled" in err and "plan candidates" in err
+    # sharding.network: topology (the tiny config's): gloo_topology's bandwidth, nothing measured, and the
+    # one line saying which plan is trained names where that bandwidth came from
+    assert out["network"] == {"setting": "topology", "used": True} and "network (gloo" not in err
+    assert out["planned_bandwidth"] == pytest.approx(gbps_to_bytes_per_ms(DEFAULT_GLOO_BW_GBPS))
+    assert f"plan: {out['plan_summary']}" in err and "[network the topology's own: " in out["plan_summary"]
     # a chrome trace per rank of steps 3-4, with the hybrid's asynchronous output all-to-all in it
     for r in (0, 1):
         with open(tmp_path / f"trace_rank{r}.json") as f:
@@ -183,6 +189,7 @@ def test_auc_rises_on_synthetic_data():
     ("--set data.batch_size", ["not key=value"]),
     ("--set train.steps=abc", ["train.steps", "integer", "'abc'"]),
     ("--set sharding.planner=fast", ["sharding.planner", "'hybrid'", "'stock'"]),
+    ("--set sharding.network=fast", ["sharding.network", "'measure'", "'topology'", "'fast'"]),
     ("--set sharding.hot_set.budget=1", ["sharding.hot_set", "budget_mb"]),
     ("--set sharding.tables={t_cat_0: {sharding_types: [hybrid]}}", ["sharding.tables.t_cat_0.sharding_types"]),
     ("--set model.dense_arch=[32,8]", ["model.dense_arch", "embedding_dim"]),
