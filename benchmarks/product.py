@@ -31,6 +31,9 @@ planners plan for it: TorchRec's for ``measurement.apply_to(topology)``, the hyb
 ``network=measurement``; ``--measure-network`` does so on unshaped runs alone too. The results
 then carry the measurement per rate and, per workload, the rate above which the stock plan steps
 faster than the hybrid planner's (:func:`crossover`).
+
+Every rank runs one intra-op thread (``torch.set_num_threads(1)``) unless ``--threads N``: N threads per
+rank, ``0`` torch's default (``set_num_threads`` not called); the results record it.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -76,6 +79,39 @@ def fused_params() -> Dict[str, Any]:
     return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
 
 
+def set_threads(threads: int) -> int:
+    """A rank's intra-op threads: ``threads`` (``torch.set_num_threads``), or torch's default for 0 (not
+    called: what ``mp.spawn`` without it gives); returns the count it runs with (``torch.get_num_threads``)."""
+    if threads < 0:
+        raise ValueError(f"threads must be >= 0 (0: torch's default), got {threads}")
+    if threads > 0:
+        torch.set_num_threads(threads)
+    return torch.get_num_threads()
+
+
+def threads_text(results: List[Dict[str, Any]]) -> str:
+    """The ranks' intra-op threads of ``results`` as the reports say them (each distinct setting once; results
+    from before ``--threads`` ran one thread per rank)."""
+    def one(r: Dict[str, Any]) -> str:
+        t = r.get("threads", 1)
+        if t == 0:
+            return f"torch's default per rank ({r.get('torch_threads', '?')} here; --threads 0)"
+        return f"{t} per rank (torch.set_num_threads({t}))"
+
+    return "; ".join(dict.fromkeys(one(r) for r in results)) or "-"
+
+
+def resolve_network(network: Any, pg: Any) -> Any:
+    """A rank's ``network`` argument as the planners take it: :data:`MEASURE` measured here
+    (``torchrec_hybrid.planner.measure_network`` on ``pg``, collective: every rank calls it, after the statistics
+    and before planning, and gets the same measurement), anything else (None, a ``NetworkMeasurement``) as is."""
+    if network != MEASURE:
+        return network
+    from torchrec_hybrid.planner import measure_network
+
+    return measure_network(pg)
+
+
 def workload_data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batches: int, steps: int):
     from benchmarks.data import rank_slice
     from torchrec_hybrid.stats import FrequencyStats, criteo_table_sizes, criteo_tables
@@ -97,19 +133,17 @@ def workload_data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, st
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
                warmup: int, steps: int, prices: Optional[Any] = None, tie_ms: Any = "auto",
-               network: Any = None) -> None:
+               network: Any = None, threads: int = 1) -> None:
     """One rank of :func:`run_one`. ``network``: None (the planners' default topology), :data:`MEASURE` (measure
-    it here, every rank, after the statistics and before planning) or a ``NetworkMeasurement`` to plan for."""
-    torch.set_num_threads(1)
+    it here, every rank, after the statistics and before planning) or a ``NetworkMeasurement`` to plan for;
+    ``threads``: its intra-op threads (:func:`set_threads`)."""
+    torch_threads = set_threads(threads)
     import torch.distributed as dist
 
     from benchmarks.step_counts import count_training_step
 
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
-    if network == MEASURE:
-        from torchrec_hybrid.planner import measure_network
-
-        network = measure_network(dist.GroupMember.WORLD)  # collective: the same on every rank
+    network = resolve_network(network, dist.GroupMember.WORLD)
     planners, plans, models = plan_models(tables, stats, spec, world, dist.GroupMember.WORLD, prices, tie_ms,
                                           network)
     logging.disable(logging.CRITICAL)  # nothing may be written inside a measured window
@@ -124,7 +158,8 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
         counts[name] = count_training_step(models[name], batches[-1])
     out: Dict[str, Any] = {"sent": {m: sum(v) / len(v) for m, v in sent.items()}, "times": times,
                            "faults": measured["faults"], "cpu": measured["cpu"], "counts": counts,
-                           "spills": {m: cold_spills(models[m], len(batches) + 1) for m in MODELS}}
+                           "spills": {m: cold_spills(models[m], len(batches) + 1) for m in MODELS},
+                           "torch_threads": torch_threads}
     if rank == 0:
         out.update(_planner_report(planners, plans), allocator=malloc.current(), network=network)
     emit(out)
@@ -258,19 +293,21 @@ def types_text(types: Dict[str, int]) -> str:
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
             prices: Optional[Any] = None, tie_ms: Any = "auto", repeats: int = 1,
-            allocator: str = malloc.DEFAULT_MODE, network: Any = None, rate: str = UNSHAPED) -> Dict[str, Any]:
+            allocator: str = malloc.DEFAULT_MODE, network: Any = None, rate: str = UNSHAPED,
+            threads: int = 1) -> Dict[str, Any]:
     """One workload at one world size, run ``repeats`` times, each in fresh processes (new allocations, new
     process group: between such runs the same pair of plans moves by more than within one). The steps of
     every run are pooled; bytes are the runs' mean; the planner's report and op counts are the first run's
     (the plans are the same each time: same statistics, deterministic planners). ``allocator``: the ranks'
     malloc mode (``benchmarks/malloc.py``). ``network``: :data:`MEASURE` to plan for the network the first run's
     ranks measure (later runs plan for that same measurement: the same plans, so their steps pool), None for
-    the default topology; ``rate``: the loopback's shaped rate the ranks run at, recorded (:func:`network_record`)."""
+    the default topology; ``rate``: the loopback's shaped rate the ranks run at, recorded (:func:`network_record`);
+    ``threads``: each rank's intra-op threads (:func:`set_threads`), recorded with the count torch ran."""
     runs = []
     for _ in range(repeats):
         per_rank = malloc.spawn_ranks(_rank_main, world, malloc=allocator, timeout=3000, spec=WORKLOADS[name],
                                       rows_cap=rows_cap, stats_batches=stats_batches, warmup=warmup, steps=steps,
-                                      prices=prices, tie_ms=tie_ms, network=network)
+                                      prices=prices, tie_ms=tie_ms, network=network, threads=threads)
         runs.append([items[0] for items in per_rank])
         network = runs[0][0]["network"]  # the first run's measurement (or None) for the runs after it
         if runs[-1][0]["types"] != runs[0][0]["types"]:
@@ -280,7 +317,8 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     r0 = outs[0]
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"], "repeats": repeats,
                            "allocator": r0["allocator"], "chosen": r0["chosen"], "types": r0["types"],
-                           "comparison": r0["comparison"], "network": network_record(rate, r0["network"], world)}
+                           "comparison": r0["comparison"], "network": network_record(rate, r0["network"], world),
+                           "threads": threads, "torch_threads": r0["torch_threads"]}
     for m in MODELS:
         sent = [statistics.mean(run[r]["sent"][m] for run in runs) for r in range(world)]
         step = [t for run in runs for t in slowest_rank([o["times"][m] for o in run])]
@@ -404,15 +442,15 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
                          f"{c['bwd_collectives']} | "
                          f"{c['fwd_host_syncs']} / {c['bwd_host_syncs']} | {c['fwd_ops']} / {c['bwd_ops']} | "
                          f"{malloc.faults_text(r[m].get('page_faults_per_step'))} | {spilled} | {cpu_text(r, m)} |")
-    lines += ["", f"Allocator: {malloc.described(results)}."]
+    lines += ["", f"Allocator: {malloc.described(results)}.", "", f"Intra-op threads: {threads_text(results)}."]
     if net:
         lines += [""] + network_markdown(results)
     return lines
 
 
-def network_markdown(results: List[Dict[str, Any]]) -> List[str]:
-    """The network each result ran on (asked and measured), per rate both plans side by side (types, bytes, median
-    step, paired ratio), and per workload the :func:`crossover` of the rates run."""
+def network_table(results: List[Dict[str, Any]]) -> List[str]:
+    """The network each result ran on: the rate asked (``--network``) and what its ranks measured
+    (:func:`network_record`), a "## Network" section."""
     lines = ["## Network", "", "The loopback's rate asked for (`--network`; all ranks share it: an all-to-all of T "
              "bytes in all takes about T / rate) and what the ranks measured before planning "
              "(`measure_network`; both planners planned for it), in Gbit/s:", "",
@@ -426,6 +464,13 @@ def network_markdown(results: List[Dict[str, Any]]) -> List[str]:
         lines.append(f"| {n['rate']} | {r['workload']} | {r['world']} | {gbit(m['per_rank_gbit_s'])} | "
                      f"{gbit(m['aggregate_gbit_s'])} | {gbit(m['allreduce_gbit_s'])} | "
                      f"{m.get('collective_ms', float('nan')):.3g} | {m.get('backend', '-')} |")
+    return lines
+
+
+def network_markdown(results: List[Dict[str, Any]]) -> List[str]:
+    """The network each result ran on (:func:`network_table`), per rate both plans side by side (types, bytes,
+    median step, paired ratio), and per workload the :func:`crossover` of the rates run."""
+    lines = network_table(results)
     lines += ["", "## Plans per network", "", "Each plan's tables per type, the bytes a rank sends per step (mean "
               "and busiest rank, MB), the median of the slowest rank's step, and its step over the stock plan's on "
               "the same batches (median [95% CI]):", "",
@@ -507,11 +552,6 @@ def crossovers(results: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             for (name, world), rs in groups.items() for m in HYBRID_MODELS]
 
 
-def rate_dir(out: str, rate: str) -> str:
-    """Where the run at a shaped ``rate`` (its own process, in its namespace) writes its results under ``--out``."""
-    return os.path.join(out, f"network-{rate}")
-
-
 def write_json(path: str, args: Dict[str, Any], results: List[Dict[str, Any]]) -> None:
     """The results file: the arguments, every result and, on a shaped or measured network, the crossovers."""
     data: Dict[str, Any] = {"args": args, "results": results}
@@ -521,15 +561,22 @@ def write_json(path: str, args: Dict[str, Any], results: List[Dict[str, Any]]) -
         json.dump(data, f, indent=1)
 
 
+def network_tag(results: List[Dict[str, Any]], r: Dict[str, Any]) -> str:
+    """`` [2gbit, measured 1.9 Gbit/s all ranks]``: the network result ``r`` ran on, as the terminal summaries say
+    it ("" where none of ``results`` is :func:`networked`)."""
+    if not networked(results):
+        return ""
+    n = r.get("network", {})
+    m = n.get("measured")
+    return f" [{n['rate']}" + (f", measured {gbit(m['aggregate_gbit_s'])} Gbit/s all ranks" if m else "") + "]"
+
+
 def summary(results: List[Dict[str, Any]]) -> List[str]:
     """The end of a run's terminal output: per result and hybrid plan its byte and step ratios to the stock plan
     (and the network it ran on), then the crossovers where more than one rate ran."""
     lines = []
     for r in results:
-        n = r.get("network", {})
-        m = n.get("measured")
-        net = "" if not networked(results) else (
-            f" [{n['rate']}" + (f", measured {gbit(m['aggregate_gbit_s'])} Gbit/s all ranks" if m else "") + "]")
+        net = network_tag(results, r)
         for p, q in r["ratios"].items():
             lines.append(f"{r['workload']} W={r['world']} {p}{net}: busiest bytes {q['busiest']:.2f}x, mean "
                          f"{q['mean']:.2f}x, per-step {paired_text(q)} the stock plan's")
@@ -537,6 +584,13 @@ def summary(results: List[Dict[str, Any]]) -> List[str]:
         lines += [f"crossover {c['workload']} W={c['world']} {c['plan']} (the stock plan faster above): {c['text']}"
                   for c in crossovers(results)]
     return lines
+
+
+def add_threads_argument(ap: argparse.ArgumentParser) -> None:
+    """``--threads N``: each rank's intra-op threads (:func:`set_threads`; the caller refuses N < 0)."""
+    ap.add_argument("--threads", type=int, default=1, metavar="N",
+                    help="intra-op threads per rank (torch.set_num_threads(N); default 1, one core's work per rank; "
+                         "0: torch's default, set_num_threads not called); recorded in the results")
 
 
 def main(argv=None) -> List[Dict[str, Any]]:
@@ -561,20 +615,13 @@ def main(argv=None) -> List[Dict[str, Any]]:
                     help="the CPU-priced planner's tie_ms: plans costed within it of the cheapest go to the fewest "
                          "bytes ('fit_error': the prices' RMS error; default 'auto', the planner's: their relative "
                          "error where they carry one, else 0)")
-    ap.add_argument("--network", nargs="+", default=[UNSHAPED], metavar="RATE",
-                    help="run every workload at each rate: a shaped one (tc's spelling: 500mbit, 2gbit) in a network "
-                         "namespace whose loopback is shaped to it, so the ranks' bytes cost time "
-                         "(benchmarks/shaped_loopback.py: needs unshare and tc), 'unshaped' on the plain loopback "
-                         "(default: unshaped alone); the results of all rates go into one file")
-    ap.add_argument("--measure-network", action=argparse.BooleanOptionalAction, default=None,
-                    help="measure the network before planning (measure_network) and give both planners the "
-                         "measurement (default: on when a --network rate is shaped, for every rate of the run, "
-                         "unshaped too; off otherwise, planning for TorchRec's default topology as before)")
+    shaped_loopback.add_arguments(ap)
+    add_threads_argument(ap)
     a = ap.parse_args(argv)
     for name, value, low in (("world", min(a.world), 2), ("rows-cap", a.rows_cap, 1), ("stats-batches",
                              a.stats_batches, 1), ("warmup", a.warmup, 0), ("steps", a.steps, 1),
-                             ("repeats", a.repeats, 1)):
-        if value < low:  # one rank has nothing to compare; no steps, no median
+                             ("repeats", a.repeats, 1), ("threads", a.threads, 0)):
+        if value < low:  # one rank has nothing to compare; no steps, no median; no fewer than 0 threads
             ap.error(f"--{name} must be >= {low}, got {value}")
     from torchrec_hybrid.planner.config import PlannerConfigError, parse_hot_set
 
@@ -583,55 +630,29 @@ def main(argv=None) -> List[Dict[str, Any]]:
                                     "--tie-ms")["tie_ms"]
     except (ValueError, PlannerConfigError) as e:
         ap.error(f"--tie-ms: expected a finite number of ms >= 0, 'fit_error' or 'auto', got {a.tie_ms!r} ({e})")
-    try:
-        rates = list(dict.fromkeys(shaped_loopback.parse_rate("--network", r) for r in a.network))
-        inside = shaped_loopback.current_rate()  # set: this is a shaped rate's process, in its namespace
-    except ValueError as e:
-        ap.error(str(e))
-    shaped = [r for r in rates if r != UNSHAPED]
-    if shaped and a.measure_network is False:
-        ap.error(f"--no-measure-network with --network {' '.join(shaped)}: on a shaped loopback both planners plan "
-                 "for the network measured there (drop --no-measure-network, or run unshaped alone)")
-    measure = bool(shaped) if a.measure_network is None else a.measure_network
-    if inside is not None:
-        if inside not in rates:
-            ap.error(f"{shaped_loopback.ENV}={inside}: this process runs on a loopback shaped to {inside}, which "
-                     f"--network {' '.join(rates)} does not name")
-        rates = [inside]
-    for rate in shaped if inside is None else []:  # before any rank starts: tools, namespace, tc's own reading
-        try:
-            shaped_loopback.check_available("--network", rate)
-        except shaped_loopback.ShapingUnavailable as e:
-            ap.error(str(e))
+    # before any rank starts: the rates, the tools, the namespace, tc's own reading
+    rates, inside, measure = shaped_loopback.rates_to_run(ap, a.network, a.measure_network)
     from torchrec_hybrid.planner.compute_costs import load_calibration
 
     prices = load_calibration(a.prices) if a.prices else None  # read once; a bad file fails before any rank starts
     logging.basicConfig(level=logging.INFO, format="%(message)s", force=True)
-    out = a.out if inside is None else rate_dir(a.out, inside)
+    out = shaped_loopback.out_dir(a.out, inside)
     os.makedirs(out, exist_ok=True)
-    results: List[Dict[str, Any]] = []
-    for rate in rates:
-        if rate != UNSHAPED and inside is None:  # its ranks in a namespace of its own: this module again, there
-            logger.info("--network %s: the ranks on a loopback shaped to %s (%s)", rate, rate, rate_dir(a.out, rate))
-            code = shaped_loopback.run_module(rate, "benchmarks.product", argv)
-            if code != 0:
-                raise RuntimeError(f"--network {rate}: the shaped run exited with code {code} (its output above); "
-                                   f"the rates before it are in {os.path.join(out, 'product.json')}")
-            with open(os.path.join(rate_dir(a.out, rate), "product.json")) as f:
-                results += json.load(f)["results"]
-            write_json(os.path.join(out, "product.json"), vars(a), results)
-            continue
+
+    def run_here(rate: str) -> Iterator[Dict[str, Any]]:
         for w in a.world:
             for name in a.workloads:
                 t = time.time()
-                results.append(run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms,
-                                       a.repeats, a.malloc, MEASURE if measure else None, rate))
-                r = results[-1]
+                r = run_one(name, w, a.rows_cap, a.stats_batches, a.warmup, a.steps, prices, tie_ms, a.repeats,
+                            a.malloc, MEASURE if measure else None, rate, a.threads)
                 for m, q in r["ratios"].items():
                     logger.info("%s%s W=%d %s: busiest %.2fx, mean %.2fx, step %.2fx (%.0f s)",
                                 "" if rate == UNSHAPED else rate + " ", name, w, m, q["busiest"], q["mean"],
                                 q["step"], time.time() - t)
-                write_json(os.path.join(out, "product.json"), vars(a), results)
+                yield r
+
+    results = shaped_loopback.run_rates(rates, inside, "benchmarks.product", argv, a.out, "product.json", run_here,
+                                        lambda rs: write_json(os.path.join(out, "product.json"), vars(a), rs))
     with open(os.path.join(out, "product.md"), "w") as f:
         f.write("\n".join(markdown(results)) + "\n")
     if inside is None:  # a shaped rate's process leaves the report to the run that started it

@@ -12,17 +12,27 @@ With W ranks sending at once each sees about RATE / W.
 
 Needs ``unshare`` (util-linux), ``ip`` and ``tc`` (iproute2) and user namespaces enabled;
 :func:`unavailable` says what is missing, :class:`ShapingUnavailable` carries it.
+
+A benchmark takes ``--network RATE [RATE ...]`` and ``--measure-network`` with :func:`add_arguments`, reads
+them with :func:`rates_to_run` (every refusal before any rank starts) and runs its rates with
+:func:`run_rates`: each shaped rate in its own process, in its namespace, writing under :func:`rate_dir`, the
+results of all rates merged into one file.
 """
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
 import math
 import os
 import re
 import shutil
 import subprocess
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+logger = logging.getLogger(__name__)
 
 ENV = "TORCHREC_HYBRID_SHAPED_RATE"  # set inside the namespace: its loopback's rate
 UNSHAPED = "unshaped"
@@ -131,3 +141,85 @@ def run_module(rate: str, module: str, argv: Sequence[str], env: Optional[Dict[s
     Its output goes where this process's does."""
     command = shaped_command(rate, [sys.executable, "-m", module, *argv])
     return subprocess.run(command, env=dict(os.environ if env is None else env)).returncode
+
+
+def add_arguments(ap: argparse.ArgumentParser) -> None:
+    """``--network RATE [RATE ...]`` and ``--measure-network`` / ``--no-measure-network`` (read them with
+    :func:`rates_to_run`)."""
+    ap.add_argument("--network", nargs="+", default=[UNSHAPED], metavar="RATE",
+                    help="run every workload at each rate: a shaped one (tc's spelling: 500mbit, 2gbit) in a network "
+                         "namespace whose loopback is shaped to it, so the ranks' bytes cost time "
+                         "(benchmarks/shaped_loopback.py: needs unshare and tc), 'unshaped' on the plain loopback "
+                         "(default: unshaped alone); the results of all rates go into one file")
+    ap.add_argument("--measure-network", action=argparse.BooleanOptionalAction, default=None,
+                    help="measure the network before planning (measure_network) and give both planners the "
+                         "measurement (default: on when a --network rate is shaped, for every rate of the run, "
+                         "unshaped too; off otherwise, planning for TorchRec's default topology as before)")
+
+
+def rates_to_run(ap: argparse.ArgumentParser, network: Sequence[str],
+                 measure_network: Optional[bool]) -> Tuple[List[str], Optional[str], bool]:
+    """The arguments of :func:`add_arguments` read: ``(rates, inside, measure)``. ``rates``: the rates this
+    process runs (each once, in the order given; inside a shaped namespace only its own), ``inside``: the rate of
+    the namespace this process runs in (None: none), ``measure``: whether the ranks measure the network before
+    planning (default: when a rate is shaped). A bad rate, ``--no-measure-network`` with a shaped rate, or a
+    shaped rate this machine cannot run (:func:`check_available`: tools, namespace, tc's own reading) stops
+    here, through ``ap.error`` (exit 2), before any rank starts."""
+    try:
+        rates = list(dict.fromkeys(parse_rate("--network", r) for r in network))
+        inside = current_rate()  # set: this is a shaped rate's process, in its namespace
+    except ValueError as e:
+        ap.error(str(e))
+    shaped = [r for r in rates if r != UNSHAPED]
+    if shaped and measure_network is False:
+        ap.error(f"--no-measure-network with --network {' '.join(shaped)}: on a shaped loopback both planners plan "
+                 "for the network measured there (drop --no-measure-network, or run unshaped alone)")
+    measure = bool(shaped) if measure_network is None else measure_network
+    if inside is not None:
+        if inside not in rates:
+            ap.error(f"{ENV}={inside}: this process runs on a loopback shaped to {inside}, which "
+                     f"--network {' '.join(rates)} does not name")
+        return [inside], inside, measure
+    for rate in shaped:
+        try:
+            check_available("--network", rate)
+        except ShapingUnavailable as e:
+            ap.error(str(e))
+    return rates, inside, measure
+
+
+def rate_dir(out: str, rate: str) -> str:
+    """Where the run at a shaped ``rate`` (its own process, in its namespace) writes its results under ``--out``."""
+    return os.path.join(out, f"network-{rate}")
+
+
+def out_dir(out: str, inside: Optional[str]) -> str:
+    """Where this process writes: ``out``, or inside a shaped namespace its :func:`rate_dir`."""
+    return out if inside is None else rate_dir(out, inside)
+
+
+def run_rates(rates: Sequence[str], inside: Optional[str], module: str, argv: Sequence[str], out: str,
+              filename: str, run_here: Callable[[str], Iterable[Dict[str, Any]]],
+              save: Callable[[List[Dict[str, Any]]], None]) -> List[Dict[str, Any]]:
+    """Every rate's results, in order: a shaped rate (outside its namespace) re-runs ``python -m module argv``
+    there (:func:`run_module`), which writes ``rate_dir(out, rate)/filename`` (JSON: that rate's results, a list
+    or an object's ``results``); any other rate runs here, ``run_here(rate)`` yielding its results one by one.
+    After each rate's results and each result run here, ``save(results so far)`` (the merged file). A shaped run
+    that fails raises RuntimeError naming the rate and its exit code."""
+    results: List[Dict[str, Any]] = []
+    for rate in rates:
+        if rate != UNSHAPED and inside is None:  # its ranks in a namespace of its own: the module again, there
+            logger.info("--network %s: the ranks on a loopback shaped to %s (%s)", rate, rate, rate_dir(out, rate))
+            code = run_module(rate, module, argv)
+            if code != 0:
+                raise RuntimeError(f"--network {rate}: the shaped run exited with code {code} (its output above); "
+                                   f"the rates before it are in {os.path.join(out, filename)}")
+            with open(os.path.join(rate_dir(out, rate), filename)) as f:
+                data = json.load(f)
+            results += data["results"] if isinstance(data, dict) else data
+            save(results)
+            continue
+        for result in run_here(rate):
+            results.append(result)
+            save(results)
+    return results

@@ -48,6 +48,7 @@ def test_product_tiny(tmp_path):
     assert proc.returncode == 0, proc.stderr[-4000:]
     (r,) = json.loads((tmp_path / "product.json").read_text())["results"]
     assert r["workload"] == "onehot" and r["world"] == world
+    assert r["threads"] == 1 and r["torch_threads"] == 1  # the default: one intra-op thread per rank
     stock = r["stock_planner"]
     for m, q in r["ratios"].items():
         assert q["busiest"] == r[m]["busiest_bytes"] / stock["busiest_bytes"], m
@@ -67,3 +68,32 @@ def test_product_tiny(tmp_path):
     for m, q in r["ratios"].items():
         (lo, mid, hi), runs = q["paired_step_ci"], q["paired_step_runs"]
         assert f"| {mid:.2f}x [{lo:.2f}, {hi:.2f}] (runs {min(runs):.2f}-{max(runs):.2f}) |" in md, m
+
+
+def test_product_refuses_fewer_than_no_threads(tmp_path, capsys):
+    from benchmarks import product
+
+    with pytest.raises(SystemExit) as e:
+        product.main(["--threads", "-2", "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    assert "--threads must be >= 0, got -2" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
+
+def test_product_records_its_threads(tmp_path):
+    """``--threads 2``: each rank runs two intra-op threads, and the results say so (JSON and the report's legend);
+    the reports of results from before --threads say one per rank."""
+    from benchmarks import product
+
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.product", "--world", "2", "--rows-cap", "2000",
+                           "--steps", "2", "--warmup", "1", "--stats-batches", "2", "--workloads", "onehot",
+                           "--threads", "2", "--out", str(tmp_path)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    data = json.loads((tmp_path / "product.json").read_text())
+    (r,) = data["results"]
+    assert data["args"]["threads"] == 2 and r["threads"] == 2 and r["torch_threads"] == 2
+    assert "Intra-op threads: 2 per rank (torch.set_num_threads(2))." in (tmp_path / "product.md").read_text()
+    assert product.threads_text([{}]) == "1 per rank (torch.set_num_threads(1))"
+    default = product.threads_text([{"threads": 0, "torch_threads": 8}])
+    assert default == "torch's default per rank (8 here; --threads 0)"

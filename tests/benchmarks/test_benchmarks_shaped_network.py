@@ -38,7 +38,7 @@ def test_rate_text_spells_a_rate_as_tc_would():
         "3.17gbit", "750mbit", "2gbit", "1.2tbit", "40kbit", UNSHAPED]
 
 
-@pytest.mark.parametrize("module", ["product", "calibrate"])
+@pytest.mark.parametrize("module", ["product", "candidates", "calibrate"])
 def test_a_bad_network_rate_is_refused_before_anything_runs(tmp_path, capsys, module):
     import importlib
 
@@ -70,7 +70,7 @@ def _fake_tools(tmp_path, monkeypatch, **scripts):
     monkeypatch.setenv("PATH", str(bindir))
 
 
-@pytest.mark.parametrize("module", ["product", "calibrate"])
+@pytest.mark.parametrize("module", ["product", "candidates", "calibrate"])
 def test_a_missing_tool_is_named_with_its_package_and_exits_2(tmp_path, monkeypatch, capsys, module):
     import importlib
 
