@@ -38,8 +38,10 @@ def test_uniform_ids_never_cost_more_than_the_stock_plan():
     assert max(planner.estimated_rank_bytes()) <= stock.cost["busiest_bytes"]
     # no hybrid table pays on its own: the per-table gate offers none
     assert planner._hybrid_enumerator.offered == set()
-    # with this machine's compute prices too, the returned plan keeps stock types
-    priced, plan = plan_for(cfg, st)
+    # with this machine's compute prices too, the returned plan keeps stock types where table_wise is balanced
+    # (8 tables on 4 ranks; with two tables the hybrid's row blocks spread one owner's lookups over four ranks)
+    even = tables({f"t{i}": 100_000 if i % 2 else 30_000 for i in range(8)})
+    priced, plan = plan_for(even, exact_stats(even, {}))
     assert all(ps.sharding_type != FREQUENCY_HYBRID for ps in plan.values())
     # and without statistics at all
     _, plan = plan_for(cfg, None)
@@ -554,7 +556,7 @@ def test_the_sharders_fixed_hot_sets_are_held_to_max_hot_rows_and_the_budget():
 def test_the_stats_loggers_describe_the_plan_returned_once():
     """The planner's Stats loggers log once, the plan it returns (they logged the partitioner's mixed
     plan, and the all-hybrid planner's, also when TorchRec's plan won): here TorchRec's plan wins
-    under this box's prices, and the all-hybrid one under network prices."""
+    under this box's prices (uniform ids), and the all-hybrid one under network prices (Zipf ids)."""
     from torchrec.distributed.planner.types import Stats
 
     class Calls(Stats):
@@ -565,11 +567,12 @@ def test_the_stats_loggers_describe_the_plan_returned_once():
             self.plans.append(sharding_plan)
             self.debug = kwargs.get("debug")
 
-    cfg = tables({"a": 100_000, "b": 60_000})
-    st = exact_stats(cfg, {n: zipf_probs(c.num_embeddings, 1.1) for n, c in zip("ab", cfg)}, samples=1 << 13)
+    skewed = tables({"a": 100_000, "b": 60_000})
+    st = exact_stats(skewed, {n: zipf_probs(c.num_embeddings, 1.1) for n, c in zip("ab", skewed)}, samples=1 << 13)
+    even = tables({f"t{i}": 100_000 if i % 2 else 30_000 for i in range(8)})  # uniform ids
     from torchrec_hybrid.planner import HybridEmbeddingShardingPlanner, gloo_topology
 
-    for costs, winner in (("default", "stock"), (None, "hybrid")):
+    for costs, winner, cfg, st in (("default", "stock", even, exact_stats(even, {})), (None, "hybrid", skewed, st)):
         calls = Calls()
         planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(4), batch_size=1024, frequency_stats=st,
                                                  compute_costs=costs, stats=[calls], debug=False)

@@ -157,7 +157,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             bytes are surely fewer; ``"auto"`` (default): that error as a share of the cost
             (``ComputeCosts.rms_rel`` of the cheapest plan's cost: the fit's error grows with
             the step) where the prices carry it (``benchmarks/calibrate.py`` writes it; the
-            committed CPU default predates it), else 0 (bytes and collectives are priced
+            CPU default leaves it out, compute_costs.py), else 0 (bytes and collectives are priced
             exactly: the cheapest).
         network: the bandwidths to plan for. None: the topology's as given. ``"measure"``:
             ``collective_plan`` measures its process group first (``network.measure_network``,
