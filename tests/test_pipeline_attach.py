@@ -1,10 +1,10 @@
-"""TrainPipelineSparseDist.detach / attach around a validation pass (the DLRM example's pattern).
+"""Our sharder under TrainPipelineSparseDist: detach / attach around a validation pass (the DLRM
+example's pattern), pipelined steps' collectives, and bad ids in flight.
 
 ``attach`` re-runs the in-flight batch's input dists and then computes on the tensors of their
-first run: TorchRec never waits for the re-run's split sizes. A module without hybrid tables
-sends its id check on those split sizes, so it must read them itself. The reference is the
-same model sharded by TorchRec's own sharder (table_wise for frequency_hybrid), trained
-through the same calls.
+first run. The reference is the same model sharded by TorchRec's own sharder (table_wise for
+frequency_hybrid), trained through the same calls. A module without hybrid tables is checked
+only when asked (``validate_ids=True``: its verdicts then take an all-to-all of their own).
 """
 
 import itertools
@@ -18,7 +18,7 @@ from tests.multiprocess import run_ranks
 from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, InvalidIdError, frequency_hybrid
 
 
-def dlrm_pair(rank, world, kind, bad_batch=None):
+def dlrm_pair(rank, world, kind, bad_batch=None, validate_ids=None):
     """The same small DLRM sharded by our sharder and by TorchRec's (table_wise for
     frequency_hybrid), from one unsharded model's weights, and ``batches(seed)`` (this rank's:
     seeds 100 + rank train, 200 + rank held out; ``bad_batch``: the last rank's training
@@ -61,7 +61,8 @@ def dlrm_pair(rank, world, kind, bad_batch=None):
                         labels=torch.randint(0, 2, (3,), generator=g).float())
 
     hot = {"t0": torch.tensor([0, 1, 2])} if kind == "fh+tw" else None
-    ours = build(HybridEmbeddingBagCollectionSharder(hot_ids=hot, fused_params=OPTIMIZERS["sgd"]), hybrid=True)
+    ours = build(HybridEmbeddingBagCollectionSharder(hot_ids=hot, fused_params=OPTIMIZERS["sgd"],
+                                                     validate_ids=validate_ids), hybrid=True)
     stock = build(EmbeddingBagCollectionSharder(fused_params=OPTIMIZERS["sgd"]), hybrid=False)
     torch.manual_seed(0)
     reference = dlrm("cpu").state_dict()  # both start from one unsharded model's weights
@@ -70,10 +71,10 @@ def dlrm_pair(rank, world, kind, bad_batch=None):
     return ours, stock, batches
 
 
-def detach_attach_losses(rank, world, kind, bad_batch=None):
+def detach_attach_losses(rank, world, kind, bad_batch=None, validate_ids=None):
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    ours, stock, batches = dlrm_pair(rank, world, kind, bad_batch)
+    ours, stock, batches = dlrm_pair(rank, world, kind, bad_batch, validate_ids)
     out = {}
     for name, dmp in (("ours", ours),) if bad_batch is not None else (("ours", ours), ("stock", stock)):
         opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1)
@@ -86,7 +87,7 @@ def detach_attach_losses(rank, world, kind, bad_batch=None):
             val = [model(next(held_out))[0].item() for _ in range(2)]
         model.train()
         pipeline.attach(model)
-        if bad_batch is not None:  # the in-flight batch, whose verdict rides the re-run's split sizes
+        if bad_batch is not None:  # the in-flight batch: its verdict, read after the re-run
             with pytest.raises(InvalidIdError) as err:
                 pipeline.progress(train)
             return str(err.value)
@@ -106,17 +107,17 @@ def test_validation_between_pipeline_steps_matches_stock(kind):
 def test_bad_id_in_flight_at_attach_fails_on_every_rank(kind):
     """The verdict the module reads after ``attach`` is the in-flight batch's own: a bad id
     there fails every rank with the same error, naming the rank that had it."""
-    messages = run_ranks(detach_attach_losses, 2, timeout=120, kind=kind, bad_batch=3)
+    messages = run_ranks(detach_attach_losses, 2, timeout=120, kind=kind, bad_batch=3, validate_ids=True)
     assert messages[0] == messages[1] and "rank 1" in messages[0] and "'f0'" in messages[0], messages
 
 
-def pipeline_step_counts(rank, world, kind):
+def pipeline_step_counts(rank, world, kind, validate_ids):
     """Collectives and host syncs of 3 pipelined steps (after 3 to warm up), ours and stock's."""
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
     from benchmarks.step_counts import counting
 
-    ours, stock, batches = dlrm_pair(rank, world, kind)
+    ours, stock, batches = dlrm_pair(rank, world, kind, validate_ids=validate_ids)
     out = {}
     for name, dmp in (("ours", ours), ("stock", stock)):
         opt = torch.optim.SGD([p for p in dmp.parameters() if p.requires_grad], lr=0.1)
@@ -131,21 +132,21 @@ def pipeline_step_counts(rank, world, kind):
     return out
 
 
+@pytest.mark.parametrize("validate_ids,extra", [(None, 0), (True, 1)], ids=["default", "checked"])
 @pytest.mark.parametrize("kind", ["tw", "tw+dp"])
-def test_pipelined_step_takes_no_collective_of_its_own_for_the_id_check(kind):
-    """Under ``TrainPipelineSparseDist`` the input dists' split-size exchanges are fused into one
-    by the pipeline; the id check's verdicts ride it, so a pipelined step of a module without
-    hybrid tables issues exactly the collectives and host syncs of the same plan under TorchRec's
-    sharder."""
-    for got in run_ranks(pipeline_step_counts, 2, timeout=120, kind=kind):
+def test_pipelined_stock_module_costs_what_torchrec_does(kind, validate_ids, extra):
+    """A module the plan leaves all stock, pipelined: by default exactly the collectives and host syncs
+    of the same plan under TorchRec's sharder (no check); with its check asked for, one small all-to-all
+    of the verdicts per step (3 steps: 3 more collectives, and their read: 3 more host syncs)."""
+    for got in run_ranks(pipeline_step_counts, 2, timeout=120, kind=kind, validate_ids=validate_ids):
         for what in ("collectives", "host_syncs"):
-            assert got["ours"][what] == got["stock"][what], (what, got)
+            assert got["ours"][what] == got["stock"][what] + 3 * extra, (what, got)
 
 
 def pipelined_bad_id(rank, world, kind):
     from torchrec.distributed.train_pipeline import TrainPipelineSparseDist
 
-    ours, _, batches = dlrm_pair(rank, world, kind, bad_batch=4)
+    ours, _, batches = dlrm_pair(rank, world, kind, bad_batch=4, validate_ids=True)
     opt = torch.optim.SGD([p for p in ours.parameters() if p.requires_grad], lr=0.1)
     pipeline = TrainPipelineSparseDist(ours, opt, torch.device("cpu"))
     train = batches(100 + rank)
@@ -159,34 +160,9 @@ def pipelined_bad_id(rank, world, kind):
 
 @pytest.mark.parametrize("kind", ["tw", "tw+dp"])
 def test_bad_id_in_a_pipelined_step_fails_on_every_rank(kind):
-    """A bad id in a batch whose verdict rode the pipeline's fused split-size exchange fails
-    that batch's step on every rank, naming the rank that had it."""
+    """A bad id in a pipelined batch of a checked stock-only module fails that batch's step on every
+    rank, naming the rank that had it."""
     got = run_ranks(pipelined_bad_id, 2, timeout=120, kind=kind)
     assert got[0] is not None and got[0] == got[1], got
     step, message = got[0]
     assert step == 4 and "rank 1" in message and "'f0'" in message, got
-
-
-def carried_rows(rank, world):
-    import torch.distributed as dist
-    import torchrec.distributed.dist_data as dist_data
-
-    from torchrec_hybrid import _compat
-
-    pg = dist.GroupMember.WORLD
-    ours = [torch.full((world,), 10 * rank + k, dtype=torch.int64) for k in range(3)]
-    theirs = [torch.arange(world, dtype=torch.int64) + 100 * rank, torch.full((world,), 7, dtype=torch.int64)]
-    with _compat.splits_exchange_with_rows(ours, pg) as rider:
-        exchange = dist_data.SplitsAllToAllAwaitable(theirs, pg)  # what a stock KJTAllToAll builds
-    first, second = exchange.wait(), exchange.wait()
-    return rider.attached, rider.wait(), first, second
-
-
-def test_rows_ride_a_split_size_exchange_and_leave_its_splits_as_they_were():
-    """Rows carried by a stock split-size exchange arrive as every rank sent them, and every wait of
-    that exchange - TorchRec's and any later one - returns TorchRec's own splits alone."""
-    got = run_ranks(carried_rows, 2, timeout=60)
-    for rank, (attached, rows, first, second) in enumerate(got):
-        assert attached
-        assert rows == [[10 * src + k for src in range(2)] for k in range(3)]
-        assert first == second == [[100 * src + rank for src in range(2)], [7, 7]]

@@ -27,7 +27,8 @@ def _as_tensordict(kjt):
 def bad_ids(rank, world, feature, value, kinds=KINDS, fused_only=True, as_tensordict=False):
     configs = tables()
     hot_t = hot_ids()
-    model = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"]))
+    model = build(configs, world, kinds, HybridEmbeddingBagCollectionSharder(hot_t, fused_params=OPTIMIZERS["sgd"],
+                                                                             validate_ids=True))
     keys = [f for c in configs for f in c.feature_names]
     _step(model, skewed_batch(configs, keys, batch=4, seed=rank, hot=hot_t), keys)
     before = {k: full_weight(v) for k, v in model.state_dict().items()}
@@ -150,10 +151,9 @@ def collectives_per_step(rank, world, kinds, validate_ids):
 
 
 @pytest.mark.parametrize("plan", ["hybrid", "table_wise", "row_wise", "data_parallel"])
-def test_id_check_verdict_rides_an_existing_collective(plan):
-    """The id check adds no collective where the module has one to carry its verdict: the hybrid
-    cold metadata all-to-all, or a stock input dist's split-size all-to-all (table_wise,
-    row_wise); a module of data_parallel tables only, which has neither, adds one all-to-all.
+def test_id_check_verdict_rides_the_cold_exchange(plan):
+    """The id check adds no collective where a hybrid table's cold exchange carries its verdicts (in
+    its headers); a module the plan leaves all stock, checked on request, adds one small all-to-all.
     The check is carried in the module's typed context and settled before the lookups."""
     kinds = KINDS if plan == "hybrid" else {c: {"table_wise": "tw", "row_wise": "rw"}.get(plan, "dp") for c in KINDS}
     on = run_ranks(collectives_per_step, 2, timeout=120, kinds=kinds, validate_ids=True)
@@ -163,7 +163,7 @@ def test_id_check_verdict_rides_an_existing_collective(plan):
         extra = list(calls_on)
         for c in calls_off:
             extra.remove(c)
-        assert extra == (["all_to_all_single"] if plan == "data_parallel" else []), (calls_on, calls_off)
+        assert extra == ([] if plan == "hybrid" else ["all_to_all_single"]), (calls_on, calls_off)
 
 
 def bad_id_under_pipeline(rank, world, kind, bad_step):
@@ -184,7 +184,7 @@ def bad_id_under_pipeline(rank, world, kind, bad_step):
     ebc = torchrec.EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
     model = DLRMTrain(DLRM(embedding_bag_collection=ebc, dense_in_features=4, dense_arch_layer_sizes=[8],
                            over_arch_layer_sizes=[4, 1], dense_device=torch.device("cpu")))
-    sharder = HybridEmbeddingBagCollectionSharder(fused_params=OPTIMIZERS["sgd"])
+    sharder = HybridEmbeddingBagCollectionSharder(fused_params=OPTIMIZERS["sgd"], validate_ids=True)
     spec = {c.name: (table_wise(rank=i % world) if kind == "tw" else data_parallel()) for i, c in enumerate(configs)}
     path = "model.sparse_arch.embedding_bag_collection"
     plan = ShardingPlan({path: construct_module_sharding_plan(ebc, spec, sharder=sharder, local_size=world,
@@ -264,7 +264,7 @@ def retried_rejected_step(rank, world):
 
     configs = tables()
     model = build(configs, world, {c: "tw" for c in KINDS},
-                  HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=OPTIMIZERS["sgd"]))
+                  HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=OPTIMIZERS["sgd"], validate_ids=True))
     keys = [f for c in configs for f in c.feature_names]
     _step(model, skewed_batch(configs, keys, batch=4, seed=rank, hot=hot_ids()), keys)
     (sebc,) = [m for m in model.modules() if isinstance(m, HybridShardedEmbeddingBagCollection)]

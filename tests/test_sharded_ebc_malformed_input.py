@@ -179,7 +179,7 @@ def structure_cases(rank, world, kinds):
     configs = tables()
     keys = _keys(configs)
     model = build(configs, world, kinds,
-                  HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=OPTIMIZERS["sgd"]))
+                  HybridEmbeddingBagCollectionSharder(hot_ids(), fused_params=OPTIMIZERS["sgd"], validate_ids=True))
     # the first batch (sets the key order) already malformed on the last rank
     out = {"first-batch-missing-key": _rejected_everywhere(model, configs, keys, world, _missing,
                                                            MalformedBatchError, ["'f1'", "missing"], seed=0)}

@@ -4,8 +4,9 @@ Adds to the stock module: building the hybrid sharding, MEAN-pooling wiring (hyb
 features are divided in their own output dist, never by SEBC's callback), and a per-step
 input check that fails on every rank at once.
 
-The input check (``validate_ids``, on by default) looks at each rank's batch before any
-collective: its structure (keys and their order against the first batch, which fixes the
+The input check (``validate_ids``: by default in modules that hold frequency_hybrid tables,
+whose dists index by id; a module of stock tables alone is then exactly TorchRec's) looks at
+each rank's batch before any collective: its structure (keys and their order against the first batch, which fixes the
 stock feature permutation; lengths, values and weights sizes; weights present exactly when
 the module is weighted; a variable batch per feature with hybrid tables is first expanded to
 one batch by its inverse indices, ``sharding/variable_batch.py``), every bag length for a
@@ -13,11 +14,8 @@ negative one, every id against its table size, and (``validate_weights``) every 
 device without a host sync. A rank never raises on its own: it records its first problem in
 its report (three int64 words, :func:`input_dist.id_report_words`) and goes on with a
 harmless batch (empty when malformed; bad ids clamped into range, bad weights replaced by 0), so the step's
-collectives complete; the reports ride the header of the hybrid cold ids' all-to-all (without hybrid
-tables, the split sizes a stock input dist exchanges anyway - where the module starts that
-exchange itself, or, under ``TrainPipelineSparseDist``, the one the pipeline fuses after every
-module's input dist; only with data_parallel tables alone or a 2D sharding sub-group, one small
-all-to-all of their own) and
+collectives complete; the reports ride the header of the hybrid cold ids' all-to-all (in a
+module without hybrid tables whose check is asked for, one small all-to-all of their own) and
 every rank raises the same
 :class:`InvalidInputError` before any lookup or update, naming the rank, the feature and
 the problem.
@@ -176,39 +174,26 @@ class IdCheck:
     report: this rank's int64 ``[code, index, value]`` (its first problem; zeros: none).
     carried: every rank's report rides the hybrid cold ids' header and arrives in the lookup
         input (:attr:`HybridLookupInput.id_reports`).
-    rider: otherwise, every rank's report as extra rows of a stock input dist's split-size
-        all-to-all (``_compat.splits_exchange_with_rows``), or of the one ``TrainPipelineSparseDist``
-        fuses from every input dist's, read when TorchRec reads the splits (or, where it never
-        does - a pipeline's ``attach`` re-runs the input dists - here).
-    gathered / work: else the async exchange of every rank's report (an all-to-all of its own;
-        None on one rank), started in :meth:`input_dist` where no exchange takes the rows, or in
-        :meth:`reports` where they were left to a pipeline's exchange that did not take them.
+    gathered / work: otherwise (a module without hybrid tables, its check asked for) the async
+        exchange of every rank's report, an all-to-all of its own (None on one rank), started in
+        :meth:`input_dist` after the stock dists.
     batch: the batch as this rank got it, where a bad id or weight is searched for when
         some rank reports one.
     """
 
     report: torch.Tensor
     carried: bool = False
-    rider: Optional[_compat.SplitsRows] = None
     gathered: Optional[torch.Tensor] = None
     work: Optional[dist.Work] = None
     batch: Optional[KeyedJaggedTensor] = None
 
     def reports(self, dist_input: List[Any]) -> List[List[int]]:
         """Every rank's report ``[code, index, value]`` (waits for them if they are still on
-        the way). Carried or ridden ones are host data already (their exchange's one sync)."""
+        the way). Carried ones are host data already (the cold exchange's one sync)."""
         if self.carried:
             words = next(x for x in dist_input if isinstance(x, HybridLookupInput)).id_reports
             assert words is not None  # carried: the cold ids' header brought every rank's report
             return id_reports_from_words(words)
-        if self.rider is not None and self.rider.cancel():  # left to a pipeline's exchange, which did not take them
-            self.gathered, self.work = exchange_reports(self.report, self.rider.pg)
-            self.rider = None
-        if self.rider is not None:
-            codes, index, value = self.rider.wait()  # host ints already, unless TorchRec never waited them
-            if not any(codes):  # every step but a rejected one: no per-rank work
-                return [[0, 0, 0]] * len(codes)
-            return [list(r) for r in zip(codes, index, value)]
         if self.work is not None:
             self.work.wait()
         return (self.report if self.gathered is None else self.gathered).view(-1, 3).tolist()
@@ -323,10 +308,12 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         hot_ids: hot row ids per table name (validated collectively here).
         validate_ids: check each rank's batch every step - its structure and every id
             against its table size - and raise on all ranks instead of crashing or hanging
-            one (the verdicts ride the header of the hybrid cold ids' all-to-all, else a stock input dist's split
-            sizes, else one tiny all-to-all: see the module docstring); the module's TBEs
-            then skip FBGEMM's own bounds check (:func:`without_redundant_bounds_check`).
-            False turns off every input check (the weights' too).
+            one (the verdicts ride the header of the hybrid cold ids' all-to-all; see the module
+            docstring); the module's TBEs then skip FBGEMM's own bounds check
+            (:func:`without_redundant_bounds_check`). None (default): where the module holds a
+            frequency_hybrid table (a module of stock tables alone then runs exactly as TorchRec's);
+            True: every module (one without hybrid tables sends its verdicts in one small all-to-all
+            of their own each step); False: no input check (the weights' neither).
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample
             weights (one pass over the weights; False skips it).
     """
@@ -335,10 +322,11 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
                  fused_params: Optional[Dict[str, Any]] = None, device: Optional[torch.device] = None,
                  qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
                  module_fqn: Optional[str] = None, hot_ids: Optional[HotIds] = None,
-                 validate_ids: bool = True, validate_weights: bool = True) -> None:
+                 validate_ids: Optional[bool] = None, validate_weights: bool = True) -> None:
         configs = module.embedding_bag_configs()
         check_hybrid_supported(configs, table_name_to_parameter_sharding, fused_params, qcomm_codecs_registry)
         hybrid = [c for c in configs if table_name_to_parameter_sharding[c.name].sharding_type == FREQUENCY_HYBRID]
+        validate_ids = bool(hybrid) if validate_ids is None else validate_ids
         # A plan may carry the hot ids itself (``HybridParameterSharding.hot_ids``): it wins.
         hot_ids = dict(hot_ids or {})
         for c in hybrid:
@@ -360,7 +348,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         self._has_hybrid = bool(hybrid)
         self._module_weighted = bool(module.is_weighted())
         self._check_pg = env.process_group
-        self._deferred_rows: Optional[_compat.SplitsRows] = None  # the last report rows left to a pipeline
         self._rows_by_feature = {f: c.num_embeddings for c in configs for f in c.feature_names}
         self._table_by_feature = {f: c.name for c in configs for f in c.feature_names}
         self._feature_names = tuple(f for c in configs for f in c.feature_names)
@@ -469,11 +456,11 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
             features, ctx.id_check = self._start_id_check(features, problem)
         if self._reference_keys is None and isinstance(features, KeyedJaggedTensor):
             self._reference_keys = tuple(features.keys())
+        splits = super().input_dist(ctx, features)
         check, pg = ctx.id_check, self._check_pg
         if check is not None and not check.carried and pg is not None and dist.get_world_size(pg) > 1:
-            splits = self._stock_input_dist_with_reports(ctx, features, check, pg)
-        else:
-            splits = super().input_dist(ctx, features)
+            # no hybrid table carries the verdicts: a small all-to-all of their own (every rank alike)
+            check.gathered, check.work = exchange_reports(check.report, pg)
         if self._carry_id_check:  # the cold all-to-all starts now, carrying the report
             words = self._no_report_words if ctx.id_check is None else id_report_words(ctx.id_check.report)
             for awaitable in splits.awaitables:
@@ -538,32 +525,6 @@ class HybridShardedEmbeddingBagCollection(ShardedEmbeddingBagCollection):
         return KeyedJaggedTensor(keys=list(keys), values=features.values(), weights=features.weights_or_none(),
                                  lengths=safe, stride=features.stride(), length_per_key=list(counts),
                                  offset_per_key=features.offset_per_key()), negative
-
-    def _stock_input_dist_with_reports(self, ctx: HybridEmbeddingBagCollectionContext, features: KeyedJaggedTensor,
-                                       check: IdCheck, pg: dist.ProcessGroup):
-        """The stock input dists, every rank's report riding the first stock split-size all-to-all
-        on the module's group as 3 extra rows (no collective, no host sync of its own: TorchRec's
-        ``tolist`` of the splits reads them). Under ``TrainPipelineSparseDist`` the input dists
-        only describe their exchanges and the pipeline fuses them into one after every module's
-        input dist: the rows wait for that one. Where no exchange takes them - no stock input
-        dist (data_parallel tables only) or a sharding sub-group (2D) - they go in one
-        all-to-all of their own, after the dists' (every rank alike)."""
-        w = dist.get_world_size(pg)
-        rows = list(check.report.view(3, 1).expand(3, w).unbind(0))
-        with _compat.splits_exchange_with_rows(rows, pg) as rider:
-            splits = super().input_dist(ctx, features)
-        if not rider.attached and _compat.exchange_left_to_pipeline(splits, pg):
-            # the last step's rows were taken by the pipeline's exchange right after its input dists,
-            # unless something raised in between: then they must not ride this step's
-            if self._deferred_rows is not None:
-                self._deferred_rows.cancel()
-            rider.defer_to_pipeline()
-            self._deferred_rows = rider
-        if rider.attached or rider.deferred:
-            check.rider = rider
-        else:
-            check.gathered, check.work = exchange_reports(check.report, pg)
-        return splits
 
     def _check_values(self, features: KeyedJaggedTensor, check: IdCheck,
                       negative: Optional[torch.Tensor] = None) -> KeyedJaggedTensor:

@@ -31,8 +31,11 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             while the sharder names tables the module lacks gets a ``UserWarning``.
         validate_ids: per-step input check on all ranks: batch structure and id ranges (see
             the sharded module); it replaces FBGEMM's per-call bounds check (the TBEs get
-            ``BoundsCheckMode.NONE`` unless ``fused_params`` or the plan set a mode). False
-            turns every input check off and keeps FBGEMM's default.
+            ``BoundsCheckMode.NONE`` unless ``fused_params`` or the plan set a mode). None
+            (default): in modules holding frequency_hybrid tables, so a module the plan leaves
+            all stock is sharded exactly as TorchRec's sharder does; True: in every module (a
+            stock-only one's verdicts take one small all-to-all per step); False: none, and
+            FBGEMM's default bounds check.
         validate_weights: with ``validate_ids``, also reject NaN / infinite per-sample weights.
         sharding_types: restrict the types offered (e.g. ``["frequency_hybrid"]``: the planner
             then gives this sharder's tables frequency_hybrid or raises); default: every stock
@@ -48,7 +51,7 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
 
     def __init__(self, hot_ids: Optional[HotIds] = None, fused_params: Optional[Dict[str, Any]] = None,
                  qcomm_codecs_registry: Optional[Dict[str, QuantizedCommCodecs]] = None,
-                 stats: Any = None, hot_set_rule: Any = None, validate_ids: bool = True,
+                 stats: Any = None, hot_set_rule: Any = None, validate_ids: Optional[bool] = None,
                  validate_weights: bool = True, sharding_types: Optional[List[str]] = None) -> None:
         super().__init__(fused_params=fused_params, qcomm_codecs_registry=qcomm_codecs_registry)
         if sharding_types is not None:
