@@ -5,12 +5,10 @@ this is the only file to change. ``tests/test_compat.py`` fails if a private nam
 torch, torchrec or fbgemm_gpu is used anywhere else in the package.
 """
 
-import contextlib
-from typing import Callable, Iterator, List, Mapping, NamedTuple, Optional, Tuple, TypeVar
+from typing import Callable, List, NamedTuple, Optional, Tuple, TypeVar
 
 import torch
 import torch.distributed as dist
-import torchrec.distributed.planner.stats as _tr_stats
 from torchrec.distributed.planner.stats import EmbeddingStats
 from torchrec.distributed.sharding.rw_sharding import RwPooledEmbeddingSharding
 from torchrec.distributed.types import Awaitable, ShardingEnv
@@ -189,22 +187,6 @@ def enumerator_sharder_data_map(enumerator) -> dict:
 
 
 # --- TorchRec planner stats ---------------------------------------------------------------
-
-
-@contextlib.contextmanager
-def sharding_type_abbreviations(extra: Mapping[str, str]) -> Iterator[None]:
-    """TorchRec's stats abbreviation function (``_get_sharding_type_abbr``), taught ``extra``
-    sharding types for the duration (checked against torchrec 1.8.0)."""
-    stock = _tr_stats._get_sharding_type_abbr
-
-    def abbr(sharding_type: str) -> str:
-        return extra[sharding_type] if sharding_type in extra else stock(sharding_type)
-
-    _tr_stats._get_sharding_type_abbr = abbr
-    try:
-        yield
-    finally:
-        _tr_stats._get_sharding_type_abbr = stock
 
 
 def stats_table(stats: EmbeddingStats) -> Tuple[List[str], int]:
