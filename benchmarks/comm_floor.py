@@ -32,8 +32,9 @@ from typing import Any, Callable, Dict, List, Tuple
 import torch
 
 from benchmarks import malloc
+from benchmarks.spawner import spawn_ranks
 from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
-from benchmarks.product import MODELS, WORKLOADS, plan_models, plan_types, types_text, workload_data
+from benchmarks.workloads import MODELS, WORKLOADS, plan_models, plan_types, types_text, workload_data
 from benchmarks.report import write_results
 
 logger = logging.getLogger(__name__)
@@ -173,7 +174,7 @@ def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int, repea
     """One workload, ``repeats`` runs in fresh processes pooled: per plan, the slowest rank's step and replayed
     collectives (median over every run's steps), the bytes each sent per rank (busiest rank of the runs' mean),
     each collective alone, and the bytes-only bound against the stock planner's plan."""
-    runs = [[items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
+    runs = [[items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
                                                        rows_cap=rows_cap, warmup=warmup, steps=steps)]
             for _ in range(repeats)]
     first = runs[0][0]

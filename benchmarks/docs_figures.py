@@ -26,6 +26,7 @@ import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from benchmarks.malloc import faults_text
+from benchmarks.measure import paired_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -171,8 +172,6 @@ def table_results_product_steps() -> str:
 def table_results_product_paired() -> str:
     """The per-step paired ratio's median and 95% interval over the runs' pooled steps, and the range of each
     run's own median (benchmarks.product ``paired_step_ci``, ``paired_step_runs``)."""
-    from benchmarks.product import paired_text
-
     return _product_grid(None, paired_text)
 
 

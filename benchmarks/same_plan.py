@@ -33,9 +33,11 @@ from typing import Any, Dict, List
 import torch
 
 from benchmarks.measure import median_ci, slowest_rank
-from benchmarks.product import WORKLOADS, fused_params, interleaved_steps, plan_types, workload_data
+from benchmarks.stepping import interleaved_steps
+from benchmarks.workloads import WORKLOADS, fused_params, plan_types, workload_data
 from benchmarks.report import write_results
 from benchmarks import malloc
+from benchmarks.spawner import spawn_ranks
 
 logger = logging.getLogger(__name__)
 
@@ -87,7 +89,7 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, warmup
 
 
 def run(workload: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
-    outs = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
+    outs = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
                                                      rows_cap=rows_cap, warmup=warmup, steps=steps)]
     slowest = {n: slowest_rank([o["wall"][n] for o in outs]) for n in MODELS}
     cpu_sum = {n: [sum(o["cpu"][n][i] for o in outs) for i in range(steps)] for n in MODELS}

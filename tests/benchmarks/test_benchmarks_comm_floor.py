@@ -15,7 +15,7 @@ def test_comm_floor_tiny(tmp_path):
                            "--out", str(tmp_path)],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    from benchmarks.product import MODELS
+    from benchmarks.workloads import MODELS
 
     (r,) = json.loads((tmp_path / "comm_floor.json").read_text())
     assert r["workload"] == "onehot" and list(r["plans"]) == list(MODELS)
