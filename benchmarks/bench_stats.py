@@ -4,7 +4,7 @@ Runs with torch.set_num_threads(1) so the numbers are ids/s per core. Batches ar
 generated before timing; each configuration is timed several times and the median pass
 is reported (the machine may be shared). Prints a small table and one JSON line.
 
-    .venv/bin/python benchmarks/bench_stats.py [--quick]
+    .venv/bin/python -m benchmarks.bench_stats [--quick]
 """
 
 from __future__ import annotations

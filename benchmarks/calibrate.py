@@ -47,8 +47,9 @@ from typing import Any, Dict, List, Optional
 import numpy as np
 import torch
 
-from benchmarks.product import WORKLOADS, fused_params, workload_data
 from benchmarks import malloc, shaped_loopback
+from benchmarks.spawner import spawn_ranks
+from benchmarks.workloads import WORKLOADS, fused_params, workload_data
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +157,7 @@ def measure(workload: str, world: int, rows_cap: int, warmup: int, steps: int,
     """One workload's plans trained and timed (``batch``: samples per rank instead of the
     workload's own; other sizes than the product's let the fit tell fixed from per-unit work)."""
     spec = dict(WORKLOADS[workload], **({"batch": batch} if batch else {}))
-    per_rank = [r[0] for r in malloc.spawn_ranks(_rank_main, world, timeout=3000, spec=spec,
+    per_rank = [r[0] for r in spawn_ranks(_rank_main, world, timeout=3000, spec=spec,
                                           rows_cap=rows_cap, warmup=warmup, steps=steps)]
     r0 = per_rank[0]
     sized = batch is not None or rows_cap != 100_000

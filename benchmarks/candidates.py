@@ -42,11 +42,12 @@ import torch
 
 from benchmarks import malloc, shaped_loopback
 from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
-from benchmarks.product import (HYBRID_MODELS, MEASURE, WORKLOADS, add_threads_argument, fused_params, gbit,
-                                interleaved_steps, network_record, network_table, network_tag, networked,
-                                plan_models, plan_types, resolve_network, set_threads, threads_text, types_text,
-                                workload_data)
-from benchmarks.shaped_loopback import UNSHAPED
+from benchmarks.shaped_loopback import (MEASURE, UNSHAPED, gbit, network_record, network_table, network_tag,
+                                        networked, resolve_network)
+from benchmarks.spawner import spawn_ranks
+from benchmarks.stepping import add_threads_argument, interleaved_steps, set_threads, threads_text
+from benchmarks.workloads import (HYBRID_MODELS, WORKLOADS, fused_params, plan_models, plan_types, types_text,
+                                  workload_data)
 
 logger = logging.getLogger(__name__)
 
@@ -99,7 +100,8 @@ def _candidates(planners: Dict[str, Any]) -> List[Dict[str, Any]]:
 def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, stats_batches: int, warmup: int,
                steps: int, network: Any = None, threads: int = 1) -> None:
     """One rank of :func:`run_one`; ``network`` and ``threads`` as the product's ranks take them
-    (``product.resolve_network``: :data:`~benchmarks.product.MEASURE` measures it here, after the statistics)."""
+    (``shaped_loopback.resolve_network``: :data:`~benchmarks.shaped_loopback.MEASURE` measures it here, after
+    the statistics)."""
     torch_threads = set_threads(threads)
     import torch.distributed as dist
     import torchrec
@@ -134,10 +136,10 @@ def _rank_main(rank: int, world: int, emit, workload: str, rows_cap: int, stats_
 def run_one(workload: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
             network: Any = None, rate: str = UNSHAPED, threads: int = 1) -> Dict[str, Any]:
     """Every candidate of one workload at one world size, trained in one process group. ``network``: None (the
-    planners' default topology) or :data:`~benchmarks.product.MEASURE` (the ranks measure it before planning);
+    planners' default topology) or :data:`~benchmarks.shaped_loopback.MEASURE` (the ranks measure it before planning);
     ``rate``: the loopback's shaped rate the ranks run at, recorded with the measurement; ``threads``: each rank's
     intra-op threads."""
-    outs = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
+    outs = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, workload=workload,
                                                      rows_cap=rows_cap, stats_batches=stats_batches,
                                                      warmup=warmup, steps=steps, network=network,
                                                      threads=threads)]
@@ -231,7 +233,7 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
 def sections(results: List[Dict[str, Any]]) -> List[str]:
     """What the report adds after :func:`markdown`: per workload and pricing, the returned plan against the
     fastest candidate (results from before the verdicts have none) and, on a shaped or measured network, the
-    network each result ran on (``product.network_table``)."""
+    network each result ran on (``shaped_loopback.network_table``)."""
     net = networked(results)
     col, rule = ("| network ", "|---") if net else ("", "")
     cell = (lambda r: f"| {r['network']['rate']} ") if net else (lambda r: "")  # noqa: E731

@@ -5,7 +5,9 @@
 
 Nothing is measured here: every figure is read or derived from a file a benchmark script writes
 (``benchmarks/results/*.json``: ``python -m benchmarks``, ``benchmarks.product``, ``benchmarks.drift``,
-``benchmarks.simulate``, ``benchmarks.calibrate``, ``benchmarks.device_check``). Tables sit between
+``benchmarks.simulate``, ``benchmarks.calibrate``, ``benchmarks.device_check``, ``benchmarks.candidates``,
+``benchmarks.qcomms``; and the committed results of one-off studies whose scripts left the tree, read as they
+are: ``comm_floor``, ``tbe_paths``). Tables sit between
 ``<!-- table: NAME ... -->`` and ``<!-- end table -->`` and ``--write`` renders them again. Figures in
 prose are ``SNIPPETS``: a template filled from ``facts()`` that must stand verbatim in its doc
 (whitespace folded); prose is not rewritten, so when a results file changes the check names the
@@ -26,6 +28,7 @@ import sys
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from benchmarks.malloc import faults_text
+from benchmarks.measure import paired_text
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results")
@@ -171,8 +174,6 @@ def table_results_product_steps() -> str:
 def table_results_product_paired() -> str:
     """The per-step paired ratio's median and 95% interval over the runs' pooled steps, and the range of each
     run's own median (benchmarks.product ``paired_step_ci``, ``paired_step_runs``)."""
-    from benchmarks.product import paired_text
-
     return _product_grid(None, paired_text)
 
 
@@ -370,24 +371,6 @@ def table_results_qcomms() -> str:
     return "\n".join(markdown(load("qcomms_w4")["results"]))
 
 
-def table_results_cold_layouts() -> str:
-    from benchmarks.cold_layouts import markdown
-
-    return "\n".join(markdown(load("cold_layouts"))[2:])  # the table, without its title
-
-
-def table_results_same_plan() -> str:
-    from benchmarks.same_plan import markdown
-
-    return "\n".join(markdown(load("same_plan")["results"]))
-
-
-def table_results_comm_floor() -> str:
-    from benchmarks.comm_floor import markdown
-
-    return "\n".join(markdown(load("comm_floor"))[2:])  # without the title
-
-
 # ---------------------------------------------------------------- our dist code on a GPU (benchmarks.device_check)
 
 
@@ -458,10 +441,7 @@ TABLES: Dict[str, Tuple[str, Callable[[], str]]] = {
     "results_headline": ("docs/results.md", table_results_headline),
     "results_projection": ("docs/results.md", table_results_projection),
     "results_qcomms": ("docs/results.md", table_results_qcomms),
-    "results_cold_layouts": ("docs/results.md", table_results_cold_layouts),
-    "results_same_plan": ("docs/results.md", table_results_same_plan),
     "results_candidates": ("docs/results.md", table_results_candidates),
-    "results_comm_floor": ("docs/results.md", table_results_comm_floor),
     "results_device_check": ("docs/results.md", table_results_device_check),
     "bench_drift": ("benchmarks/README.md", table_bench_drift),
 }
@@ -495,7 +475,6 @@ def facts() -> Dict[str, str]:
     f.update(_headline_and_sweep_facts())
     f.update(_device_check_facts())
     f["tbe_extra_share"] = f"{load('tbe_paths')['extra_share']:.2f}"
-    f.update(_same_plan_facts())
     f.update(_candidates_facts())
     f.update(_allocator_facts())
     f.update(_comm_floor_facts())
@@ -503,8 +482,8 @@ def facts() -> Dict[str, str]:
 
 
 def _comm_floor_facts() -> Dict[str, str]:
-    """Each plan's collectives replayed alone (benchmarks.comm_floor): their share of the stock step, the hybrid's
-    collectives' time and bytes against stock's, the bytes-only bound and the hybrid's compute excess."""
+    """Each plan's collectives replayed alone (comm_floor.json, a one-off study): their share of the stock step,
+    the hybrid's collectives' time and bytes against stock's, the bytes-only bound and the hybrid's compute excess."""
     from benchmarks.measure import ci_text as ci
 
     res = {r["workload"]: r for r in load("comm_floor")}
@@ -525,38 +504,11 @@ def _comm_floor_facts() -> Dict[str, str]:
         p = plans["hybrid_planner" if key == "oh" else "hybrid_planner_bytes"]
         f[f"cf_{key}_n"] = str(len(p["collectives"]))
         f[f"cf_{key}_time"] = f"{p['median_collectives_s'] / stock['median_collectives_s']:.2f}x"
-        # the steps' bytes, as the product tables quote them (the replay's are within 10%: comm_floor.py)
+        # the steps' bytes, as the product tables quote them (the replay's were within 10% of them)
         f[f"cf_{key}_bytes"] = f"{p['step_bytes_busiest'] / stock['step_bytes_busiest']:.2f}x"
         f[f"cf_{key}_bound"] = ci(p["bytes_only_bound"])
         f[f"cf_{key}_step"] = ci(p["step_ratio"])
         f[f"cf_{key}_excess"] = f"{p['compute_excess_s'] * 1e3:.1f} ms"
-    return f
-
-
-def _same_plan_facts() -> Dict[str, str]:
-    """TorchRec's plan under TorchRec's sharder, ours and ours without the id check (benchmarks.same_plan)."""
-    d = load("same_plan")
-    res = {r["workload"]: r for r in d["results"]}
-    if set(res) != {"onehot", "multihot"}:
-        raise ValueError(f"same_plan.json covers {sorted(res)}; the docs quote onehot and multihot: reword them")
-    f = {"sp_world": str(unique((r["world"] for r in res.values()), "same_plan world")),
-         "sp_steps": str(unique((r["steps"] for r in res.values()), "same_plan steps")),
-         "sp_plan": unique((types_text(r["plan_types"]) for r in res.values()), "same_plan plan")}
-    from benchmarks.measure import ci_text as ci
-    for wl, key in (("onehot", "oh"), ("multihot", "mh")):
-        r, m = res[wl], res[wl]["models"]
-        f[f"sp_{key}_step"] = f"{m['our sharder']['step_vs_stock']:.3f}x"
-        f[f"sp_{key}_cpu"] = f"{m['our sharder']['cpu_vs_stock']:.3f}x"
-        f[f"sp_{key}_unchecked"] = f"{m['our sharder, validate_ids=False']['step_vs_stock']:.3f}x"
-        f[f"sp_{key}_paired"] = ci(m["our sharder"]["paired_ratio_median_ci"])
-        f[f"sp_{key}_check"] = ci(m["our sharder"]["paired_vs_unchecked_median_ci"])
-        stock = m["stock sharder"]["sent_bytes_total_per_rank"]
-        report = 3 * 8 * (r["world"] - 1) * r["steps"]
-        if (m["our sharder, validate_ids=False"]["sent_bytes_total_per_rank"] != stock
-                or m["our sharder"]["sent_bytes_total_per_rank"] != [b + report for b in stock]):
-            raise ValueError(f"same_plan {wl}: our sharder's bytes are not TorchRec's plus the id check's report "
-                             "words, as the docs say: reword them")
-    f["sp_report_bytes"] = str(3 * 8 * (int(f["sp_world"]) - 1))
     return f
 
 
@@ -879,26 +831,10 @@ SNIPPETS: List[Tuple[str, str]] = [
                         "was the fastest it weighed on {cand_cpu_fastest}"),
     ("docs/results.md", "slower than the best pure candidate, and priced dearer, on {cand_mixed_slower} workloads"),
     ("docs/results.md", "its choice was the fastest of its candidates on {cand_net_fastest} workloads"),
-    # README.md and docs/results.md: TorchRec's plan under our sharder (benchmarks.same_plan)
-    ("README.md", "measured on its own over {sp_steps} interleaved steps, {sp_oh_step} and {sp_mh_step} the stock step "
-                  "with one id per feature and with multi-hot bags"),
-    ("docs/results.md", "{sp_steps} interleaved steps at W={sp_world}"),
-    ("docs/results.md", "The stock planner's plan for the product benchmark's tables ({sp_plan})"),
-    ("docs/results.md", "plus each rank's 3-word id-check report to every other rank ({sp_report_bytes} bytes per "
-                        "rank per step at W={sp_world})"),
-    ("docs/results.md", "{sp_oh_step} and {sp_mh_step} the stock step with one id per feature and DLRMv2 multi-hot "
-                        "bags (process CPU {sp_oh_cpu} and {sp_mh_cpu}), and without the id check {sp_oh_unchecked} "
-                        "and {sp_mh_unchecked}"),
     ("docs/results.md", "the median of those ratios and a distribution-free 95% interval of the median "
                         "(`paired_step_ci` in the results files; order statistics), over the timed steps of "
                         "{product_repeats_words} runs, each in fresh processes (`--repeats {product_repeats}`: "
                         "{product_pooled_steps} steps)"),
-    ("docs/results.md", "Paired round by round (95% confidence intervals of the median, order statistics), the median "
-                        "per-step ratio to the stock step is {sp_oh_paired} and {sp_mh_paired}"),
-    ("docs/results.md", "to our sharder without the check {sp_oh_check} and {sp_mh_check}"),
-    ("docs/results.md", "over {sweep_steps} steps the same plan under our sharder ran {sweep_cpu_time} the fastest "
-                        "stock plan and {sweep_cpu_same_plan} (median {sweep_cpu_same_plan_median}) the stock "
-                        "planner's run of it"),
     # README.md and docs/results.md: the allocator (benchmarks/malloc.py; product_w4 against product_w4_glibc)
     ("README.md", "under glibc's defaults (`--malloc default`: `product_w4_glibc.md`) TorchRec's one-hot plan took "
                   "{alloc_onehot_stock_faults} minor page faults per step on its busiest rank and the hybrid "
@@ -911,7 +847,7 @@ SNIPPETS: List[Tuple[str, str]] = [
                         "thresholds fixed (at most {alloc_fixed_faults} faults per step for any plan); with multi-hot "
                         "bags, where TorchRec's plan is also the CPU-priced one, {alloc_multihot_stock_faults} and "
                         "{alloc_multihot_cpu_faults} faults, {alloc_multihot_default} against {alloc_multihot_fixed}"),
-    # README.md and docs/results.md: the collectives' share of a step (benchmarks.comm_floor)
+    # README.md and docs/results.md: the collectives' share of a step (comm_floor.json; the script left the tree)
     ("README.md", "one all-to-all of under 0.3 MB took {cf_small_ms} alone (the slowest of {cf_world} ranks), so the "
                   "stock plan's {cf_oh_stock_n} collectives are {cf_oh_share} of its one-hot step and the CPU-priced "
                   "hybrid's {cf_oh_n} take {cf_oh_time} their time for {cf_oh_bytes} their bytes; with the stock "

@@ -20,7 +20,7 @@ rising into the head, ``drift_mode="rise"``), step by step, in one process group
   top ids at that batch (``SyntheticCriteo.top_ids``: what perfect, fresh statistics give);
 - ``stock``: TorchRec's ``EmbeddingShardingPlanner`` plan (stock sharder, same topology).
 
-Each step runs the four models in a balanced order (``product.step_models``), each behind a
+Each step runs the four models in a balanced order (``stepping.step_models``), each behind a
 barrier; around each model's forward + backward, the bytes each rank writes to its sockets are read from
 ``/proc/self/io`` (``torchrec_hybrid.comm_bytes.sent_bytes``); nothing prints or logs inside.
 Counting, merging and switching happen outside those windows; merge and switch are timed and
@@ -45,10 +45,12 @@ import torch
 import torch.distributed as dist
 
 from benchmarks.data import rank_slice  # one rank's part of a global batch
-from benchmarks.product import fused_params, step_models, types_text
 
 from torchrec_hybrid.comm_bytes import count_sent_bytes
 from benchmarks import malloc
+from benchmarks.spawner import spawn_ranks
+from benchmarks.stepping import step_models
+from benchmarks.workloads import fused_params, types_text
 
 logger = logging.getLogger("benchmarks.drift")
 
@@ -395,7 +397,7 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     os.makedirs(ns.out, exist_ok=True)
     logger.info("drift benchmark: %s -> %s", {k: v for k, v in a.items() if k != "progress"}, ns.out)
     t = time.time()
-    per_rank = malloc.spawn_ranks(_rank_main, a["world"], timeout=ns.timeout, pg_timeout_s=300, a=a)
+    per_rank = spawn_ranks(_rank_main, a["world"], timeout=ns.timeout, pg_timeout_s=300, a=a)
     r = summarize([items[0] for items in per_rank], a)
     r["wall_s"] = round(time.time() - t, 1)
     r["allocator"] = per_rank[0][0]["allocator"]

@@ -1,4 +1,4 @@
-"""The C allocator the benchmarks' ranks run under, and the page faults a step costs.
+"""The C allocator the benchmarks' ranks run under, and the page faults a step costs (``spawner.py`` sets it).
 
 PyTorch's CPU tensors come from the C library's ``malloc``. glibc's default thresholds are
 *dynamic*: a large block goes back to the kernel when freed (``munmap``, or a trim of the
@@ -26,7 +26,7 @@ import functools
 import logging
 import os
 import statistics
-from typing import Any, Callable, Iterable, List, Optional
+from typing import Any, Iterable, List, Optional
 
 logger = logging.getLogger(__name__)
 
@@ -137,18 +137,6 @@ def busiest_median(per_rank: List[List[Optional[int]]]) -> Optional[float]:
 def faults_text(faults: Optional[float]) -> str:
     """Page faults per step as the tables print them ("-": not counted)."""
     return "-" if faults is None else f"{faults:,.0f}"
-
-
-def _rank(rank: int, world: int, emit: Callable, _fn: Callable, _malloc: str, **kwargs: Any) -> None:
-    set_allocator(_malloc)
-    _fn(rank, world, emit, **kwargs)
-
-
-def spawn_ranks(fn: Callable, world: int, *, malloc: str = DEFAULT_MODE, **kwargs: Any) -> List[List[Any]]:
-    """``torchrec_hybrid.spawn.spawn_ranks`` with every rank's allocator set first (:func:`set_allocator`)."""
-    from torchrec_hybrid import spawn
-
-    return spawn.spawn_ranks(_rank, world, _fn=fn, _malloc=check_mode(malloc), **kwargs)
 
 
 def _without_malloc_tunables(tunables: str) -> str:

@@ -27,7 +27,7 @@ import math
 import resource
 import statistics
 import time
-from typing import Dict, List, Optional
+from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
@@ -107,6 +107,17 @@ def median_ci(xs: List[float]) -> List[float]:
 def ci_text(ci: List[float]) -> str:
     """``[low, median, high]`` (:func:`median_ci`) as the reports print a ratio's: ``1.02x [0.98, 1.05]``."""
     return f"{ci[1]:.2f}x [{ci[0]:.2f}, {ci[2]:.2f}]"
+
+
+def paired_text(ratios: Dict[str, Any]) -> str:
+    """A plan's paired step ratio (its ``ratios`` entry) as the reports print it: the pooled median and its
+    interval, and with several runs the range of their own medians (``0.81x [0.79, 0.85] (runs 0.80-0.85)``);
+    "-" for results older than the paired ratio."""
+    if not ratios.get("paired_step_ci"):
+        return "-"
+    runs = ratios.get("paired_step_runs", [])
+    spread = f" (runs {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
+    return ci_text(ratios["paired_step_ci"]) + spread
 
 
 def slowest_rank(per_rank: List[List[float]]) -> List[float]:

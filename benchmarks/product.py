@@ -39,7 +39,6 @@ rank, ``0`` torch's default (``set_num_threads`` not called); the results record
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import logging
 import math
@@ -47,88 +46,18 @@ import os
 import statistics
 import sys
 import time
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
-
-import torch
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from benchmarks import malloc, shaped_loopback
-from benchmarks.measure import balanced_orders, ci_text, median_ci, slowest_rank
-from benchmarks.shaped_loopback import UNSHAPED
+from benchmarks.measure import balanced_orders, median_ci, paired_text, slowest_rank
+from benchmarks.shaped_loopback import (MEASURE, UNSHAPED, network_record, network_table, network_tag,
+                                        networked, resolve_network)
+from benchmarks.spawner import spawn_ranks
+from benchmarks.stepping import add_threads_argument, interleaved_steps, set_threads, threads_text
+from benchmarks.step_counts import count_training_step
+from benchmarks.workloads import HYBRID_MODELS, MODELS, WORKLOADS, plan_models, plan_types, types_text, workload_data
 
 logger = logging.getLogger(__name__)
-
-WORKLOADS = {
-    "onehot": dict(multi_hot=False, alpha=1.1, sorted_ids=False, batch=1024),
-    "multihot": dict(multi_hot=True, alpha=1.1, sorted_ids=False, batch=512),
-    "sorted-onehot": dict(multi_hot=False, alpha=1.1, sorted_ids=True, batch=1024),
-    "sorted-multihot": dict(multi_hot=True, alpha=1.1, sorted_ids=True, batch=512),
-    "uniform": dict(multi_hot=False, alpha=0.0, sorted_ids=False, batch=1024),
-}
-MODELS = ("hybrid_planner", "hybrid_planner_bytes", "stock_planner")
-# the hybrid planner as a user on this machine gets it (compute priced by the CPU calibration,
-# planner/compute_costs.py) and as it plans for a network-bound cluster (bytes and collectives)
-HYBRID_MODELS = {"hybrid_planner": "default", "hybrid_planner_bytes": None}
-MEASURE = "measure"  # a run's network argument: its ranks measure the network before planning
-
-
-def fused_params() -> Dict[str, Any]:
-    """The fused optimizer every benchmark of the product's sizes trains with: row-wise Adagrad, lr 0.01
-    (a fresh dict: sharders keep theirs)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    return {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.01, "eps": 1e-8}
-
-
-def set_threads(threads: int) -> int:
-    """A rank's intra-op threads: ``threads`` (``torch.set_num_threads``), or torch's default for 0 (not
-    called: what ``mp.spawn`` without it gives); returns the count it runs with (``torch.get_num_threads``)."""
-    if threads < 0:
-        raise ValueError(f"threads must be >= 0 (0: torch's default), got {threads}")
-    if threads > 0:
-        torch.set_num_threads(threads)
-    return torch.get_num_threads()
-
-
-def threads_text(results: List[Dict[str, Any]]) -> str:
-    """The ranks' intra-op threads of ``results`` as the reports say them (each distinct setting once; results
-    from before ``--threads`` ran one thread per rank)."""
-    def one(r: Dict[str, Any]) -> str:
-        t = r.get("threads", 1)
-        if t == 0:
-            return f"torch's default per rank ({r.get('torch_threads', '?')} here; --threads 0)"
-        return f"{t} per rank (torch.set_num_threads({t}))"
-
-    return "; ".join(dict.fromkeys(one(r) for r in results)) or "-"
-
-
-def resolve_network(network: Any, pg: Any) -> Any:
-    """A rank's ``network`` argument as the planners take it: :data:`MEASURE` measured here
-    (``torchrec_hybrid.planner.measure_network`` on ``pg``, collective: every rank calls it, after the statistics
-    and before planning, and gets the same measurement), anything else (None, a ``NetworkMeasurement``) as is."""
-    if network != MEASURE:
-        return network
-    from torchrec_hybrid.planner import measure_network
-
-    return measure_network(pg)
-
-
-def workload_data(spec: Dict[str, Any], world: int, rank: int, rows_cap: int, stats_batches: int, steps: int):
-    from benchmarks.data import rank_slice
-    from torchrec_hybrid.stats import FrequencyStats, criteo_table_sizes, criteo_tables
-    from torchrec_hybrid.stats.synthetic import SyntheticCriteo
-
-    sizes = criteo_table_sizes(max_rows=rows_cap)
-    tables = criteo_tables(sizes, embedding_dim=64)
-    b = spec["batch"]
-    gen = SyntheticCriteo(sizes, batch_size=b * world, num_batches=stats_batches + steps, alpha=spec["alpha"],
-                          multi_hot=spec["multi_hot"], seed=0, sorted_ids=spec["sorted_ids"])
-    stats, batches = FrequencyStats(tables), []
-    for i, kjt in enumerate(gen):  # statistics from other batches than the measured ones
-        if i < stats_batches:
-            stats.update(kjt)
-        else:
-            batches.append(rank_slice(kjt, gen.hotness, rank, b))
-    return tables, stats, batches
 
 
 def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int, stats_batches: int,
@@ -139,8 +68,6 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     ``threads``: its intra-op threads (:func:`set_threads`)."""
     torch_threads = set_threads(threads)
     import torch.distributed as dist
-
-    from benchmarks.step_counts import count_training_step
 
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, stats_batches, warmup + steps)
     network = resolve_network(network, dist.GroupMember.WORLD)
@@ -176,92 +103,6 @@ def cold_spills(model: Any, steps: int) -> List[int]:
     return [sum(c.spills for c in cold), len(cold) * steps]
 
 
-def plan_models(tables, stats, spec: Dict[str, Any], world: int, pg, prices: Optional[Any] = None,
-                 tie_ms: Any = "auto", network: Optional[Any] = None):
-    """Plan the EBC with the hybrid planner (both pricings) and TorchRec's planner for the same topology; the
-    hybrid planners, the plans and a DistributedModelParallel per plan, by model name. ``prices``: the
-    CPU-priced planner's ``ComputeCosts`` instead of the machine's default (None: the default); ``tie_ms``: its
-    tie band (the planner's argument; the network-priced planner has none); ``network``: a measured
-    ``NetworkMeasurement`` every planner plans for (TorchRec's: ``network.apply_to(topology)``; the hybrid
-    planner's: ``network=``), None: the default topology's bandwidths."""
-    import torchrec
-    from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-    from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
-
-    from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
-
-    fused = fused_params()
-    topo = Topology(world_size=world, compute_device="cpu")
-
-    def ebc():
-        return torchrec.EmbeddingBagCollection(tables=tables, device=torch.device("meta"))
-
-    hyb_sharder = HybridEmbeddingBagCollectionSharder(fused_params=dict(fused))
-    priced = {m: prices if prices is not None and costs == "default" else costs for m, costs in HYBRID_MODELS.items()}
-    planners = {m: HybridEmbeddingShardingPlanner(topology=topo, batch_size=spec["batch"], frequency_stats=stats,
-                                                  compute_costs=costs,
-                                                  tie_ms=tie_ms if HYBRID_MODELS[m] == "default" else 0.0,
-                                                  network=network)
-                for m, costs in priced.items()}
-    plans = {m: p.collective_plan(ebc(), [hyb_sharder], pg) for m, p in planners.items()}
-    stock_sharder = EmbeddingBagCollectionSharder(fused_params=dict(fused))
-    stock_topo = topo if network is None else network.apply_to(topo)
-    plans["stock_planner"] = EmbeddingShardingPlanner(topology=stock_topo, batch_size=spec["batch"]).collective_plan(
-        ebc(), [stock_sharder], pg)
-    models = {name: DistributedModelParallel(ebc(), device=torch.device("cpu"), plan=plans[name],
-                                             sharders=[hyb_sharder if name in HYBRID_MODELS else stock_sharder])
-              for name in MODELS}
-    return planners, plans, models
-
-
-def _timed_step(model: Any, kjt: Any) -> Tuple[float, float, int, Optional[int]]:
-    """One training step of ``model`` behind a barrier: its wall seconds, process CPU seconds, bytes sent and
-    minor page faults (``malloc.minor_faults``; None where they are not counted)."""
-    import torch.distributed as dist
-
-    from benchmarks.models import training_loss
-    from torchrec_hybrid.comm_bytes import sent_bytes
-
-    dist.barrier()
-    f0, b0, c0, t0 = malloc.minor_faults(), sent_bytes(), time.process_time(), time.perf_counter()
-    training_loss(model(kjt).wait().values()).backward()
-    t1, c1, b1, f1 = time.perf_counter(), time.process_time(), sent_bytes(), malloc.minor_faults()
-    return t1 - t0, c1 - c0, b1 - b0, malloc.faults_between(f0, f1)
-
-
-def step_models(models: Dict[str, Any], names, kjt, i: int, timed: bool, sent: Dict[str, List[int]],
-                times: Dict[str, List[float]]) -> None:
-    """One training step of each of ``names``, in the order of row ``i`` of a Williams design
-    (``measure.balanced_orders``: over its rows every model takes every position, and follows every other
-    model, equally often; ``i``: counted from the first timed step, so the timed steps start a cycle), each
-    behind a barrier; on a timed step, record each model's bytes sent and time."""
-    names = tuple(names)
-    orders = balanced_orders(len(names))
-    for name in (names[j] for j in orders[i % len(orders)]):
-        wall, _, nbytes, _ = _timed_step(models[name], kjt)
-        if timed:
-            sent[name].append(nbytes)
-            times[name].append(wall)
-
-
-def interleaved_steps(models: Dict[str, Any], batches: List[Any], warmup: int,
-                      order: Callable[[int], List[str]]) -> Dict[str, Dict[str, List[Any]]]:
-    """One training step of each model per batch, in the order ``order(i)`` gives for batch ``i``, each
-    behind a barrier; per model, over the steps after the ``warmup`` first: wall seconds, process CPU
-    seconds, bytes sent and page faults (``{"wall": .., "cpu": .., "sent": .., "faults": ..}``, each
-    ``{model: [per step]}``)."""
-    keys = ("wall", "cpu", "sent", "faults")
-    out: Dict[str, Dict[str, List[Any]]] = {k: {n: [] for n in models} for k in keys}
-    for i, kjt in enumerate(batches):
-        for n in order(i):
-            measured = _timed_step(models[n], kjt)
-            if i >= warmup:
-                for key, value in zip(keys, measured):
-                    out[key][n].append(value)
-    return out
-
-
 def _planner_report(planners: Dict[str, Any], plans: Dict[str, Any]) -> Dict[str, Any]:
     """What the hybrid planners estimated (both plans' per-rank bytes), chose and compared, and each plan's
     table count per type: rank 0 reports them."""
@@ -274,21 +115,6 @@ def _planner_report(planners: Dict[str, Any], plans: Dict[str, Any]) -> Dict[str
     out["comparison"] = {m: p.comparison_table() for m, p in planners.items()}
     out["types"] = {m: plan_types(p) for m, p in plans.items()}
     return out
-
-
-def plan_types(plan) -> Dict[str, int]:
-    """How many tables of ``plan`` per sharding type (frequency_hybrid ones per cold layout)."""
-    counts: Dict[str, int] = {}
-    for module_plan in plan.plan.values():
-        for ps in module_plan.values():
-            key = ps.sharding_type + ("/" + ps.cold_layout + "-cold" if hasattr(ps, "cold_layout") else "")
-            counts[key] = counts.get(key, 0) + 1
-    return counts
-
-
-def types_text(types: Dict[str, int]) -> str:
-    """A plan's :func:`plan_types` as the reports print it: ``"21 frequency_hybrid/row_wise-cold, 5 ..."``."""
-    return ", ".join(f"{n} {t}" for t, n in sorted(types.items()))
 
 
 def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: int, steps: int,
@@ -305,7 +131,7 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     ``threads``: each rank's intra-op threads (:func:`set_threads`), recorded with the count torch ran."""
     runs = []
     for _ in range(repeats):
-        per_rank = malloc.spawn_ranks(_rank_main, world, malloc=allocator, timeout=3000, spec=WORKLOADS[name],
+        per_rank = spawn_ranks(_rank_main, world, malloc=allocator, timeout=3000, spec=WORKLOADS[name],
                                       rows_cap=rows_cap, stats_batches=stats_batches, warmup=warmup, steps=steps,
                                       prices=prices, tie_ms=tie_ms, network=network, threads=threads)
         runs.append([items[0] for items in per_rank])
@@ -351,20 +177,6 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     return res
 
 
-def network_record(rate: str, measurement: Optional[Any], world: int) -> Dict[str, Any]:
-    """What a result records of its network: the loopback's rate asked for (``unshaped``, or tc's spelling and
-    bits per second) and the ranks' measurement (None: not measured), its fields as they are and, in Gbit/s
-    (the unit of the asked rate), the all-to-all bandwidth per rank, all ranks' together and the all-reduce's."""
-    bits = shaped_loopback.rate_bits(rate)
-    out: Dict[str, Any] = {"rate": rate, "rate_bits_per_s": None if math.isinf(bits) else bits, "measured": None}
-    if measurement is not None:
-        fields = dataclasses.asdict(measurement)
-        per_rank = measurement.bandwidth * 8e3 / 1e9  # bytes/ms -> Gbit/s
-        out["measured"] = dict(fields, per_rank_gbit_s=per_rank, aggregate_gbit_s=per_rank * world,
-                               allreduce_gbit_s=measurement.allreduce_bandwidth * 8e3 / 1e9)
-    return out
-
-
 def cpu_text(r: Dict[str, Any], m: str) -> str:
     """A plan's process CPU per step (summed over ranks) and its ratio to the stock plan's ("-" before it was
     recorded)."""
@@ -379,29 +191,6 @@ def paired_step_ratios(outs: List[Dict[str, Any]], model: str, base: str) -> Lis
     rank, ``{"times": {model: [per batch]}}``)."""
     ours, theirs = (slowest_rank([o["times"][m] for o in outs]) for m in (model, base))
     return [a / b for a, b in zip(ours, theirs)]
-
-
-def paired_text(ratios: Dict[str, Any]) -> str:
-    """A plan's paired step ratio (its ``ratios`` entry) as the reports print it: the pooled median and its
-    interval, and with several runs the range of their own medians (``0.81x [0.79, 0.85] (runs 0.80-0.85)``);
-    "-" for results older than the paired ratio."""
-    if not ratios.get("paired_step_ci"):
-        return "-"
-    runs = ratios.get("paired_step_runs", [])
-    spread = f" (runs {min(runs):.2f}-{max(runs):.2f})" if len(runs) > 1 else ""
-    return ci_text(ratios["paired_step_ci"]) + spread
-
-
-def networked(results: List[Dict[str, Any]]) -> bool:
-    """Whether any result ran on a shaped loopback or planned for a measured network (then the reports say which
-    network each row ran on, and add the network, per-rate and crossover tables)."""
-    return any(r.get("network", {}).get("rate", UNSHAPED) != UNSHAPED or r.get("network", {}).get("measured")
-               for r in results)
-
-
-def gbit(x: Optional[float]) -> str:
-    """Gbit/s as the network tables print it ("-": unknown)."""
-    return "-" if x is None else f"{x:.3g}"
 
 
 def markdown(results: List[Dict[str, Any]]) -> List[str]:
@@ -445,25 +234,6 @@ def markdown(results: List[Dict[str, Any]]) -> List[str]:
     lines += ["", f"Allocator: {malloc.described(results)}.", "", f"Intra-op threads: {threads_text(results)}."]
     if net:
         lines += [""] + network_markdown(results)
-    return lines
-
-
-def network_table(results: List[Dict[str, Any]]) -> List[str]:
-    """The network each result ran on: the rate asked (``--network``) and what its ranks measured
-    (:func:`network_record`), a "## Network" section."""
-    lines = ["## Network", "", "The loopback's rate asked for (`--network`; all ranks share it: an all-to-all of T "
-             "bytes in all takes about T / rate) and what the ranks measured before planning "
-             "(`measure_network`; both planners planned for it), in Gbit/s:", "",
-             "| network | workload | W | all-to-all per rank | all ranks | all-reduce per rank | collective ms "
-             "| backend |", "|---|---|---:|---:|---:|---:|---:|---|"]
-    for r in results:
-        n, m = r["network"], r["network"].get("measured")
-        if m is None:
-            lines.append(f"| {n['rate']} | {r['workload']} | {r['world']} | not measured | - | - | - | - |")
-            continue
-        lines.append(f"| {n['rate']} | {r['workload']} | {r['world']} | {gbit(m['per_rank_gbit_s'])} | "
-                     f"{gbit(m['aggregate_gbit_s'])} | {gbit(m['allreduce_gbit_s'])} | "
-                     f"{m.get('collective_ms', float('nan')):.3g} | {m.get('backend', '-')} |")
     return lines
 
 
@@ -561,16 +331,6 @@ def write_json(path: str, args: Dict[str, Any], results: List[Dict[str, Any]]) -
         json.dump(data, f, indent=1)
 
 
-def network_tag(results: List[Dict[str, Any]], r: Dict[str, Any]) -> str:
-    """`` [2gbit, measured 1.9 Gbit/s all ranks]``: the network result ``r`` ran on, as the terminal summaries say
-    it ("" where none of ``results`` is :func:`networked`)."""
-    if not networked(results):
-        return ""
-    n = r.get("network", {})
-    m = n.get("measured")
-    return f" [{n['rate']}" + (f", measured {gbit(m['aggregate_gbit_s'])} Gbit/s all ranks" if m else "") + "]"
-
-
 def summary(results: List[Dict[str, Any]]) -> List[str]:
     """The end of a run's terminal output: per result and hybrid plan its byte and step ratios to the stock plan
     (and the network it ran on), then the crossovers where more than one rate ran."""
@@ -584,13 +344,6 @@ def summary(results: List[Dict[str, Any]]) -> List[str]:
         lines += [f"crossover {c['workload']} W={c['world']} {c['plan']} (the stock plan faster above): {c['text']}"
                   for c in crossovers(results)]
     return lines
-
-
-def add_threads_argument(ap: argparse.ArgumentParser) -> None:
-    """``--threads N``: each rank's intra-op threads (:func:`set_threads`; the caller refuses N < 0)."""
-    ap.add_argument("--threads", type=int, default=1, metavar="N",
-                    help="intra-op threads per rank (torch.set_num_threads(N); default 1, one core's work per rank; "
-                         "0: torch's default, set_num_threads not called); recorded in the results")
 
 
 def main(argv=None) -> List[Dict[str, Any]]:

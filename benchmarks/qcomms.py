@@ -3,7 +3,7 @@
 The product benchmark's set-up (``benchmarks/product.py``: 26 Criteo-Kaggle tables capped at
 ``--rows-cap`` rows, dim 64, Zipf(1.1), EXACT_ROWWISE_ADAGRAD, statistics from batches of
 their own) on W gloo ranks. Four models train on the same batches, in balanced orders
-(``product.step_models``): the hybrid planner's plan (bytes-priced, as on CUDA) and TorchRec's planner's plan, each
+(``stepping.step_models``): the hybrid planner's plan (bytes-priced, as on CUDA) and TorchRec's planner's plan, each
 with fp32 comms and with ``QCommsConfig(forward_precision=FP16, backward_precision=BF16)``
 (the registry given to both sharders, and to the planners, which price the codec). Per model:
 bytes each rank sends per step (``wchar`` of ``/proc/self/io``), mean and busiest rank.
@@ -21,8 +21,10 @@ from typing import Any, Dict, List
 
 import torch
 
-from benchmarks.product import WORKLOADS, fused_params, step_models, workload_data
 from benchmarks import malloc
+from benchmarks.spawner import spawn_ranks
+from benchmarks.stepping import step_models
+from benchmarks.workloads import WORKLOADS, fused_params, workload_data
 
 logger = logging.getLogger(__name__)
 
@@ -79,7 +81,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
 
 
 def run_one(name: str, world: int, rows_cap: int, warmup: int, steps: int) -> Dict[str, Any]:
-    per_rank = [items[0] for items in malloc.spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name],
+    per_rank = [items[0] for items in spawn_ranks(_rank_main, world, timeout=3000, spec=WORKLOADS[name],
                                                   rows_cap=rows_cap, warmup=warmup, steps=steps)]
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"],
                            "allocator": per_rank[0]["allocator"]}

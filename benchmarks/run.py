@@ -71,7 +71,7 @@ def measure(workloads: List[Workload]) -> List[Dict]:
     Progress: rank 0 of each group shows a tqdm bar over its configurations; each group
     is announced with how many configurations the run has done and has left.
     """
-    from benchmarks.launch import run_group
+    from benchmarks.spawner import run_group
     from benchmarks.report import summarize
 
     groups: Dict[tuple, List[int]] = {}

@@ -16,12 +16,15 @@ Needs ``unshare`` (util-linux), ``ip`` and ``tc`` (iproute2) and user namespaces
 A benchmark takes ``--network RATE [RATE ...]`` and ``--measure-network`` with :func:`add_arguments`, reads
 them with :func:`rates_to_run` (every refusal before any rank starts) and runs its rates with
 :func:`run_rates`: each shaped rate in its own process, in its namespace, writing under :func:`rate_dir`, the
-results of all rates merged into one file.
+results of all rates merged into one file. Its ranks plan for the network they measure where asked
+(:data:`MEASURE`, :func:`resolve_network`); each result records the rate and the measurement
+(:func:`network_record`) and the reports show them (:func:`networked`, :func:`network_tag`, :func:`network_table`).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -223,3 +226,75 @@ def run_rates(rates: Sequence[str], inside: Optional[str], module: str, argv: Se
             results.append(result)
             save(results)
     return results
+
+
+# ---------------------------------------------------------------- the network a result planned for and ran on
+
+
+MEASURE = "measure"  # a run's network argument: its ranks measure the network before planning
+
+
+def resolve_network(network: Any, pg: Any) -> Any:
+    """A rank's ``network`` argument as the planners take it: :data:`MEASURE` measured here
+    (``torchrec_hybrid.planner.measure_network`` on ``pg``, collective: every rank calls it, after the statistics
+    and before planning, and gets the same measurement), anything else (None, a ``NetworkMeasurement``) as is."""
+    if network != MEASURE:
+        return network
+    from torchrec_hybrid.planner import measure_network
+
+    return measure_network(pg)
+
+
+def network_record(rate: str, measurement: Optional[Any], world: int) -> Dict[str, Any]:
+    """What a result records of its network: the loopback's rate asked for (``unshaped``, or tc's spelling and
+    bits per second) and the ranks' measurement (None: not measured), its fields as they are and, in Gbit/s
+    (the unit of the asked rate), the all-to-all bandwidth per rank, all ranks' together and the all-reduce's."""
+    bits = rate_bits(rate)
+    out: Dict[str, Any] = {"rate": rate, "rate_bits_per_s": None if math.isinf(bits) else bits, "measured": None}
+    if measurement is not None:
+        fields = dataclasses.asdict(measurement)
+        per_rank = measurement.bandwidth * 8e3 / 1e9  # bytes/ms -> Gbit/s
+        out["measured"] = dict(fields, per_rank_gbit_s=per_rank, aggregate_gbit_s=per_rank * world,
+                               allreduce_gbit_s=measurement.allreduce_bandwidth * 8e3 / 1e9)
+    return out
+
+
+def networked(results: List[Dict[str, Any]]) -> bool:
+    """Whether any result ran on a shaped loopback or planned for a measured network (then the reports say which
+    network each row ran on, and add the network, per-rate and crossover tables)."""
+    return any(r.get("network", {}).get("rate", UNSHAPED) != UNSHAPED or r.get("network", {}).get("measured")
+               for r in results)
+
+
+def network_tag(results: List[Dict[str, Any]], r: Dict[str, Any]) -> str:
+    """`` [2gbit, measured 1.9 Gbit/s all ranks]``: the network result ``r`` ran on, as the terminal summaries say
+    it ("" where none of ``results`` is :func:`networked`)."""
+    if not networked(results):
+        return ""
+    n = r.get("network", {})
+    m = n.get("measured")
+    return f" [{n['rate']}" + (f", measured {gbit(m['aggregate_gbit_s'])} Gbit/s all ranks" if m else "") + "]"
+
+
+def gbit(x: Optional[float]) -> str:
+    """Gbit/s as the network tables print it ("-": unknown)."""
+    return "-" if x is None else f"{x:.3g}"
+
+
+def network_table(results: List[Dict[str, Any]]) -> List[str]:
+    """The network each result ran on: the rate asked (``--network``) and what its ranks measured
+    (:func:`network_record`), a "## Network" section."""
+    lines = ["## Network", "", "The loopback's rate asked for (`--network`; all ranks share it: an all-to-all of T "
+             "bytes in all takes about T / rate) and what the ranks measured before planning "
+             "(`measure_network`; both planners planned for it), in Gbit/s:", "",
+             "| network | workload | W | all-to-all per rank | all ranks | all-reduce per rank | collective ms "
+             "| backend |", "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in results:
+        n, m = r["network"], r["network"].get("measured")
+        if m is None:
+            lines.append(f"| {n['rate']} | {r['workload']} | {r['world']} | not measured | - | - | - | - |")
+            continue
+        lines.append(f"| {n['rate']} | {r['workload']} | {r['world']} | {gbit(m['per_rank_gbit_s'])} | "
+                     f"{gbit(m['aggregate_gbit_s'])} | {gbit(m['allreduce_gbit_s'])} | "
+                     f"{m.get('collective_ms', float('nan')):.3g} | {m.get('backend', '-')} |")
+    return lines

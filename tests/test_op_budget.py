@@ -25,7 +25,7 @@ def _counts(rank, world, multi_hot):
     from torchrec.distributed.planner import EmbeddingShardingPlanner, ParameterConstraints, Topology
 
     from benchmarks.data import rank_slice
-    from benchmarks.product import fused_params
+    from benchmarks.workloads import fused_params
     from benchmarks.step_counts import count_training_step
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder, HybridEmbeddingShardingPlanner
     from torchrec_hybrid.stats import FrequencyStats, criteo_table_sizes, criteo_tables

@@ -83,7 +83,7 @@ def test_product_refuses_fewer_than_no_threads(tmp_path, capsys):
 def test_product_records_its_threads(tmp_path):
     """``--threads 2``: each rank runs two intra-op threads, and the results say so (JSON and the report's legend);
     the reports of results from before --threads say one per rank."""
-    from benchmarks import product
+    from benchmarks import stepping
 
     proc = subprocess.run([sys.executable, "-m", "benchmarks.product", "--world", "2", "--rows-cap", "2000",
                            "--steps", "2", "--warmup", "1", "--stats-batches", "2", "--workloads", "onehot",
@@ -94,6 +94,6 @@ def test_product_records_its_threads(tmp_path):
     (r,) = data["results"]
     assert data["args"]["threads"] == 2 and r["threads"] == 2 and r["torch_threads"] == 2
     assert "Intra-op threads: 2 per rank (torch.set_num_threads(2))." in (tmp_path / "product.md").read_text()
-    assert product.threads_text([{}]) == "1 per rank (torch.set_num_threads(1))"
-    default = product.threads_text([{"threads": 0, "torch_threads": 8}])
+    assert stepping.threads_text([{}]) == "1 per rank (torch.set_num_threads(1))"
+    default = stepping.threads_text([{"threads": 0, "torch_threads": 8}])
     assert default == "torch's default per rank (8 here; --threads 0)"

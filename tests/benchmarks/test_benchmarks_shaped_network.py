@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import product, shaped_loopback
+from benchmarks import product, shaped_loopback, workloads
 from benchmarks.shaped_loopback import UNSHAPED
 from torchrec_hybrid.planner import NetworkMeasurement
 
@@ -139,7 +139,7 @@ def test_a_crossover_next_to_the_unshaped_loopback_and_the_noisy_ones_say_so():
 def test_crossovers_group_the_results_by_workload_world_and_plan():
     def result(workload, world, rate, ratios):
         return {"workload": workload, "world": world, "network": {"rate": rate},
-                "ratios": {m: {"paired_step_ci": _ci(x)} for m, x in zip(product.HYBRID_MODELS, ratios)}}
+                "ratios": {m: {"paired_step_ci": _ci(x)} for m, x in zip(workloads.HYBRID_MODELS, ratios)}}
 
     results = [result("onehot", 2, "1gbit", (0.5, 0.8)), result("multihot", 2, "1gbit", (1.1, 1.2)),
                result("onehot", 2, "4gbit", (1.5, 0.9)), result("multihot", 2, "4gbit", (1.3, 1.4))]
@@ -152,13 +152,14 @@ def test_crossovers_group_the_results_by_workload_world_and_plan():
 
 def test_the_network_record_gives_the_measured_bandwidths_in_the_asked_rates_unit():
     measured = NetworkMeasurement(4, 62_500.0, 31_250.0, 0.3, "gloo", all_to_all_samples=((4096, 1e-3),))
-    rec = product.network_record("2gbit", measured, 4)
+    rec = shaped_loopback.network_record("2gbit", measured, 4)
     assert rec["rate"] == "2gbit" and rec["rate_bits_per_s"] == 2e9
     m = rec["measured"]
     assert m["per_rank_gbit_s"] == pytest.approx(0.5)  # 62,500 bytes/ms = 62.5 MB/s = 0.5 Gbit/s
     assert m["aggregate_gbit_s"] == pytest.approx(2.0) and m["allreduce_gbit_s"] == pytest.approx(0.25)
     assert m["collective_ms"] == 0.3 and m["all_to_all_samples"] == ((4096, 1e-3),) and m["backend"] == "gloo"
-    assert product.network_record(UNSHAPED, None, 4) == {"rate": UNSHAPED, "rate_bits_per_s": None, "measured": None}
+    assert shaped_loopback.network_record(UNSHAPED, None, 4) == {"rate": UNSHAPED, "rate_bits_per_s": None,
+                                                                 "measured": None}
 
 
 def test_product_on_a_shaped_loopback(tmp_path):
@@ -184,7 +185,7 @@ def test_product_on_a_shaped_loopback(tmp_path):
     assert m["world_size"] == 2 and m["backend"] == "gloo" and m["collective_ms"] >= 0  # a token bucket's burst: 0
     assert m["aggregate_gbit_s"] == pytest.approx(2 * m["per_rank_gbit_s"])
     assert 0.2 < m["aggregate_gbit_s"] < 4.0, m  # shaped: a token bucket at 2 Gbit/s for all ranks together
-    for plan in product.MODELS:
+    for plan in workloads.MODELS:
         assert sum(r["types"][plan].values()) == 26, plan  # every table placed, by each planner
         assert r[plan]["mean_bytes"] > 0 and r[plan]["median_step_s"] > 0
     for plan, q in r["ratios"].items():
@@ -194,15 +195,15 @@ def test_product_on_a_shaped_loopback(tmp_path):
     (c, _) = data["crossover"]
     assert c["text"] == "one rate run: no crossover"
     md = (tmp_path / "product.md").read_text()
-    gbit = product.gbit
+    gbit = shaped_loopback.gbit
     assert f"| 2gbit | onehot | 2 | {gbit(m['per_rank_gbit_s'])} | {gbit(m['aggregate_gbit_s'])} |" in md
     s = r["stock_planner"]
-    assert (f"| 2gbit | onehot | 2 | stock_planner | {product.types_text(r['types']['stock_planner'])} | "
+    assert (f"| 2gbit | onehot | 2 | stock_planner | {workloads.types_text(r['types']['stock_planner'])} | "
             f"{s['mean_bytes'] / 1e6:.2f} / {s['busiest_bytes'] / 1e6:.2f} | 1 | {s['median_step_s'] * 1e3:.1f} | - |"
             in md)
     assert "crossover onehot" not in proc.stderr  # one rate: the terminal summary has ratios, no crossover lines
-    assert f"onehot W=2 hybrid_planner [2gbit, measured {product.gbit(m['aggregate_gbit_s'])} Gbit/s all ranks]: " \
+    assert f"onehot W=2 hybrid_planner [2gbit, measured {gbit(m['aggregate_gbit_s'])} Gbit/s all ranks]: " \
            f"busiest bytes {r['ratios']['hybrid_planner']['busiest']:.2f}x" in proc.stderr
-    plain = dict(r, network=product.network_record(UNSHAPED, None, 2))
+    plain = dict(r, network=shaped_loopback.network_record(UNSHAPED, None, 2))
     lines = product.markdown([plain])
     assert lines[0].startswith("| workload | W | plan |") and not any(line.startswith("## ") for line in lines)

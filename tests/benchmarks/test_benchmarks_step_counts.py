@@ -76,9 +76,9 @@ def test_hybrid_issues_no_more_collectives_or_host_syncs_than_table_wise():
 
 
 def test_a_stock_plan_costs_no_collective_or_host_sync_more_under_our_sharder():
-    """When the planner falls back to stock types the user still runs our sharder, which checks
-    every id: its verdicts ride TorchRec's own split-size all-to-all, so the step issues exactly
-    TorchRec's collectives and host syncs (it used to add an all-to-all and a host sync)."""
+    """When the planner falls back to stock types the user still runs our sharder, which leaves a module
+    the plan keeps all stock unchecked by default (``validate_ids=None``), so the step issues exactly
+    TorchRec's collectives and host syncs."""
     for kinds in (["tw"], ["tw", "rw", "dp"]):
         for counts in run_ranks(_counted_steps, 2, models=[("ours", True, kinds), ("torchrec", False, kinds)]):
             ours, stock = counts["ours"], counts["torchrec"]

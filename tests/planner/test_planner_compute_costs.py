@@ -349,7 +349,7 @@ def test_virtual_features_cost_their_owner_the_measured_scalar_backward():
 
 
 def test_the_virtual_backward_price_is_the_committed_measurement():
-    """``cost_model.VIRTUAL_BACKWARD_EXTRA`` is what ``python -m benchmarks.tbe_paths`` measured."""
+    """``cost_model.VIRTUAL_BACKWARD_EXTRA`` is what the tbe_paths study measured (its script left the tree)."""
     measured = json.loads((ROOT / "benchmarks" / "results" / "tbe_paths.json").read_text())
     assert cm.VIRTUAL_BACKWARD_EXTRA == round(measured["extra_share"], 2)
 
