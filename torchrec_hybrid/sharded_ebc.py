@@ -40,7 +40,6 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.sparse.tensor_dict import maybe_td_to_kjt
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 from torchrec_hybrid.sharding.hybrid_sharding import HybridPooledEmbeddingSharding
 from torchrec_hybrid.sharding.input_dist import (
@@ -53,7 +52,8 @@ from torchrec_hybrid.sharding.input_dist import (
 from torchrec_hybrid.sharding.output_dist import describe_codec_problems
 from torchrec_hybrid.sharding import fused, variable_batch
 from torchrec_hybrid.sharding.segments import cached_tensor, host_to_device
-from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
+from torchrec_hybrid.types import (FREQUENCY_HYBRID, HotIds, HotSetError, HybridParameterSharding, collective_device,
+                                   normalize_hot_ids)
 
 logger = logging.getLogger(__name__)
 

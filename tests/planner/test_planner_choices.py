@@ -191,7 +191,7 @@ def test_the_comparison_is_logged_once_under_the_names_of_its_candidates(caplog)
 def test_small_tables_forced_hybrid_get_a_row_on_every_rank():
     """Even row-wise cold blocks of a table with at least W rows leave no rank without rows (stock
     ceil blocks of 6 rows on 4 ranks would be 2, 2, 2, 0, which sharding refuses)."""
-    from torchrec_hybrid.sharding import row_blocks
+    from torchrec_hybrid import row_blocks
 
     for rows, world in ((6, 4), (9, 4), (10, 8), (40, 4)):
         _, mp = plan_for(tables({"t": rows}, dim=16), world=world, compute_costs=None,

@@ -324,7 +324,7 @@ def test_virtual_features_cost_their_owner_the_measured_scalar_backward():
     cold rows: table-wise cold) leaves FBGEMM's vectorised CPU backward (row-wise AdaGrad); the
     model adds VIRTUAL_BACKWARD_EXTRA of that owner's lookups, nowhere else and in no other case."""
     from torchrec_hybrid.planner.plan_cost import virtual_owners
-    from torchrec_hybrid.sharding.lookup import MULTI_HOT_POOLING
+    from torchrec_hybrid.row_blocks import MULTI_HOT_POOLING
 
     t = dataclasses.replace(_traffic(1.0), features=1)
     W = t.world

@@ -5,7 +5,7 @@ import math
 import torch
 
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.sharding.cold_all_to_all import ROOM_PAD, ROOM_SLACK
+from torchrec_hybrid.types import ROOM_PAD, ROOM_SLACK
 
 
 def t4(**kw):

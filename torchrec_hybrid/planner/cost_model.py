@@ -47,7 +47,7 @@ from typing import Dict, Iterable, Optional, Sequence, cast
 
 import torch
 
-from torchrec_hybrid.sharding.cold_all_to_all import ROOM_PAD, ROOM_SLACK
+from torchrec_hybrid.types import ROOM_PAD, ROOM_SLACK
 
 FP32 = 4
 INT32 = 4

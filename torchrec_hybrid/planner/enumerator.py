@@ -38,7 +38,7 @@ from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ParameterConstraints, Shard, ShardingOption, Topology
 from torchrec.distributed.types import ShardingType
 
-from torchrec_hybrid import _compat
+from torchrec_hybrid import _compat, row_blocks
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
 from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, on_device,
@@ -46,7 +46,6 @@ from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidt
 from torchrec_hybrid.planner.plan_cost import (BytesPerfEstimator, TrafficTable, option_mean_bytes,
                                                option_virtual_owners, stamp_feature_batches, traffic_of)
 from torchrec_hybrid.planner.types import HotSetChoice
-from torchrec_hybrid.sharding import row_blocks
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)

@@ -158,7 +158,7 @@ def row_lookup_shares(p: TableProfile, hot_rows: int) -> torch.Tensor:
 def block_loads(p: TableProfile, hot_rows: int, bounds) -> Tuple[torch.Tensor, torch.Tensor]:
     """For row blocks ``bounds`` ([W+1]): each owner's share of the cold lookups and the
     number of hot rows it owns (and sends to every replica each step)."""
-    from torchrec_hybrid.sharding.row_blocks import owners
+    from torchrec_hybrid.row_blocks import owners
 
     b = torch.as_tensor(bounds, dtype=torch.int64)
     cum = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(row_lookup_shares(p, hot_rows), 0)])
@@ -176,7 +176,7 @@ def block_loads(p: TableProfile, hot_rows: int, bounds) -> Tuple[torch.Tensor, t
 def balanced_row_bounds(p: TableProfile, hot_rows: int, world: int):
     """Row blocks of equal owner-side cost: cold lookups (a partial sum to a remote rank each,
     one-hot) and hot rows (sent to every other rank each step), from the statistics."""
-    from torchrec_hybrid.sharding.row_blocks import balanced_bounds
+    from torchrec_hybrid.row_blocks import balanced_bounds
 
     t = p.traffic
     per_step_lookups = t.lookups * t.world  # global lookups of the table per step

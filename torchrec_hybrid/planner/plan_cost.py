@@ -126,7 +126,7 @@ def column_sliced(so: ShardingOption) -> bool:
 
 def hybrid_bounds(so: ShardingOption, world: int, owner: Optional[int] = None) -> List[int]:
     """Row bounds of a row-laid hybrid option (table-wise cold: on ``owner``, default its shard's rank)."""
-    from torchrec_hybrid.sharding.row_blocks import single_owner_bounds
+    from torchrec_hybrid.row_blocks import single_owner_bounds
 
     if len(so.shards) == 1:
         rank = owner if owner is not None else (so.shards[0].rank or 0)
@@ -175,12 +175,11 @@ def virtual_owners(t: cm.TableTraffic, bounds: List[int], scalar_virtual: bool,
                    features: Optional[int] = None) -> Optional[torch.Tensor]:
     """The owners (bool ``[W]``) that look a table laid out in row blocks ``bounds`` up through
     virtual features on FBGEMM's scalar CPU backward, as the lookup builds them (lookup.py): the
-    owners of most of its rows (``cells.heavy_tables``) when the table has one feature (``features``,
+    owners of most of its rows (``row_blocks.heavy_tables``) when the table has one feature (``features``,
     else ``t.features``: a table of several takes the scalar path in every layout) and one-id bags
     (multi-hot ones get a TBE call of their own, ``lookup.own_lane_pays``) and ``scalar_virtual``
     (:meth:`TrafficTable.scalar_virtual`); None when there are none."""
-    from torchrec_hybrid.sharding.cells import heavy_tables
-    from torchrec_hybrid.sharding.lookup import MULTI_HOT_POOLING
+    from torchrec_hybrid.row_blocks import MULTI_HOT_POOLING, heavy_tables
 
     if not scalar_virtual or (t.features if features is None else features) != 1 or t.pooling >= MULTI_HOT_POOLING:
         return None

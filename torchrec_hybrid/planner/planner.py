@@ -39,8 +39,7 @@ from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfMo
                                                hybrid_bounds, plan_cost, plan_rank_bytes, plan_rank_memory,
                                                traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
-from torchrec_hybrid.planner.types import HybridParameterSharding
-from torchrec_hybrid.types import FREQUENCY_HYBRID
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HybridParameterSharding
 
 logger = logging.getLogger(__name__)
 
