@@ -7,7 +7,7 @@
 - ``enumerator``: an EmbeddingEnumerator that offers ``frequency_hybrid`` per cold layout;
 - ``stats``: the planner's stats table, hybrid tables included;
 - ``planner``: ``HybridEmbeddingShardingPlanner``; ``config``: ``load_planner_config``;
-- ``topology``: a uniform-bandwidth (gloo) topology; ``validate``: estimate vs measurement;
+- ``topology``: a uniform-bandwidth (gloo) topology;
 - ``network``: ``measure_network``, the bandwidths of a process group, measured.
 """
 

@@ -13,7 +13,7 @@ permutation of each table. Steps:
 4. compare each hybrid table's H with the brute-force optimum of the same cost model, on the
    counted statistics and on the exact Zipf probabilities.
 
-Run: ``python -m torchrec_hybrid.planner.validate [--world 4] [--json out.json]`` (installed:
+Run: ``python -m torchrec_hybrid.validate [--world 4] [--json out.json]`` (installed:
 ``torchrec-hybrid-validate``).
 """
 
