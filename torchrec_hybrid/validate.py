@@ -91,11 +91,9 @@ def _fused() -> Dict[str, Any]:
 
 def estimated_bytes(planner, world: int) -> Dict[str, float]:
     """Cost-model bytes per rank per step of the planner's last plan, per table + overhead."""
-    from torchrec_hybrid.planner.plan_cost import option_mean_bytes, sharding_groups
-
     opts = planner.planned_options()
-    out = {so.name: float(option_mean_bytes(so, world) or 0.0) for so in opts}
-    out["_module_overhead"] = sum(cm.module_overhead_bytes(world, types) for types in sharding_groups(opts).values())
+    out = {so.name: float(cm.option_mean_bytes(so, world) or 0.0) for so in opts}
+    out["_module_overhead"] = sum(cm.module_overhead_bytes(world, types) for types in cm.sharding_groups(opts).values())
     return out
 
 
@@ -151,11 +149,11 @@ def h_check(planner, configs, stats, alpha: float, world: int, batch: int) -> Li
         tr = cm.TableTraffic(rows=c.num_embeddings, dim=c.embedding_dim, features=1, pooling=1.0,
                              batch=batch, world=world)
         cov = cm.coverage_from_counts(stats.counts(c.name).to(torch.float64))
-        curve = cm.hybrid_cost_curve(tr, cov)  # bytes: unit bandwidths
+        curve = cm.HYBRID.mean_bytes(tr, cov, torch.arange(cov.numel(), dtype=torch.float64))
         h_brute = int(torch.argmin(curve))
         w = torch.arange(1, c.num_embeddings + 1, dtype=torch.float64).pow(-alpha)
         true_cov = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w / w.sum(), 0)])
-        true_curve = cm.hybrid_cost_curve(tr, true_cov)
+        true_curve = cm.HYBRID.mean_bytes(tr, true_cov, torch.arange(true_cov.numel(), dtype=torch.float64))
         h_true = int(torch.argmin(true_curve))
         rows.append({
             "table": c.name, "rows": c.num_embeddings, "planned_type": opts[c.name].sharding_type,

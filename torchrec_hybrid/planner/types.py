@@ -40,5 +40,5 @@ class HotSetChoice:
     source: str = "stats"
     forced: bool = False
     cold_layout: str = "row_wise"  # row_blocks.ROW_WISE, TABLE_WISE or COLUMN_WISE
-    profile: Any = None  # the hot_set.TableProfile the choice was made on (owner loads)
+    profile: Any = None  # the cost_model.TableProfile the choice was made on (owner loads)
     widths: List[int] = field(default_factory=list)  # column slices' widths (one: the full width)
