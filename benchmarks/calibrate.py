@@ -115,8 +115,7 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
 
     from benchmarks.models import training_loss
     from benchmarks.step_counts import count_training_step
-    from torchrec_hybrid.planner.estimators import bandwidths
-    from torchrec_hybrid.planner.plan_cost import plan_rank_bytes, plan_rank_work
+    from torchrec_hybrid.planner import cost_model as cm
 
     tables, stats, batches = workload_data(spec, world, rank, rows_cap, 8, warmup + steps)
     plans, traffic, topo = _plans(tables, stats, spec, world, dist.GroupMember.WORLD)
@@ -145,9 +144,10 @@ def _rank_main(rank: int, world: int, emit, spec: Dict[str, Any], rows_cap: int,
     out = {"cpu_ms": {n: statistics.median(v) for n, v in cpu.items()}, "wall_ms": wall,
            "collectives": collectives}
     if rank == 0:
-        out["work"] = {n: plan_rank_work(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
-        out["bytes"] = {n: plan_rank_bytes(o, traffic, world).tolist() for n, (_, o, _) in plans.items()}
-        out["a2a_bytes_per_ms"] = bandwidths(topo)["a2a"]
+        costs = {n: cm.plan_rank_cost(o, traffic, world) for n, (_, o, _) in plans.items()}
+        out["work"] = {n: work.tolist() for n, (_, work) in costs.items()}
+        out["bytes"] = {n: sent.tolist() for n, (sent, _) in costs.items()}
+        out["a2a_bytes_per_ms"] = cm.a2a_bandwidth(topo)
         out["allocator"] = malloc.current()
     emit(out)
 
@@ -247,7 +247,7 @@ def fit_step(results: List[Dict[str, Any]], per_plan: List[Dict[str, Any]]) -> O
     that shares its core burns no CPU. None when the measurements have no step times (older runs).
     The collectives are the ones each plan really issued (the dispatch hook): the stock plans
     here run under TorchRec's sharder, whose collectives the planner counts for stock tables
-    under ours too (plan_cost.collectives_per_step: the id check rides their splits exchange)."""
+    under ours too (cost_model.collectives_per_step: the id check rides their splits exchange)."""
     rows, ys = [], []
     plans = [p for res in results for p in res["plans"].values()]
     if not plans or any("step_ms" not in p for p in plans):

@@ -225,7 +225,7 @@ def _grouped_config(sizes: List[int], names: List[str], dim: int, world: int, ra
     from torchrec.distributed.embedding_types import GroupedEmbeddingConfig, ShardedEmbeddingTable
     from torchrec.modules.embedding_configs import DataType, PoolingType
 
-    from torchrec_hybrid.sharding import row_blocks
+    from torchrec_hybrid import row_blocks
 
     tables = []
     for n, name in zip(sizes, names):
@@ -242,7 +242,7 @@ def build_dists(w: Workload, pg: dist.ProcessGroup, device: torch.device, hot: L
     """The real input and output dists of one frequency_hybrid sharding (row-wise cold rows, hot set
     ``hot``, the owner's lanes), as ``hybrid_sharding.py`` builds them. ``standin_tbe``: the hot
     pooling through :func:`_hot_pool` (on CUDA it must: no CUDA kernel for FBGEMM's dense TBE)."""
-    from torchrec_hybrid.sharding import row_blocks
+    from torchrec_hybrid import row_blocks
     from torchrec_hybrid.sharding.hot_state import build_hot_state
     from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
     from torchrec_hybrid.sharding.lookup import lanes_of

@@ -26,9 +26,9 @@ def expected_bytes(table_types: Mapping[str, Sequence], rows: Mapping[str, int],
         t = cm.TableTraffic(rows=rows[name], dim=dim, features=1, pooling=float(hotness[name]),
                             batch=batch, world=world)
         if kind == cm.FREQUENCY_HYBRID:
-            total += float(cm.hybrid_total_bytes(t, 1.0 - cold_fraction[name], hot_rows[name]))
+            total += float(cm.HYBRID.mean_bytes(t, 1.0 - cold_fraction[name], hot_rows[name]))
         else:
-            total += cm.stock_bytes(kind, t, num_column_shards=max(1, shards), gloo=gloo)
+            total += cm.model(kind).mean_bytes(t, shards=max(1, shards), gloo=gloo)
     total += dense_bytes(dense_numel, batch, world)
     types = {kind for kind, _ in table_types.values()}  # one sharded module; only the hybrid sharder checks ids
     return total + cm.module_overhead_bytes(world, types, validate_ids=cm.FREQUENCY_HYBRID in types)
@@ -38,7 +38,7 @@ def dense_bytes(dense_numel: int, batch: int, world: int) -> float:
     """The DDP all-reduce of ``dense_numel`` parameters outside the EBC, per rank per step."""
     if not dense_numel:
         return 0.0
-    return cm.stock_bytes(cm.DATA_PARALLEL, cm.TableTraffic(dense_numel, 1, 1, 1.0, batch, world))
+    return cm.model(cm.DATA_PARALLEL).mean_bytes(cm.TableTraffic(dense_numel, 1, 1, 1.0, batch, world))
 
 
 def expected_for(raw: Dict, kind: str, dim: int, batch: int, world: int, gloo: bool = False) -> float:

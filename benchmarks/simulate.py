@@ -8,8 +8,8 @@ the ranking was made from). The cost model (torchrec_hybrid/planner/cost_model.p
 prices every sharding type for W = 8 .. 1024 ranks at a fixed per-rank batch (weak
 scaling), one id per feature or the MLPerf DLRMv2 multi-hot bag sizes (``--multi-hot``).
 Hybrid rows: a fixed number of hot rows across all tables (like the measured headline) and the
-cost model's best H per table (`best_hot_rows`), both with even row-wise cold blocks; and, per
-cold layout, the best H per table for that layout (`hybrid_layout_bytes`): row-wise cold (even
+cost model's best H per table (`FrequencyHybrid.best_hot_rows`), both with even row-wise cold blocks; and, per
+cold layout, the best H per table for that layout (`FrequencyHybrid.layout_bytes`): row-wise cold (even
 blocks) and table-wise cold (one owner per table: a multi-hot bag returns one partial sum).
 Figures are means over ranks; placing whole tables (table_wise, table-wise cold) loads some
 ranks more than others, which the mean does not show.
@@ -72,7 +72,7 @@ def layout_best_bytes(t: cm.TableTraffic, coverage: torch.Tensor, layout: str) -
     else:
         shares, counts = torch.tensor([1.0, 0.0]), torch.tensor([1.0, float(w - 1)])
     h = torch.arange(coverage.numel(), dtype=torch.float64)
-    return float(cm.hybrid_layout_bytes(t, coverage, h, shares, counts).min())
+    return float(cm.HYBRID.layout_bytes(t, coverage, h, shares, counts).min())
 
 
 def simulate(cardinalities: Sequence[int] = CRITEO_TERABYTE_CARDINALITIES, alpha: float = 1.1,
@@ -98,13 +98,13 @@ def simulate(cardinalities: Sequence[int] = CRITEO_TERABYTE_CARDINALITIES, alpha
         ts = [cm.TableTraffic(rows=n, dim=dim, features=1, pooling=float(p), batch=batch, world=w)
               for n, p in zip(cardinalities, pooling)]
         for kind in ("table_wise", "row_wise", "data_parallel"):
-            out["bytes"][kind].append(sum(cm.stock_bytes(kind, t) for t in ts))
-        out["bytes"]["column_wise"].append(sum(cm.stock_bytes("column_wise", t, num_column_shards=2) for t in ts))
+            out["bytes"][kind].append(sum(cm.model(kind).mean_bytes(t) for t in ts))
+        out["bytes"]["column_wise"].append(sum(cm.model("column_wise").mean_bytes(t, shards=2) for t in ts))
         out["bytes"][f"frequency_hybrid_top{fixed_hot}"].append(
-            sum(float(cm.hybrid_total_bytes(t, c[h], h)) for t, c, h in zip(ts, covs, fixed)))
-        best = [cm.best_hot_rows(t, c) for t, c in zip(ts, covs)]
+            sum(float(cm.HYBRID.mean_bytes(t, c[h], h)) for t, c, h in zip(ts, covs, fixed)))
+        best = [cm.HYBRID.best_hot_rows(t, c) for t, c in zip(ts, covs)]
         out["bytes"]["frequency_hybrid_best_H"].append(
-            sum(float(cm.hybrid_total_bytes(t, c[h], h)) for t, c, h in zip(ts, covs, best)))
+            sum(float(cm.HYBRID.mean_bytes(t, c[h], h)) for t, c, h in zip(ts, covs, best)))
         out["best_hot_rows_total"].append(sum(best))
         for layout in ("row_wise", "table_wise"):
             out["bytes"][f"frequency_hybrid_{layout}_cold"].append(

@@ -311,7 +311,7 @@ def test_planner_prices_the_codec():
         assert b.bytes_per_step < a.bytes_per_step
         assert half[layout].total_perf < fp32[layout].total_perf  # shard perf (what partitioning sees)
     t = cm.TableTraffic(rows=n, dim=16, features=1, pooling=1.0, batch=256, world=4)
-    full_out = cm.table_wise_bytes(t)["output"]
+    full_out = cm.model("table_wise").parts(t)["output"]
     # table_wise perf: owner's bytes + the others' = W x the mean, the output half of it halved
     bw = 2.0 * 1024 ** 3 / 1000
     assert math.isclose((tw32.total_perf - tw16.total_perf) * bw, 4 * full_out / 2, rel_tol=1e-6)

@@ -29,16 +29,19 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import torch
 import torch.distributed as dist
+from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from torch.autograd.profiler import record_function
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionContext, ShardedEmbeddingBagCollection
 from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv, ShardingType
+from torchrec.distributed.utils import add_params_from_parameter_sharding
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 from torchrec.sparse.tensor_dict import maybe_td_to_kjt
+from torchrec.types import DataType
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.planner.types import HybridParameterSharding
 from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 from torchrec_hybrid.sharding.hybrid_sharding import HybridPooledEmbeddingSharding
 from torchrec_hybrid.sharding.input_dist import (
@@ -51,7 +54,8 @@ from torchrec_hybrid.sharding.input_dist import (
 from torchrec_hybrid.sharding.output_dist import describe_codec_problems
 from torchrec_hybrid.sharding import fused, variable_batch
 from torchrec_hybrid.sharding.segments import cached_tensor, host_to_device
-from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds, HotSetError, collective_device, normalize_hot_ids
+from torchrec_hybrid.types import (FREQUENCY_HYBRID, HotIds, HotSetError, HybridParameterSharding, collective_device,
+                                   normalize_hot_ids)
 
 logger = logging.getLogger(__name__)
 
@@ -219,9 +223,6 @@ _UNVERIFIED_DECAY_MODES = ("COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
 
 def unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
     """Fused TBE options a frequency_hybrid table would ignore or apply differently, described."""
-    from fbgemm_gpu.split_embedding_configs import SparseType
-    from torchrec.types import DataType
-
     out = []
     dtype = params.get("output_dtype")
     if dtype is not None and dtype not in (SparseType.FP32, torch.float32, DataType.FP32):
@@ -249,9 +250,6 @@ def check_hybrid_supported(configs: List[Any], plan: Mapping[str, ParameterShard
     the fused options of :func:`unsupported_fused_options` (from the sharder's fused params
     or the plan's per-table ones). Deterministic on every rank; raised before any collective.
     (An empty cold row block is refused where the layout is read: ``row_blocks.check_bounds``.)"""
-    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
-    from torchrec.distributed.utils import add_params_from_parameter_sharding
-
     hybrid = [c.name for c in configs if plan[c.name].sharding_type == FREQUENCY_HYBRID]
     if not hybrid:
         return
@@ -280,8 +278,6 @@ def without_redundant_bounds_check(fused_params: Optional[Dict[str, Any]]) -> Di
     it is per-id work on every lookup (every rank's, and the hybrid cold lanes' per virtual
     feature). A plan's per-table ``bounds_check_mode`` still wins (TorchRec's
     ``add_params_from_parameter_sharding``)."""
-    from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
-
     params = dict(fused_params or {})
     params.setdefault("bounds_check_mode", BoundsCheckMode.NONE)
     return params

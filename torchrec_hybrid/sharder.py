@@ -7,10 +7,12 @@ from typing import Any, Dict, List, Optional
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
+from torchrec.distributed.fp_embeddingbag import ShardedFeatureProcessedEmbeddingBagCollection
 from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from torchrec_hybrid.sharded_ebc import HybridShardedEmbeddingBagCollection
+from torchrec_hybrid.stats.selection import resolve_hot_ids
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotIds
 
 
@@ -69,8 +71,6 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
             raise ValueError(f"{given} needs {missing}: the hot ids are selected by the rule from the statistics "
                              "(e.g. stats=FrequencyStats(...), hot_set_rule=HotSetRule(coverage=0.8))")
         if stats is not None:
-            from torchrec_hybrid.stats.selection import resolve_hot_ids
-
             hot_ids = resolve_hot_ids(stats, hot_set_rule)
         self._hot_ids = dict(hot_ids) if hot_ids is not None else {}
         self._validate_ids = validate_ids
@@ -128,8 +128,6 @@ def _inside_feature_processed_ebc(depth: int = 8) -> bool:
     """Whether this ``shard`` call comes from TorchRec's sharded FPEBC (its ``__init__`` shards
     the inner EBC with the sharder it was given and later applies the feature processors to the
     lookup input, which a hybrid sharding does not hand out as a KJT)."""
-    from torchrec.distributed.fp_embeddingbag import ShardedFeatureProcessedEmbeddingBagCollection
-
     frame = inspect.currentframe()
     try:
         f = frame.f_back if frame is not None else None

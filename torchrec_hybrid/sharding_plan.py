@@ -12,9 +12,8 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 from torchrec.distributed.types import EnumerableShardingSpec, ParameterSharding, ShardingPlan, ShardMetadata
 
-from torchrec_hybrid.planner.types import HybridParameterSharding
-from torchrec_hybrid.sharding import row_blocks
-from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError
+from torchrec_hybrid import row_blocks
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError, HybridParameterSharding
 
 
 def hybrid_spec(slices: Sequence[row_blocks.ColumnSlice], placements: Sequence[Any]

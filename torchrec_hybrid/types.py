@@ -1,23 +1,75 @@
-"""Names shared by every part of the package: the sharding type string and hot-set checks.
+"""Names shared by every part of the package: the sharding type string, its plan entry, hot-set checks.
 
 TorchRec's ``ShardingType`` is a closed Enum, so the new type is a plain string that the
 sharder offers next to the stock values. ``hot_ids[table]`` is the set of rows replicated on
 every rank; it must be identical everywhere, so it is validated collectively at shard time.
+A ``HybridParameterSharding`` is a stock ``ParameterSharding`` plus the table's hot ids, so
+a plan (pickled, broadcast by ``collective_plan``, saved to disk) reproduces the same hot
+set on every rank; the sharded module reads ``parameter_sharding.hot_ids`` and prefers it
+over the sharder's.
 """
 
-from typing import Dict, List, Mapping, Optional
+from dataclasses import dataclass, fields
+from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
+from torchrec.distributed.types import ParameterSharding
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 
 FREQUENCY_HYBRID = "frequency_hybrid"
 
 HotIds = Mapping[str, torch.Tensor]
 
+# The cold exchange's rooms (sharding/cold_all_to_all.py), which the cost model prices: a pair's room
+# for the next exchange is ROOM_SLACK times its run plus ROOM_PAD int32 words, when (re)sized.
+ROOM_SLACK = 1.15
+ROOM_PAD = 128
+
 
 class HotSetError(ValueError):
     """A ``hot_ids`` entry is malformed or differs between ranks."""
+
+
+@dataclass(eq=False)
+class HybridParameterSharding(ParameterSharding):
+    """``ParameterSharding`` of a ``frequency_hybrid`` table.
+
+    hot_ids: sorted distinct int64 row ids replicated on every rank (None: the sharder's).
+    hot_rows: number of hot rows the planner priced (== hot_ids.numel() when ids are known).
+    cold_layout: where the cold rows live (row_blocks.py).
+    pooling_factor: ids per sample of the table's bags, the largest over its features of its
+        sharding option's ``input_lengths`` (the constraints', else measured from the
+        statistics, else TorchRec's default 1.0); None in a hand-written plan that gives none.
+        A rank holding most of a multi-hot table's cold rows looks it up in a TBE call of its
+        own (lookup.py: ``own_lane_pays``).
+    """
+
+    hot_ids: Optional[torch.Tensor] = None
+    hot_rows: int = 0
+    cold_layout: str = "row_wise"
+    pooling_factor: Optional[float] = None
+
+    @classmethod
+    def from_stock(cls, ps: ParameterSharding, **changes: Any) -> "HybridParameterSharding":
+        """A stock entry's fields (those of ``ParameterSharding``) with ``changes`` applied."""
+        base = {f.name: getattr(ps, f.name) for f in fields(ParameterSharding)}
+        return cls(**{**base, **changes})
+
+    def __eq__(self, other: object) -> bool:  # dataclass eq would call bool() on a tensor
+        if not isinstance(other, HybridParameterSharding):
+            return False
+        for f in fields(self):
+            a, b = getattr(self, f.name), getattr(other, f.name)
+            if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+                if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and torch.equal(a, b)):
+                    return False
+            elif a != b:
+                return False
+        return True
+
+    # unhashable (mutable), like ParameterSharding; typeshed types object.__hash__ as a method only
+    __hash__ = None  # type: ignore[assignment]
 
 
 def _local_hot_problem(name: str, ids: torch.Tensor, num_embeddings: int) -> Optional[str]:

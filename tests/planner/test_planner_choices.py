@@ -68,7 +68,7 @@ def test_chosen_h_is_the_brute_force_optimum_of_the_cost_model():
     counts = planner.frequency_stats.counts("t").to(torch.float64)
     tr = cm.TableTraffic(rows=50_000, dim=32, features=1, pooling=1.0, batch=1024, world=4)
     cov = cm.coverage_from_counts(counts)
-    brute = min(range(2000), key=lambda h: (float(cm.hybrid_total_bytes(tr, cov[h], h)), h))
+    brute = min(range(2000), key=lambda h: (float(cm.HYBRID.mean_bytes(tr, cov[h], h)), h))
     assert planner.hybrid_choices()["t"].hot_rows == brute
 
 
@@ -193,7 +193,7 @@ def test_the_comparison_is_logged_once_under_the_names_of_its_candidates(caplog)
 def test_small_tables_forced_hybrid_get_a_row_on_every_rank():
     """Even row-wise cold blocks of a table with at least W rows leave no rank without rows (stock
     ceil blocks of 6 rows on 4 ranks would be 2, 2, 2, 0, which sharding refuses)."""
-    from torchrec_hybrid.sharding import row_blocks
+    from torchrec_hybrid import row_blocks
 
     for rows, world in ((6, 4), (9, 4), (10, 8), (40, 4)):
         _, mp = plan_for(tables({"t": rows}, dim=16), world=world, compute_costs=None,
@@ -360,13 +360,13 @@ def test_per_feature_batch_sizes_and_poolings_are_priced(constraint):
 def test_every_rank_holds_the_hot_replicas_of_table_wise_cold_tables():
     """Multi-hot tables forced hybrid go table-wise cold; every rank holds every table's hot replica,
     but the partitioner counts it on the owner alone: the planner adds it to each rank
-    (plan_cost.plan_rank_memory) and refuses a plan that then fits no rank's memory (it returned one
+    (cost_model.plan_rank_memory) and refuses a plan that then fits no rank's memory (it returned one
     needing ~80 MB per rank on 60 MB ranks)."""
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
     from torchrec.distributed.planner.types import PlannerError
 
     from torchrec_hybrid.planner import gloo_topology
-    from torchrec_hybrid.planner.plan_cost import plan_rank_memory
+    from torchrec_hybrid.planner.cost_model import plan_rank_memory
 
     names = [f"t{i}" for i in range(4)]
     cfg = tables({n: 100_000 for n in names})
@@ -404,7 +404,7 @@ def test_a_candidate_over_a_ranks_memory_is_left_out_and_the_comparison_says_why
     alone; TorchRec's plan fits and is returned. The comparison marks the candidate left out, with the rank
     and the sizes (only a warning said so: the logged comparison listed it like the others)."""
     from torchrec_hybrid.planner import gloo_topology
-    from torchrec_hybrid.planner.plan_cost import plan_rank_memory
+    from torchrec_hybrid.planner.cost_model import plan_rank_memory
 
     names = [f"t{i}" for i in range(4)]
     cfg = tables({n: 100_000 for n in names})

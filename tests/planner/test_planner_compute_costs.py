@@ -11,7 +11,7 @@ import torchrec
 from torchrec_hybrid import FREQUENCY_HYBRID, _compat
 from torchrec_hybrid.planner import compute_costs
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.planner.plan_cost import StepPerfModel
+from torchrec_hybrid.planner.estimators import StepPerfModel
 from tests.planner.planner_testutils import exact_stats, plan_for, tables, zipf_probs
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -28,21 +28,21 @@ def test_mean_work_is_the_mean_of_the_rank_work(pooling, virtual):
     shares = torch.tensor([0.4, 0.3, 0.2, 0.1], dtype=torch.float64)
     v = None if virtual is None else torch.tensor(virtual)
     hot = 400
-    per_rank = cm.hybrid_rank_work(t, 0.6, shares, shares * hot, virtual=v)  # hot rows spread as the cold lookups
-    mean = cm.hybrid_mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares, virtual=v)
+    per_rank = cm.HYBRID.rank_work(t, 0.6, shares, shares * hot, virtual=v)  # hot rows spread as the cold lookups
+    mean = cm.HYBRID.mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares, virtual=v)
     torch.testing.assert_close(per_rank.mean(0), mean)
     if v is not None:  # and the owners' extra is in it
         assert float(mean[cm.WORK_TERMS.index("lookup")]) > float(
-            cm.hybrid_mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares)[cm.WORK_TERMS.index("lookup")])
+            cm.HYBRID.mean_work(t, torch.tensor(0.6), torch.tensor(float(hot)), shares)[cm.WORK_TERMS.index("lookup")])
 
 
 def test_table_wise_work_sits_on_the_owner_and_sums_like_row_wise():
     t = _traffic(3.0)
-    tw = cm.table_wise_rank_work(t, owner=2)
+    tw = cm.model("table_wise").rank_work(t, owner=2)
     lookup = cm.WORK_TERMS.index("lookup")
     assert tw[2, lookup] == t.world * t.lookups * t.dim and tw[[0, 1, 3], lookup].eq(0).all()
     # the same lookups in total as a row-wise table, spread instead of on one rank
-    torch.testing.assert_close(tw[:, lookup].sum(), cm.row_wise_rank_work(t)[:, lookup].sum())
+    torch.testing.assert_close(tw[:, lookup].sum(), cm.model("row_wise").rank_work(t)[:, lookup].sum())
 
 
 def test_prices_are_linear_and_zero_prices_cost_nothing():
@@ -324,8 +324,8 @@ def test_virtual_features_cost_their_owner_the_measured_scalar_backward():
     """An owner that looks a one-hot, one-feature table up through virtual features (most of its
     cold rows: table-wise cold) leaves FBGEMM's vectorised CPU backward (row-wise AdaGrad); the
     model adds VIRTUAL_BACKWARD_EXTRA of that owner's lookups, nowhere else and in no other case."""
-    from torchrec_hybrid.planner.plan_cost import virtual_owners
-    from torchrec_hybrid.sharding.lookup import MULTI_HOT_POOLING
+    from torchrec_hybrid.row_blocks import MULTI_HOT_POOLING
+    virtual_owners = cm.HYBRID.virtual_owners
 
     t = dataclasses.replace(_traffic(1.0), features=1)
     W = t.world
@@ -338,8 +338,8 @@ def test_virtual_features_cost_their_owner_the_measured_scalar_backward():
     assert virtual_owners(dataclasses.replace(t, features=2), tw_bounds, True) is None  # scalar either way
     shares = torch.tensor([0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
     hot = torch.tensor([0.0, 300.0, 0.0, 0.0], dtype=torch.float64)
-    plain = cm.hybrid_rank_work(t, 0.6, shares, hot)
-    priced = cm.hybrid_rank_work(t, 0.6, shares, hot, virtual=virtual)
+    plain = cm.HYBRID.rank_work(t, 0.6, shares, hot)
+    priced = cm.HYBRID.rank_work(t, 0.6, shares, hot, virtual=virtual)
     lookup = cm.WORK_TERMS.index("lookup")
     owned = (0.4 * W * t.lookups + 300.0) * t.dim  # the owner's cold lookups and its hot rows
     extra = priced - plain
@@ -357,7 +357,7 @@ def test_the_virtual_backward_price_is_the_committed_measurement():
 def test_only_a_vectorised_cpu_backward_prices_virtual_features():
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
-    from torchrec_hybrid.planner.estimators import vectorised_cpu_backward
+    vectorised_cpu_backward = cm.vectorised_cpu_backward
 
     assert vectorised_cpu_backward({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
     assert not vectorised_cpu_backward({"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "weight_decay": 0.01})
@@ -427,7 +427,6 @@ def test_the_planner_prices_its_candidates_with_the_sharders_optimizer():
     from fbgemm_gpu.split_embedding_configs import EmbOptimType
 
     from torchrec_hybrid import HybridEmbeddingBagCollectionSharder
-    from torchrec_hybrid.planner.plan_cost import plan_rank_work
 
     cfg = tables({"t": 20_000}, dim=16)
     st = exact_stats(cfg, {"t": zipf_probs(20_000, 1.2)})
@@ -443,6 +442,6 @@ def test_the_planner_prices_its_candidates_with_the_sharders_optimizer():
             tw = _table_wise_cold_perf(cfg, sharder, st)
             for shard in tw.shards:
                 shard.rank = 2
-        work[opt] = plan_rank_work([tw], traffic, 4)[:, lookup]
+        work[opt] = cm.plan_rank_cost([tw], traffic, 4)[1][:, lookup]
     extra = work[EmbOptimType.EXACT_ROWWISE_ADAGRAD] - work[EmbOptimType.EXACT_SGD]
     assert extra[2] > 0 and extra[[0, 1, 3]].eq(0).all()

@@ -5,7 +5,7 @@ import math
 import torch
 
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.sharding.cold_all_to_all import ROOM_PAD, ROOM_SLACK
+from torchrec_hybrid.types import ROOM_PAD, ROOM_SLACK
 
 
 def t4(**kw):
@@ -17,17 +17,17 @@ def t4(**kw):
 def test_stock_types_match_design_formulas():
     t = t4()
     W, B, F, D = 4, 16, 2, 8
-    assert math.isclose(cm.stock_bytes("table_wise", t), 3 / 4 * (B * F * 8 + B * F * 4 + 2 * B * F * D * 4))
-    assert math.isclose(cm.table_wise_bytes(t)["output"] * W, cm.row_wise_bytes(t)["output"])
-    assert math.isclose(cm.stock_bytes("data_parallel", t), 2 * 3 / 4 * 1000 * D * 4)
-    cw = cm.stock_bytes("column_wise", t, num_column_shards=2)
+    assert math.isclose(cm.model("table_wise").mean_bytes(t), 3 / 4 * (B * F * 8 + B * F * 4 + 2 * B * F * D * 4))
+    assert math.isclose(cm.model("table_wise").parts(t)["output"] * W, cm.model("row_wise").parts(t)["output"])
+    assert math.isclose(cm.model("data_parallel").mean_bytes(t), 2 * 3 / 4 * 1000 * D * 4)
+    cw = cm.model("column_wise").mean_bytes(t, shards=2)
     assert math.isclose(cw, 3 / 4 * (2 * (B * F * 8 + B * F * 4) + 2 * B * F * D * 4))
 
 
 def test_hybrid_terms_one_hot():
     t = t4()
     cov = 0.75
-    p = cm.hybrid_bytes(t, cov, 10)
+    p = cm.HYBRID.parts(t, cov, 10)
     W, B, F, D, c = 4, 16, 2, 8, 0.25
     s = ROOM_SLACK  # the cold payload travels in rooms that much larger (cold_all_to_all.py)
     # lengths of the bags with a cold id on each remote owner, plus two int32 counts per feature
@@ -36,13 +36,13 @@ def test_hybrid_terms_one_hot():
     assert math.isclose(float(p["partials"]), 2 * D * 4 * F * B * c * (W - 1) / W)
     # each owner's hot rows out to the other ranks, their gradients back
     assert math.isclose(float(p["hot_sync"]), 2 * (W - 1) / W * 10 * D * 4)
-    assert float(cm.hybrid_bytes(t, 0.0, 0)["hot_sync"]) == 0.0
+    assert float(cm.HYBRID.parts(t, 0.0, 0)["hot_sync"]) == 0.0
 
 
 def test_multi_hot_partials_count_bags_not_ids():
     t = t4(pooling=3.0)
     c = 0.5
-    p = cm.hybrid_bytes(t, 1 - c, 0)
+    p = cm.HYBRID.parts(t, 1 - c, 0)
     expect = 2 * 8 * 4 * 2 * 16 * 3 * (1 - (1 - c / 4) ** 3)
     assert math.isclose(float(p["partials"]), expect)
 
@@ -52,9 +52,9 @@ def test_best_hot_rows_is_brute_force_argmin():
     cov = cm.coverage_from_counts(counts)
     assert cov[0] == 0 and math.isclose(float(cov[-1]), 1.0)
     t = t4(rows=10, batch=64)
-    costs = [float(cm.hybrid_total_bytes(t, cov[h], h)) for h in range(11)]
-    assert cm.best_hot_rows(t, cov) == min(range(11), key=lambda h: (costs[h], h))
-    assert cm.best_hot_rows(t, cov, max_rows=1) <= 1
+    costs = [float(cm.HYBRID.mean_bytes(t, cov[h], h)) for h in range(11)]
+    assert cm.HYBRID.best_hot_rows(t, cov) == min(range(11), key=lambda h: (costs[h], h))
+    assert cm.HYBRID.best_hot_rows(t, cov, max_rows=1) <= 1
 
 
 def test_zero_hot_rows_moves_the_embeddings_table_wise_moves():
@@ -62,9 +62,9 @@ def test_zero_hot_rows_moves_the_embeddings_table_wise_moves():
     only the id encoding (int32 ids, lengths of non-empty bags only) differs."""
     for w in (2, 4, 8):
         t = t4(world=w)
-        p = cm.hybrid_bytes(t, 0.0, 0)
-        assert math.isclose(float(p["partials"]), cm.table_wise_bytes(t)["output"])
-        assert float(p["lengths"] + p["cold_ids"]) < cm.table_wise_bytes(t)["input"] + (w - 1) * t.features * 8
+        p = cm.HYBRID.parts(t, 0.0, 0)
+        assert math.isclose(float(p["partials"]), cm.model("table_wise").parts(t)["output"])
+        assert float(p["lengths"] + p["cold_ids"]) < cm.model("table_wise").parts(t)["input"] + (w - 1) * t.features * 8
 
 
 def test_memory_and_optimizer_state():
@@ -72,7 +72,7 @@ def test_memory_and_optimizer_state():
     assert cm.optimizer_state_bytes_per_row("EXACT_ADAGRAD", 8) == 32
     assert cm.optimizer_state_bytes_per_row("exact_rowwise_adagrad", 8) == 4
     assert cm.optimizer_state_bytes_per_row("EmbOptimType.EXACT_SGD", 8) == 0
-    assert cm.hybrid_memory_bytes(t, 5, 4) == 5 * 32 + 250 * (32 + 4)  # replicas hold no optimizer state
+    assert cm.HYBRID.memory_bytes(t, 5, 4) == 5 * 32 + 250 * (32 + 4)  # replicas hold no optimizer state
 
 
 def test_module_overhead_counts_one_splits_exchange_per_stock_type():

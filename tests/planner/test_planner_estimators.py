@@ -9,7 +9,6 @@ from fbgemm_gpu.split_embedding_configs import EmbOptimType
 from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
 from torchrec_hybrid.planner import HybridEnumerator, gloo_topology
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.planner.plan_cost import option_rank_cost
 from tests.planner.planner_testutils import exact_stats, tables, zipf_probs
 
 W, B, D, N = 4, 256, 16, 20_000
@@ -30,12 +29,12 @@ def test_every_option_is_priced_by_the_byte_model():
     t = cm.TableTraffic(rows=N, dim=D, features=1, pooling=1.0, batch=B, world=W)
     tw = [o for o in opts if o.sharding_type == "table_wise"][0]
     # a table_wise table: what its owner sends plus what every other rank sends it
-    assert math.isclose(tw.total_perf * bw, W * cm.stock_bytes("table_wise", t), rel_tol=1e-9)
+    assert math.isclose(tw.total_perf * bw, W * cm.model("table_wise").mean_bytes(t), rel_tol=1e-9)
     hyb = {o.hybrid_choice.cold_layout: o for o in opts if o.sharding_type == FREQUENCY_HYBRID}
     assert set(hyb) == {"row_wise", "table_wise"}
     assert len(hyb["row_wise"].shards) == W and len(hyb["table_wise"].shards) == 1
     for so in hyb.values():  # the shards' costs add up to the bytes every rank sends for the table
-        assert math.isclose(so.total_perf * bw, float(option_rank_cost(so, t, W, owner=0)[0].sum()), rel_tol=1e-6)
+        assert math.isclose(so.total_perf * bw, float(cm.HYBRID.rank_cost(so, t, owner=0)[0].sum()), rel_tol=1e-6)
         assert so.total_perf < tw.total_perf  # skewed ids: hybrid is cheaper under the same model
 
 
@@ -43,12 +42,12 @@ def test_per_rank_model_averages_to_the_mean_model():
     t = cm.TableTraffic(rows=N, dim=D, features=2, pooling=3.0, batch=B, world=W)
     cov, h = 0.7, 100
     even = torch.full((W,), 1.0 / W, dtype=torch.float64)
-    per_rank = cm.hybrid_rank_bytes(t, cov, even, even * h)
-    mean = sum(float(v) for v in cm.hybrid_bytes(t, cov, h).values()) - (W - 1) * t.features * 2 * 4
+    per_rank = cm.HYBRID.rank_bytes(t, cov, even, even * h)
+    mean = sum(float(v) for v in cm.HYBRID.parts(t, cov, h).values()) - (W - 1) * t.features * 2 * 4
     assert math.isclose(float(per_rank.mean()), mean, rel_tol=1e-9)
     assert torch.allclose(per_rank, per_rank[0].expand(W))  # even layout: every rank alike
-    tw = cm.table_wise_rank_bytes(t, owner=2)
-    assert math.isclose(float(tw.mean()), cm.stock_bytes("table_wise", t), rel_tol=1e-9)
+    tw = cm.model("table_wise").rank_bytes(t, owner=2)
+    assert math.isclose(float(tw.mean()), cm.model("table_wise").mean_bytes(t), rel_tol=1e-9)
     assert int(tw.argmax()) == 2  # the owner sends the pooled vectors to everyone
 
 

@@ -32,8 +32,8 @@ def _row_wise_output_bytes(rank: int, world: int) -> int:
 @pytest.mark.parametrize("world", [2, 4])
 def test_gloo_row_wise_output_bytes_match_the_model(world):
     t = cm.TableTraffic(rows=10_000, dim=D, features=1, pooling=1.0, batch=B, world=world)
-    gloo = cm.row_wise_bytes(t, gloo=True)["output"]
-    nccl = cm.row_wise_bytes(t)["output"]
+    gloo = cm.model("row_wise").parts(t, gloo=True)["output"]
+    nccl = cm.model("row_wise").parts(t)["output"]
     for rank, n in enumerate(run_ranks(_row_wise_output_bytes, world, timeout=120)):
         assert abs(n - gloo) <= 0.01 * gloo, (rank, n, gloo)
         assert n > 1.2 * nccl, (rank, n, nccl)

@@ -43,8 +43,10 @@ from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.planner.types import ParameterConstraints, Topology
 from torchrec.distributed.types import ShardingType
 
-from torchrec_hybrid.planner.compute_costs import finite_nonnegative
+from torchrec_hybrid.planner.compute_costs import finite_nonnegative, load_calibration
+from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
 from torchrec_hybrid.planner.topology import GB, UniformCommsBandwidth, gbps_to_bytes_per_ms
+from torchrec_hybrid.stats import FrequencyStats
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 KNOWN_SHARDING_TYPES = {t.value for t in ShardingType} | {FREQUENCY_HYBRID}
@@ -201,8 +203,6 @@ def _statistics(path: Any, base_dir: str) -> Any:
     full = path if os.path.isabs(path) else os.path.join(base_dir, path)
     if not os.path.exists(full):
         raise PlannerConfigError(f"statistics: file {full!r} does not exist")
-    from torchrec_hybrid.stats import FrequencyStats
-
     try:
         return FrequencyStats.load(full)
     except Exception as e:  # noqa: BLE001 - re-raised with the key that named the file
@@ -243,8 +243,6 @@ def parse_hot_set(sec: Any, where: str = "hot_set", base_dir: Optional[str] = No
         if cc == "network":
             out["compute_costs"] = None
         elif cc != "default":
-            from torchrec_hybrid.planner.compute_costs import load_calibration
-
             if base_dir is not None and not os.path.isabs(cc):
                 cc = os.path.join(base_dir, cc)
             try:
@@ -288,8 +286,6 @@ def load_planner_config(path: str) -> Dict[str, Any]:
 
 def planner_from_config(path: str, **overrides: Any):
     """``HybridEmbeddingShardingPlanner`` built from the YAML (keyword overrides win)."""
-    from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
-
     kwargs = load_planner_config(path)
     kwargs.update(overrides)
     return HybridEmbeddingShardingPlanner(**kwargs)

@@ -9,7 +9,7 @@ table-wise cold only):
 - **table-wise cold**: one shard the partitioner places on a rank like a table_wise table;
   a multi-hot bag's cold ids then return one partial sum;
 - **row-wise cold**: one row block per rank ("uniform"), of equal lookup cost as the
-  statistics see it (``hot_set.balanced_row_bounds``), so frequency-sorted vocabularies do
+  statistics see it (``TableProfile.balanced_bounds``), so frequency-sorted vocabularies do
   not load the first owner;
 - **column-wise cold** (tables of at least 2 x ``COLUMN_SLICE_DIM`` columns whose table-wise cold
   bytes exceed a rank's even share of all candidates', or with a ``min_partition`` constraint):
@@ -21,7 +21,7 @@ table-wise cold only):
 - a gate: unless the constraints allow only ``frequency_hybrid``, an option is offered only
   if its cost beats the table's cheapest stock option by ``min_saving``.
 
-Every option, stock or hybrid, is priced by the same byte model (``plan_cost``); storage
+Every option, stock or hybrid, is priced by the same cost model (``cost_model``); storage
 comes from TorchRec's estimator for stock options and ``HybridStorageEstimator`` for ours.
 Stock types the sharder does not offer are not enumerated.
 """
@@ -36,17 +36,17 @@ from typing import Any, Dict, List, Optional, Tuple
 import torch
 from torchrec.distributed.planner.enumerators import EmbeddingEnumerator
 from torchrec.distributed.planner.types import ParameterConstraints, Shard, ShardingOption, Topology
-from torchrec.distributed.types import ShardingType
+from torchrec.distributed.types import ParameterSharding, ShardingType
+from torchrec.distributed.utils import add_params_from_parameter_sharding
 
-from torchrec_hybrid import _compat
+from torchrec_hybrid import _compat, row_blocks
 from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner import hot_set
-from torchrec_hybrid.planner.estimators import (HybridStorageEstimator, bandwidths, comm_elems, on_device,
-                                                optimizer_name, vectorised_cpu_backward)
-from torchrec_hybrid.planner.plan_cost import (BytesPerfEstimator, TrafficTable, option_mean_bytes,
-                                               option_virtual_owners, stamp_feature_batches, traffic_of)
+from torchrec_hybrid.planner.estimators import (BytesPerfEstimator, HybridStorageEstimator, comm_elems, on_device,
+                                                optimizer_name)
 from torchrec_hybrid.planner.types import HotSetChoice
-from torchrec_hybrid.sharding import row_blocks
+from torchrec_hybrid.sharded_ebc import unsupported_fused_options
+from torchrec_hybrid.sharding.output_dist import codec_problems
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)
@@ -98,8 +98,6 @@ def without_hybrid(constraints: Optional[Dict[str, ParameterConstraints]], fallb
 def _unsupported_codecs(sharder: Any) -> List[str]:
     """The sharder's quantized-comm codecs frequency_hybrid cannot honour (it refuses them at
     shard time; FP16 / BF16 on the pooled all-to-all it honours, and the cost model prices)."""
-    from torchrec_hybrid.sharding.output_dist import codec_problems  # not at import: a cycle via planner.types
-
     return codec_problems(getattr(sharder, "qcomm_codecs_registry", None))
 
 
@@ -116,11 +114,6 @@ def _unsupported_table_options(option: ShardingOption, sharder: Any) -> List[str
     (``sharded_ebc.check_hybrid_supported``): the sharder's fused params with the per-table ones the
     constraints put on its options (``output_dtype``, ``stochastic_rounding``, ...), merged as
     TorchRec merges them at sharding time, so the planner never plans what sharding refuses."""
-    from torchrec.distributed.types import ParameterSharding
-    from torchrec.distributed.utils import add_params_from_parameter_sharding
-
-    from torchrec_hybrid.sharded_ebc import unsupported_fused_options
-
     per_table = ParameterSharding(sharding_type=FREQUENCY_HYBRID, compute_kernel=option.compute_kernel,
                                   cache_params=option.cache_params, enforce_hbm=option.enforce_hbm,
                                   stochastic_rounding=option.stochastic_rounding,
@@ -165,7 +158,7 @@ class HybridEnumerator(EmbeddingEnumerator):
         self._min_saving = min_saving
         self._hybrid_storage = HybridStorageEstimator(topology, constraints)
         self._compute = compute_costs
-        self._perf = BytesPerfEstimator(topology, TrafficTable({}, gloo=topology.compute_device == "cpu"),
+        self._perf = BytesPerfEstimator(topology, cm.TrafficTable({}, gloo=topology.compute_device == "cpu"),
                                         compute_costs)
         self.choices: Dict[str, Dict[str, HotSetChoice]] = {}
         self.offered: set = set()  # tables with a hybrid option left after the gate
@@ -212,7 +205,7 @@ class HybridEnumerator(EmbeddingEnumerator):
     def enumerate(self, module, sharders) -> List[ShardingOption]:
         stock = super().enumerate(module, [_StockOnly(s) for s in sharders])
         for so in stock:  # each feature's batch and poolings, as the constraints give them
-            stamp_feature_batches(so, self._all_constraints)
+            cm.stamp_feature_batches(so, self._all_constraints)
         by_type = {s.module_type: s for s in sharders}
         by_table: Dict[Tuple[str, str], List[ShardingOption]] = {}
         for so in stock:
@@ -237,10 +230,10 @@ class HybridEnumerator(EmbeddingEnumerator):
 
     def _hybrid_candidates(
         self, by_table: Dict[Tuple[str, str], List[ShardingOption]], by_type: Dict[Any, Any]
-    ) -> Tuple[Dict[str, Tuple[ShardingOption, hot_set.TableProfile]], Dict[str, int], Dict[str, str]]:
+    ) -> Tuple[Dict[str, Tuple[ShardingOption, cm.TableProfile]], Dict[str, int], Dict[str, str]]:
         """The tables that may be frequency_hybrid: ``(name -> (a stock option as template,
         profile), name -> fixed hot rows, name -> why not)`` for the ones that cannot."""
-        candidates: Dict[str, Tuple[ShardingOption, hot_set.TableProfile]] = {}
+        candidates: Dict[str, Tuple[ShardingOption, cm.TableProfile]] = {}
         fixed: Dict[str, int] = {}
         why_not: Dict[str, str] = {}  # tables the constraints or the sharder ask hybrid for, but cannot have it
         for (_, name), opts in by_table.items():
@@ -291,15 +284,14 @@ class HybridEnumerator(EmbeddingEnumerator):
         world = self._topology.world_size
         hybrid: List[ShardingOption] = []
         self.choices = {}
-        bw = bandwidths(self._topology)
+        bw = cm.a2a_bandwidth(self._topology)
         for layout in row_blocks.COLD_LAYOUTS:
             profiles = {
                 n: dataclasses.replace(p, shares=_layout_shares(layout, world),
                                        virtual=self._sizing_virtual(template, by_type, p, layout))
                 for n, (template, p) in candidates.items()
             }
-            hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw["a2a"], bw["a2a"], fixed,
-                                               self._compute)
+            hot_rows = hot_set.choose_hot_rows(profiles, self._hot_budget, bw, fixed, self._compute)
             # column slices only for a table too hot for one rank: table-wise cold, its bytes exceed a
             # rank's even share of every candidate's (the cut costs its ids once per slice, and mixed
             # widths move partial sums in smaller units)
@@ -319,24 +311,25 @@ class HybridEnumerator(EmbeddingEnumerator):
                     hybrid.append(self._hybrid_option(template, kernel, choice))
         return hybrid
 
-    def _sizing_virtual(self, template: ShardingOption, by_type: Dict[Any, Any], profile: hot_set.TableProfile,
+    def _sizing_virtual(self, template: ShardingOption, by_type: Dict[Any, Any], profile: cm.TableProfile,
                         layout: str) -> Optional[torch.Tensor]:
         """The owners the hot-set sizing of ``layout`` prices on FBGEMM's scalar CPU backward, as placement
-        does (``plan_cost.virtual_owners``): a table-wise (or column-slice) owner - rank 0 of the sizing's
+        does (``FrequencyHybrid.virtual_owners``): a table-wise (or column-slice) owner - rank 0 of the sizing's
         shares - where the table's lookups would take that path; row-wise blocks are sized as even ones,
         which no owner holds most of."""
         if layout == row_blocks.ROW_WISE:
             return None
         sharder = by_type.get(type(template.module[1]))
         params = getattr(sharder, "fused_params", None)
-        scalar = self._topology.compute_device == "cpu" and vectorised_cpu_backward(params)
+        scalar = self._topology.compute_device == "cpu" and cm.vectorised_cpu_backward(params)
         t = profile.traffic
-        return option_virtual_owners(template, t, row_blocks.single_owner_bounds(t.rows, t.world, 0), scalar)
+        return cm.HYBRID.virtual_owners(t, row_blocks.single_owner_bounds(t.rows, t.world, 0), scalar, template)
 
     def _gate(self, hybrid: List[ShardingOption], stock: List[ShardingOption]) -> List[ShardingOption]:
         """Hybrid options that beat the table's cheapest stock option by ``min_saving`` (by
         the same cost model), or that the constraints force."""
         best: Dict[str, ShardingOption] = {}
+        world = self._topology.world_size
         for so in stock:
             if so.name not in best or so.total_perf < best[so.name].total_perf:
                 best[so.name] = so
@@ -347,7 +340,7 @@ class HybridEnumerator(EmbeddingEnumerator):
             cheapest = best.get(so.name)
             ch.best_stock_cost = None if cheapest is None else cheapest.total_perf
             ch.best_stock_type = None if cheapest is None else cheapest.sharding_type
-            ch.best_stock_bytes = None if cheapest is None else option_mean_bytes(cheapest, self._topology.world_size)
+            ch.best_stock_bytes = None if cheapest is None else cm.option_mean_bytes(cheapest, world)
             if (
                 ch.forced
                 or ch.best_stock_cost is None
@@ -359,12 +352,12 @@ class HybridEnumerator(EmbeddingEnumerator):
                             ch.cold_layout, ch.hot_rows, so.total_perf, ch.best_stock_cost)
         return kept
 
-    def _profile(self, so: ShardingOption, sharder: Any) -> Tuple[hot_set.TableProfile, Optional[int]]:
+    def _profile(self, so: ShardingOption, sharder: Any) -> Tuple[cm.TableProfile, Optional[int]]:
         """The table's coverage curve: statistics, else the sharder's hot ids, else uniform
         (its traffic priced with the sharder's quantized comms, so H is sized for them too)."""
         w = self._topology.world_size
         data_map = _compat.enumerator_sharder_data_map(self)
-        tr = traffic_of(so, w, comm_elems(data_map, so) or cm.FP32_COMMS)
+        tr = cm.traffic_of(so, w, comm_elems(data_map, so) or cm.FP32_COMMS)
         per_row = tr.dim * so.tensor.element_size() + cm.optimizer_state_bytes_per_row(
             optimizer_name(data_map, so), tr.dim)
         cap = min(self._max_hot_rows, tr.rows)
@@ -397,14 +390,14 @@ class HybridEnumerator(EmbeddingEnumerator):
                 return [cols // k] * k
         return []
 
-    def _choice(self, name: str, p: hot_set.TableProfile, h: int, layout: str, widths: List[int]) -> HotSetChoice:
-        cov = hot_set.coverage_at(p, h)
-        parts = {k: float(v) for k, v in cm.hybrid_bytes(p.traffic, cov, h).items()}
+    def _choice(self, name: str, p: cm.TableProfile, h: int, layout: str, widths: List[int]) -> HotSetChoice:
+        cov = p.coverage_at(h)
+        parts = {k: float(v) for k, v in cm.HYBRID.parts(p.traffic, cov, h).items()}
         assert p.shares is not None  # every profile here has its cold layout's shares
-        sent = sum(float(cm.hybrid_layout_bytes(dataclasses.replace(p.traffic, dim=w), cov, h, p.shares))
+        sent = sum(float(cm.HYBRID.layout_bytes(dataclasses.replace(p.traffic, dim=w), cov, h, p.shares))
                    for w in widths)
         return HotSetChoice(
-            table=name, hot_rows=h, coverage=cov, hot_ids=hot_set.hot_ids_for(p, h), widths=widths,
+            table=name, hot_rows=h, coverage=cov, hot_ids=p.hot_ids(h), widths=widths,
             bytes_per_step=sent, comm_bytes=parts,
             source=p.source, forced=self._forced(name), cold_layout=layout, profile=p,
         )
@@ -425,7 +418,7 @@ class HybridEnumerator(EmbeddingEnumerator):
         else:
             so.partition_by = "uniform"
             p = choice.profile
-            bounds = (hot_set.balanced_row_bounds(p, choice.hot_rows, w) if p.source == "stats"
+            bounds = (p.balanced_bounds(choice.hot_rows, w) if p.source == "stats"
                       else row_blocks.even_bounds(rows, w))
             so.shards = [Shard(size=[b1 - b0, cols], offset=[b0, 0]) for b0, b1 in zip(bounds, bounds[1:])]
         so.hybrid_choice = choice
@@ -433,7 +426,7 @@ class HybridEnumerator(EmbeddingEnumerator):
 
     def populate_estimates(self, sharding_options: List[ShardingOption]) -> None:
         """Storage: TorchRec's estimator for stock options, ours for hybrid ones. Perf: one
-        byte model for every option (plan_cost.py), so the partitioner compares like with like."""
+        cost model for every option (cost_model.py), so the partitioner compares like with like."""
         stock = [so for so in sharding_options if so.sharding_type != FREQUENCY_HYBRID]
         hybrid = [so for so in sharding_options if so.sharding_type == FREQUENCY_HYBRID]
         if stock:

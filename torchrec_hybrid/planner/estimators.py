@@ -1,41 +1,27 @@
-"""Storage estimator for ``frequency_hybrid`` options, and the helpers every estimator shares.
+"""TorchRec's estimators for every option, from the one cost model (cost_model.py).
 
-TorchRec's storage estimator raises for an unknown sharding type, so hybrid options get
-:class:`HybridStorageEstimator` (it reads ``sharding_option.hybrid_choice``). Perf of every
-option, stock or hybrid, comes from one byte model: ``plan_cost.BytesPerfEstimator``.
-Units follow TorchRec's estimators (bandwidths in bytes/ms, so perf in ms). Quantized comms
-reach the cost model as TorchRec's planner reads them (:func:`comm_elems`, :func:`sharder_comms`).
+TorchRec's partitioner balances ranks by ``shard.perf``, and its planner picks the proposal whose
+busiest rank is cheapest; its storage estimator raises for an unknown sharding type. If hybrid
+options were priced by our model and stock ones by TorchRec's estimators, the comparison would mix
+units: :class:`BytesPerfEstimator` prices every option, stock or hybrid, by the cost model (ms),
+:class:`StepPerfModel` rates proposals as the fitted prices blend ranks, and
+:class:`HybridStorageEstimator` sets the memory of frequency_hybrid options. The helpers read the
+sharders (fused params, optimizer, quantized comms) the way TorchRec's planner reads them.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Dict, Iterable, Optional
+from typing import Any, Dict, Iterable, List, Optional
 
-from torchrec.distributed.planner.types import (
-    CollectiveType,
-    ParameterConstraints,
-    ShardEstimator,
-    ShardingOption,
-    Storage,
-    Topology,
-)
+import torch
+from torchrec.distributed.planner.types import (ParameterConstraints, Perf, PerfModel, ShardEstimator,
+                                              ShardingOption, Storage, Topology)
+from torchrec.distributed.planner.utils import build_sharder_data, sharder_name
 
 from torchrec_hybrid import _compat
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.planner.plan_cost import traffic_of
 from torchrec_hybrid.types import FREQUENCY_HYBRID
-
-
-def bandwidths(topology: Topology) -> Dict[str, float]:
-    """Bandwidth (bytes/ms) of each collective the hybrid uses, from the topology."""
-    bw = topology.comms_bandwidths
-    args = dict(world_size=topology.world_size, local_world_size=topology.local_world_size)
-    return {
-        "a2a": bw.get_bw(collective_type=CollectiveType.ALL_TO_ALL, **args),
-        "allreduce": bw.get_bw(collective_type=CollectiveType.ALL_REDUCE, **args),
-        "reduce_scatter": bw.get_bw(collective_type=CollectiveType.REDUCE_SCATTER, **args),
-    }
 
 
 def on_device(topology: Topology) -> bool:
@@ -63,27 +49,11 @@ def optimizer_name(sharder_data_map, so: ShardingOption) -> Optional[str]:
     return getattr(opt, "name", None) or str(opt)
 
 
-def vectorised_cpu_backward(params: Optional[Dict[str, Any]]) -> bool:
-    """Whether FBGEMM's CPU TBE backward takes its vectorised path for a table looked up by one
-    feature under these fused params - EXACT_ROWWISE_ADAGRAD (none given: FBGEMM's EXACT_SGD, whose
-    backward is scalar either way) without weight decay (with it, heavy tables get a call of their
-    own, lookup.py): then looking such a table up through virtual features costs its scalar path
-    (``cost_model.VIRTUAL_BACKWARD_EXTRA``). Only the sharder's fused_params are read: an optimizer
-    set per parameter (``apply_optimizer_in_backward``) is priced as FBGEMM's default here (its
-    state is counted: :func:`optimizer_name`)."""
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
-    p = params or {}
-    return (p.get("optimizer", EmbOptimType.EXACT_SGD) == EmbOptimType.EXACT_ROWWISE_ADAGRAD
-            and not float(p.get("weight_decay", 0.0) or 0.0))
-
-
 def sharder_vectorised_backward(sharders: Iterable[Any]) -> Dict[str, bool]:
-    """:func:`vectorised_cpu_backward` of each sharder's fused_params by the module type it shards
+    """``cost_model.vectorised_cpu_backward`` of each sharder's fused_params by the module type it shards
     (the key of ``ShardingOption.module_type_key``)."""
-    from torchrec.distributed.planner.utils import sharder_name
-
-    return {sharder_name(s.module_type): vectorised_cpu_backward(getattr(s, "fused_params", None)) for s in sharders}
+    return {sharder_name(s.module_type): cm.vectorised_cpu_backward(getattr(s, "fused_params", None))
+            for s in sharders}
 
 
 def comm_elems(sharder_data_map, so: ShardingOption) -> Optional[cm.CommElems]:
@@ -99,19 +69,60 @@ def comm_elems(sharder_data_map, so: ShardingOption) -> Optional[cm.CommElems]:
 def sharder_comms(sharders: Iterable[Any]) -> Dict[str, cm.CommElems]:
     """:func:`comm_elems` of each sharder by the module type it shards (the key of
     ``ShardingOption.module_type_key``), for pricing plans outside an enumerator."""
-    from torchrec.distributed.planner.utils import build_sharder_data, sharder_name
-
     return {sharder_name(s.module_type): cm.CommElems.from_qcomm_dtype_sizes(build_sharder_data(s).qcomm_dtype_sizes)
             for s in sharders}
 
 
-class HybridStorageEstimator(ShardEstimator):
-    """Sets ``shard.storage`` of frequency_hybrid options, from the cost model's memory terms.
+class BytesPerfEstimator(ShardEstimator):
+    """``shard.perf`` of every option from the cost model (``cost_model.shard_costs``).
 
-    Per rank (``cm.hybrid_memory_bytes`` + ``cm.hybrid_step_buffer_bytes``): the shard's cold
-    rows with the optimizer's state (the sharder's fused optimizer - the stock estimator counts 0
-    for an optimizer given that way - or one applied in backward: :func:`optimizer_name`), the hot
-    replica, the step's buffers.
+    A shard's comms are the traffic of its table that passes through its owner: what the
+    owner sends plus what the other ranks send it, so the per-rank sums the partitioner
+    balances add up to the plan's traffic; its compute, the work of its table on its owner
+    (and, for one-shard options, on every rank: it all exists because of this shard).
+    One-shard options (table_wise, hybrid with table-wise cold) are priced as if on rank 0:
+    by symmetry any owner costs the same.
+    """
+
+    def __init__(self, topology: Topology, traffic: cm.TrafficTable, compute: Optional[cm.ComputeCosts] = None
+                 ) -> None:
+        self._world = topology.world_size
+        self._bw = cm.a2a_bandwidth(topology)
+        self._traffic = traffic
+        self._compute = compute
+
+    def estimate(self, sharding_options, sharder_data_map=None, sharder_map=None) -> None:
+        for so in sharding_options:
+            data = (sharder_data_map or {}).get(so.module_type_key)
+            for shard, (fwd, comms) in zip(so.shards, cm.shard_costs(so, self._traffic, self._world, self._bw, data,
+                                                                     self._compute)):
+                shard.perf = Perf(fwd_compute=fwd, fwd_comms=comms, bwd_compute=0.0, bwd_comms=0.0)
+
+
+class StepPerfModel(PerfModel):
+    """Rates a proposal as TorchRec's ``NoopPerfModel`` does (each rank's summed shard perf),
+    but blends the busiest rank with the mean rank as the prices say (``ComputeCosts.step_ms``):
+    an approximation of ``cost_model.plan_cost``'s blend (shard perf puts a one-shard option's
+    work on its owner and leaves out module overheads). With ``busiest_share`` 1 it is
+    ``NoopPerfModel``."""
+
+    def __init__(self, topology: Topology, compute: cm.ComputeCosts) -> None:
+        self._topology = topology
+        self._compute = compute
+
+    def rate(self, plan: List[ShardingOption]) -> float:
+        perfs = torch.zeros(self._topology.world_size, dtype=torch.float64)
+        for so in plan:
+            for shard in so.shards:
+                perfs[shard.rank] += shard.perf.total  # type: ignore[union-attr, index]
+        return float(self._compute.step_ms(perfs))
+
+
+class HybridStorageEstimator(ShardEstimator):
+    """Sets ``shard.storage`` of frequency_hybrid options (``FrequencyHybrid.memory_bytes`` +
+    ``step_buffer_bytes``): per rank the shard's cold rows with the optimizer's state (the sharder's
+    fused optimizer - the stock estimator counts 0 for an optimizer given that way - or one applied
+    in backward: :func:`optimizer_name`), the hot replica, the step's buffers.
     """
 
     def __init__(self, topology: Topology, constraints: Optional[Dict[str, ParameterConstraints]] = None) -> None:
@@ -127,10 +138,10 @@ class HybridStorageEstimator(ShardEstimator):
             ch = getattr(so, "hybrid_choice", None)
             if ch is None:
                 raise ValueError(f"table {so.name!r}: frequency_hybrid option without a hot-set choice")
-            tr, elem = traffic_of(so, t.world_size), so.tensor.element_size()
-            io = cm.hybrid_step_buffer_bytes(tr, elem)
+            tr, elem = cm.traffic_of(so, t.world_size), so.tensor.element_size()
+            io = cm.HYBRID.step_buffer_bytes(tr, elem)
             for shard in so.shards:  # a column-wise cold slice: its width's share
                 ts = tr if shard.size[1] == tr.dim else dataclasses.replace(tr, dim=shard.size[1])
                 state = cm.optimizer_state_bytes_per_row(optimizer_name(sharder_data_map, so), ts.dim)
-                mem = cm.hybrid_memory_bytes(ts, ch.hot_rows, state, cold_rows=shard.size[0], elem=elem) + io
+                mem = cm.HYBRID.memory_bytes(ts, ch.hot_rows, state, cold_rows=shard.size[0], elem=elem) + io
                 shard.storage = Storage(hbm=mem if hbm else 0, ddr=0 if hbm else mem, ssd=0)

@@ -30,17 +30,14 @@ from torchrec.distributed.types import EnumerableShardingSpec, ShardingPlan, Sha
 from torchrec.distributed.utils import get_device_type
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
+from torchrec_hybrid.planner import cost_model as cm
 from torchrec_hybrid.planner.compute_costs import default_compute_costs, finite_nonnegative
-from torchrec_hybrid.planner.cost_model import CommElems, ComputeCosts
-from torchrec_hybrid.planner.estimators import on_device, sharder_comms, sharder_vectorised_backward
+from torchrec_hybrid.planner.enumerator import DEFAULT_MAX_HOT_ROWS, HybridEnumerator, _StockOnly, without_hybrid
+from torchrec_hybrid.planner.estimators import StepPerfModel, on_device, sharder_comms, sharder_vectorised_backward
 from torchrec_hybrid.planner.network import NetworkMeasurement, measure_network
-from torchrec_hybrid.planner.plan_cost import (DEFAULT_COLLECTIVE_MS, StepPerfModel, TrafficTable, column_sliced,
-                                               hybrid_bounds, plan_cost, plan_rank_bytes, plan_rank_memory,
-                                               traffic_of)
 from torchrec_hybrid.planner.stats import HybridEmbeddingStats
-from torchrec_hybrid.planner.types import HybridParameterSharding
-from torchrec_hybrid.types import FREQUENCY_HYBRID
+from torchrec_hybrid.sharding_plan import check_hot_ids, embedding_table_names
+from torchrec_hybrid.types import FREQUENCY_HYBRID, HybridParameterSharding
 
 logger = logging.getLogger(__name__)
 
@@ -94,7 +91,7 @@ def choose_plan(allowed: List["PlanCandidate"], stock: Optional["PlanCandidate"]
 
 @dataclasses.dataclass
 class PlanCandidate:
-    """One plan the hybrid planner considered, priced by ``plan_cost``; ``stats_call``: the arguments
+    """One plan the hybrid planner considered, priced by ``cost_model.plan_cost``; ``stats_call``: the arguments
     its planner called its ``Stats`` loggers with (:class:`_RecordedStats`), for the plan returned."""
 
     name: str
@@ -144,7 +141,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             option must show in cost over the table's cheapest stock option to be offered,
             and a plan other than the stock plan in cost or in busiest-rank bytes over it
             to be returned.
-        collective_ms: fixed cost of one collective in the plan comparison (plan_cost.py);
+        collective_ms: fixed cost of one collective in the plan comparison (cost_model.py);
             None: the compute prices' own (fitted from measured steps), else 0.2 ms.
         compute_costs: prices of each rank's compute work (``cost_model.ComputeCosts``, fitted
             by ``benchmarks/calibrate.py``); "default": the fit for the topology's compute
@@ -181,7 +178,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
     sharder offering only frequency_hybrid, or TorchRec's planner finding no plan, e.g. its
     shards fitting no rank's memory) there is no stock plan to compare with: the cheapest of
     the others. A candidate that finds no plan, or over-fills a rank's memory once every rank's
-    copy of the hot replicas is counted (``plan_cost.plan_rank_memory``), is left out (logged);
+    copy of the hot replicas is counted (``cost_model.plan_rank_memory``), is left out (logged);
     none left is a ``PlannerError``. The ``stats`` loggers describe the plan returned, once.
     """
 
@@ -232,7 +229,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             if compute_costs != "default":
                 raise ValueError(f"compute_costs={compute_costs!r}: pass a ComputeCosts, None or 'default'")
             compute_costs = default_compute_costs(topology.compute_device if topology is not None else "cuda")
-        elif compute_costs is not None and not isinstance(compute_costs, ComputeCosts):
+        elif compute_costs is not None and not isinstance(compute_costs, cm.ComputeCosts):
             raise TypeError(f"compute_costs must be a ComputeCosts, None or 'default', not {type(compute_costs)}")
         if self.network is not None:  # as if the user had passed the measured topology
             topology = self.network.apply_to(topology if topology is not None else _default_topology())
@@ -244,7 +241,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         fitted = compute_costs.collective_ms if compute_costs is not None else None
         if collective_ms is None:
             collective_ms = fitted if fitted is not None else (
-                self.network.collective_ms if self.network is not None else DEFAULT_COLLECTIVE_MS)
+                self.network.collective_ms if self.network is not None else cm.DEFAULT_COLLECTIVE_MS)
         if self.network is not None:
             logger.info("planning for the measured %s; collective_ms %.3f", self.network, collective_ms)
         what = "tie_ms"
@@ -294,14 +291,14 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._min_saving = min_saving
         self._collective_ms = collective_ms
         self.tie_ms, self.tie_rel = float(tie_ms), tie_rel
-        self.compute_costs: Optional[ComputeCosts] = compute_costs
+        self.compute_costs: Optional[cm.ComputeCosts] = compute_costs
         self._compare = compare_plans
         self.candidates: List[PlanCandidate] = []
         # candidates not compared, by name: why (no plan found, over a rank's memory, more bytes than stock)
         self.left_out: Dict[str, str] = {}
         self._chosen: Optional[PlanCandidate] = None
-        self._traffic_table: Optional[TrafficTable] = None
-        self._comms: Dict[str, CommElems] = {}  # quantized comms per module type (the sharders')
+        self._traffic_table: Optional[cm.TrafficTable] = None
+        self._comms: Dict[str, cm.CommElems] = {}  # quantized comms per module type (the sharders')
         self._vectorised: Dict[str, bool] = {}  # FBGEMM's vectorised CPU backward per module type (the sharders')
 
     # -- planning ----------------------------------------------------------------------------
@@ -407,7 +404,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
 
     def _fitting_memory(self, candidates: List[PlanCandidate], module, sharders) -> List[PlanCandidate]:
         """The candidates whose every rank's memory fits what the partitioner may fill on its device
-        (the caps after the storage reservation; ``plan_cost.plan_rank_memory``: the partitioner counts
+        (the caps after the storage reservation; ``cost_model.plan_rank_memory``: the partitioner counts
         a table-wise / column-wise cold table's hot replica on its owners alone, but every rank holds
         it); the others are left out, logged; PlannerError when none fits."""
         topo = _compat.planner_reserved_topology(self, module, sharders)
@@ -416,7 +413,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                             dtype=torch.float64)
         over: Dict[str, str] = {}
         for c in candidates:
-            mem = plan_rank_memory(c.options, topo.world_size, hbm)
+            mem = cm.plan_rank_memory(c.options, topo.world_size, hbm)
             r = int(torch.argmax(mem - caps))
             if mem[r] > caps[r]:
                 over[c.name] = (
@@ -445,15 +442,15 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                    stats_call: Optional[Dict[str, Any]] = None) -> PlanCandidate:
         plan = self._attach_hot_ids(plan, options)
         traffic = self._traffic(options)
-        cost = plan_cost(options, traffic, _compat.planner_topology(self), self._collective_ms, self.compute_costs)
-        per_rank = plan_rank_bytes(options, traffic, _compat.planner_topology(self).world_size)
+        cost, per_rank = cm.plan_cost(options, traffic, _compat.planner_topology(self), self._collective_ms,
+                                      self.compute_costs)
         return PlanCandidate(name, plan, list(options), cost, per_rank.tolist(), stats_call)
 
-    def _traffic(self, options: List[ShardingOption]) -> TrafficTable:
+    def _traffic(self, options: List[ShardingOption]) -> cm.TrafficTable:
         topo = _compat.planner_topology(self)
         src = self._traffic_table
         if src is None:  # the workload as the statistics measured it (first plan: the mixed one)
-            src = TrafficTable({so.name: traffic_of(so, topo.world_size) for so in options},
+            src = cm.TrafficTable({so.name: cm.traffic_of(so, topo.world_size) for so in options},
                                gloo=topo.compute_device == "cpu")
             self._traffic_table = src
         src.comms, src.vectorised = self._comms, self._vectorised  # the sharders of this plan call
@@ -518,7 +515,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                 continue
             choice = so.hybrid_choice
             ids = choice.hot_ids if choice.hot_ids is not None else torch.empty(0, dtype=torch.int64)
-            if column_sliced(so) or so.tensor.shape[0] < topo.world_size:
+            if cm.HYBRID.column_sliced(so) or so.tensor.shape[0] < topo.world_size:
                 # stock column_wise's spec: one shard per slice, on its rank (fewer rows than ranks,
                 # table-wise cold: stock table_wise's, one shard of the whole table)
                 spec = EnumerableShardingSpec([
@@ -526,7 +523,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                                   placement=placement(topo.compute_device, s.rank or 0, topo.local_world_size))
                     for s in so.shards])
             else:
-                bounds, cols = hybrid_bounds(so, topo.world_size), so.tensor.shape[1]
+                bounds, cols = cm.HYBRID.bounds(so, topo.world_size), so.tensor.shape[1]
                 spec = EnumerableShardingSpec([
                     ShardMetadata(shard_offsets=[bounds[r], 0], shard_sizes=[bounds[r + 1] - bounds[r], cols],
                                   placement=placement(topo.compute_device, r, topo.local_world_size))
@@ -564,7 +561,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         lines += [f"  {name}: no plan; left out: {why}" for name, why in self.left_out.items() if name not in compared]
         return lines
 
-    def traffic_table(self) -> Optional[TrafficTable]:
+    def traffic_table(self) -> Optional[cm.TrafficTable]:
         """The workload the last plan was priced on (per table: rows, dim, pooling, batch)."""
         return self._traffic_table
 
@@ -615,8 +612,6 @@ def _or_none(what: str, plan: Any, left_out: Dict[str, str], no_option: bool = F
 def _check_sharder_hot_ids(module, sharders, plan: Optional[ShardingPlan] = None) -> None:
     """Sharders' hot ids naming no table of ``module`` raise; with ``plan``, those of tables
     it does not make frequency_hybrid get one warning (sharding_plan.check_hot_ids)."""
-    from torchrec_hybrid.sharding_plan import check_hot_ids, embedding_table_names
-
     tables = embedding_table_names(module)
     for s in sharders or []:
         if getattr(s, "hot_ids", None):
@@ -639,8 +634,6 @@ def _table_names(module: Any, sharders: Optional[List[Any]] = None) -> List[str]
     """Every table of ``module`` a constraint may name: what the sharders declare shardable in
     the submodules they shard (TorchRec's own rule), and every EmbeddingBagCollection- and
     EmbeddingCollection-like part's tables."""
-    from torchrec_hybrid.sharding_plan import embedding_table_names
-
     names: Dict[str, None] = dict.fromkeys(embedding_table_names(module))
     for _, m in module.named_modules():
         configs = getattr(m, "embedding_configs", None)  # EmbeddingCollection-like parts

@@ -21,7 +21,7 @@ from torchrec.distributed.planner.types import ShardingOption
 from torchrec.distributed.types import ShardingPlan, ShardingType
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.planner.plan_cost import option_mean_bytes
+from torchrec_hybrid.planner.cost_model import option_mean_bytes
 from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)
@@ -33,7 +33,7 @@ MB = 1024 * 1024
 
 
 def communication_table(best_plan: List[ShardingOption], world_size: int) -> List[str]:
-    """Rows of the per-table communication summary (mean bytes per rank, ``plan_cost.option_mean_bytes``)."""
+    """Rows of the per-table communication summary (mean bytes per rank, ``cost_model.option_mean_bytes``)."""
     header = ["Table", "Sharding", "Rows", "Hot rows", "Coverage", "Est. MB/step/rank", "Best stock (MB)"]
     rows = [header]
     total = 0.0

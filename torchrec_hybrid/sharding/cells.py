@@ -197,9 +197,3 @@ class CellPositions:
             return cells
         F = self.num_features
         return self.layout.positions(torch.div(cells, F, rounding_mode="floor"), cells % F, [0], total)
-
-
-def heavy_tables(world: int, local_rows: List[int], rows: List[int]) -> List[bool]:
-    """Which tables this owner holds most cold rows of (so gets about the global batch of
-    their bags): more than 1.5 times an even share."""
-    return [world > 1 and lr * world > 1.5 * max(r, 1) for lr, r in zip(local_rows, rows)]

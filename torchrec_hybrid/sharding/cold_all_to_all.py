@@ -39,12 +39,11 @@ from torchrec_hybrid._compat import HybridAwaitable
 
 from torchrec_hybrid.sharding import composed, fused
 from torchrec_hybrid.sharding.composed import ExchangeLayout, SplitPack, exchange_layout
+from torchrec_hybrid.types import ROOM_PAD, ROOM_SLACK
 
 # A pair's room for the next exchange, in int32 words: kept while the run fits it with ROOM_MIN_SLACK to spare
 # and the room is at most twice a fresh one, else ``room_for(run)``: ROOM_SLACK times the run plus ROOM_PAD.
-ROOM_SLACK = 1.15
 ROOM_MIN_SLACK = 1.02
-ROOM_PAD = 128
 
 
 def room_for(run: int) -> int:

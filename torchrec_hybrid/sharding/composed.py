@@ -23,7 +23,7 @@ from typing import List, NamedTuple, Optional
 
 import torch
 
-from torchrec_hybrid.sharding import row_blocks
+from torchrec_hybrid import row_blocks
 from torchrec_hybrid.sharding.cells import CellPositions, LaneLayout
 from torchrec_hybrid.sharding.hot_state import HotState
 from torchrec_hybrid.sharding.segments import (cached_tensor, exclusive_cumsum, host_segment_positions,

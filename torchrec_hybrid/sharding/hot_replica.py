@@ -28,7 +28,7 @@ from fbgemm_gpu.split_table_batched_embeddings_ops_common import PoolingMode
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import DenseTableBatchedEmbeddingBagsCodegen
 from torchrec.distributed.embedding_types import GroupedEmbeddingConfig
 
-from torchrec_hybrid.sharding import row_blocks
+from torchrec_hybrid import row_blocks
 from torchrec_hybrid.sharding.segments import exclusive_cumsum
 
 # FBGEMM registers no kernel for the dense TBE op under PyTorch's Autograd key: its kernel builds

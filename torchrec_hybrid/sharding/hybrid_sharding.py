@@ -30,14 +30,13 @@ from torchrec.distributed.types import (
 from torchrec.modules.embedding_configs import PoolingType
 
 from torchrec_hybrid import _compat
-from torchrec_hybrid.sharding.cells import heavy_tables
 from torchrec_hybrid.sharding.hot_replica import zero_grad_is_noop
 from torchrec_hybrid.sharding.hot_state import HotState, build_hot_state
 from torchrec_hybrid.sharding.cold_all_to_all import ColdIdsAllToAll
 from torchrec_hybrid.sharding.input_dist import HybridSparseFeaturesDist
 from torchrec_hybrid.sharding.lookup import HybridLookup, lanes_of, own_lane_pays
 from torchrec_hybrid.sharding.output_dist import OUTPUT_COMM_OP, HybridPooledEmbeddingDist, describe_codec_problems
-from torchrec_hybrid.sharding.row_blocks import is_row_layout, slices_of
+from torchrec_hybrid.row_blocks import heavy_tables, is_row_layout, slices_of
 
 
 class HybridPooledEmbeddingSharding(_compat.RwPooledShardingWithTables):

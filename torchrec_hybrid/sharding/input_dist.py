@@ -31,7 +31,8 @@ from torchrec.distributed.embedding_sharding import BaseSparseFeaturesDist
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid._compat import HybridAwaitable
-from torchrec_hybrid.sharding import fused, row_blocks
+from torchrec_hybrid import row_blocks
+from torchrec_hybrid.sharding import fused
 from torchrec_hybrid.sharding.cells import LaneLayout, partial_units
 from torchrec_hybrid.sharding.cold_all_to_all import ColdExchange, ColdIdsAllToAll, ColdTensorsAwaitable, ExchangeSizes
 from torchrec_hybrid.sharding.composed import ColdUnpacked, SplitPack

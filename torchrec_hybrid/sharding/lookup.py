@@ -20,6 +20,7 @@ from torchrec.distributed.embedding_types import BaseEmbeddingLookup, GroupedEmb
 from torchrec.distributed.types import ShardingEnv, ShardingType
 
 from torchrec_hybrid import _compat
+from torchrec_hybrid.row_blocks import MULTI_HOT_POOLING
 from torchrec_hybrid.sharding.cells import LaneLayout
 from torchrec_hybrid.sharding.input_dist import HybridLookupInput
 
@@ -38,22 +39,12 @@ def _decays(config: GroupedEmbeddingConfig) -> bool:
     return bool((config.fused_params or {}).get("weight_decay", 0.0))
 
 
-# A heavy table whose bags hold at least this many ids on average (the plan's pooling factor)
-# gets a TBE call of its own instead of virtual features (:func:`own_lane_pays`): FBGEMM's CPU
-# backward takes its vectorised path (fbgemm's SpMDM + rowwise-AdaGrad kernels) only for
-# EXACT_ROWWISE_ADAGRAD on a table looked up by one feature, and a shared table's scalar path
-# cost the owner of the DLRMv2 multi-hot tables' heaviest bags ~2x its backward; a second call
-# and the concatenation of the two outputs cost more than that path with one id per bag
-# (docs/architecture.md §2, step 3).
-MULTI_HOT_POOLING = 2.0
-
-
 def own_lane_pays(config: GroupedEmbeddingConfig, num_features: int, pooling_factor: Optional[float],
                   device: torch.device) -> bool:
     """Whether a heavy table of group ``config`` is better looked up in a TBE call of its own
     than as virtual features: only where that call reaches FBGEMM's fast CPU backward - on the
     CPU, with row-wise AdaGrad, one feature - and its bags are multi-hot (the plan's pooling
-    factor; None, unknown: no)."""
+    factor; None, unknown: no; ``row_blocks.MULTI_HOT_POOLING``)."""
     optimizer = (config.fused_params or {}).get("optimizer")
     return (device.type == "cpu" and num_features == 1 and optimizer == EmbOptimType.EXACT_ROWWISE_ADAGRAD
             and (pooling_factor or 0.0) >= MULTI_HOT_POOLING)

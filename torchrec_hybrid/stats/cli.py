@@ -26,6 +26,7 @@ from tqdm import tqdm
 
 from torchrec_hybrid.stats.frequency import DEFAULT_EXACT_MAX_ROWS, FrequencyStats
 from torchrec_hybrid.stats.selection import coverage_curve
+from torchrec_hybrid.stats.sources import criteo_npy_dataset, criteo_tsv_batches
 from torchrec_hybrid.stats.synthetic import (
     CRITEO_KAGGLE_CARDINALITIES,
     CRITEO_TERABYTE_CARDINALITIES,
@@ -152,12 +153,8 @@ def _source(args, sizes: List[int]) -> Tuple[Iterable, Optional[int]]:
                                args.multi_hot, args.seed)
         return data, len(data)
     if args.criteo_npy:
-        from torchrec_hybrid.stats.sources import criteo_npy_dataset
-
         data = criteo_npy_dataset(args.criteo_npy, sizes, args.batch_size)
         return (b.sparse_features for b in data), len(data)
-    from torchrec_hybrid.stats.sources import criteo_tsv_batches
-
     return criteo_tsv_batches(args.criteo_tsv, sizes, args.batch_size), None
 
 

@@ -30,6 +30,7 @@ import zlib
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, TypeGuard, Union
 
 import torch
+import torch.distributed as dist
 from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -462,8 +463,6 @@ class FrequencyStats:
         history of the ranks, so mismatched statistics fail loudly instead of hanging or
         mixing tables.
         """
-        import torch.distributed as dist
-
         self._fold()
         if check:
             self._check_same_on_ranks(group)
@@ -483,8 +482,6 @@ class FrequencyStats:
     def _check_same_on_ranks(self, group) -> None:
         """One tiny MAX all-reduce of ``_signature()`` and its negation: raise unless every rank holds the same
         layout, counter dtype and merge history (else the SUM all-reduce would hang or mix tables)."""
-        import torch.distributed as dist
-
         sig = torch.tensor(self._signature(), dtype=torch.int64, device=self.device)
         both = torch.cat([sig, -sig])
         dist.all_reduce(both, op=dist.ReduceOp.MAX, group=group)
@@ -496,8 +493,6 @@ class FrequencyStats:
     def _union_sketch_candidates(self, group) -> None:
         """All-gather every sketch's candidates (one collective, padded to capacity with -1) and union each
         rank's into each sketch, re-estimated from the summed tables."""
-        import torch.distributed as dist
-
         names = sorted(self._sketches)  # same order on every rank
         cap = self.sketch_capacity
         padded = torch.full((len(names) * cap,), -1, dtype=torch.int64, device=self.device)

@@ -39,6 +39,7 @@ import math
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
+import torch.distributed as dist
 
 MAX_KEY = 1 << 32  # keys must be below this for the hash to be 2-independent
 _GOLDEN = -7046029254386353131  # 0x9E3779B97F4A7C15 as int64 (Fibonacci hashing)
@@ -225,8 +226,6 @@ class CountMinTopK:
 
     def all_reduce_(self, group=None) -> None:
         """Sum the tables over ranks and union the candidates; identical on every rank."""
-        import torch.distributed as dist
-
         self._flush()
         dist.all_reduce(self.table, op=dist.ReduceOp.SUM, group=group)
         padded = torch.full((self.capacity,), -1, dtype=torch.int64, device=self.device)

@@ -13,7 +13,7 @@ permutation of each table. Steps:
 4. compare each hybrid table's H with the brute-force optimum of the same cost model, on the
    counted statistics and on the exact Zipf probabilities.
 
-Run: ``python -m torchrec_hybrid.planner.validate [--world 4] [--json out.json]`` (installed:
+Run: ``python -m torchrec_hybrid.validate [--world 4] [--json out.json]`` (installed:
 ``torchrec-hybrid-validate``).
 """
 
@@ -26,29 +26,34 @@ from typing import Any, Dict, List, Optional
 
 import torch
 import torch.distributed as dist
+import torchrec
+from fbgemm_gpu.split_embedding_configs import EmbOptimType
+from torchrec.distributed.model_parallel import DistributedModelParallel
+from torchrec.distributed.planner import ParameterConstraints
 
+from torchrec_hybrid.comm_bytes import count_sent_bytes
 from torchrec_hybrid.planner import cost_model as cm
+from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
+from torchrec_hybrid.planner.topology import gloo_topology
+from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
 from torchrec_hybrid.spawn import spawn_ranks
+from torchrec_hybrid.stats import FrequencyStats, criteo_table_sizes, criteo_tables
+from torchrec_hybrid.stats.synthetic import ZipfSampler
+from torchrec_hybrid.types import FREQUENCY_HYBRID
 
 logger = logging.getLogger(__name__)
 
 
 def _tables(max_rows: int, dim: int):
-    from torchrec_hybrid.stats import criteo_table_sizes, criteo_tables
-
     return criteo_tables(criteo_table_sizes(max_rows=max_rows), embedding_dim=dim)
 
 
 def _samplers(configs, alpha: float, seed: int = 0):
-    from torchrec_hybrid.stats.synthetic import ZipfSampler
-
     g = torch.Generator().manual_seed(seed)  # the permutations: the same on every rank
     return [ZipfSampler(c.num_embeddings, alpha, g) for c in configs]
 
 
 def _batch(configs, samplers, batch: int, g: torch.Generator):
-    import torchrec
-
     keys = [c.feature_names[0] for c in configs]
     values = torch.cat([s.sample(batch, g) for s in samplers])
     return torchrec.KeyedJaggedTensor(keys=keys, values=values,
@@ -56,8 +61,6 @@ def _batch(configs, samplers, batch: int, g: torch.Generator):
 
 
 def collect_stats(configs, samplers, batch: int, batches: int, seed: int = 12345):
-    from torchrec_hybrid.stats import FrequencyStats
-
     st = FrequencyStats(configs)
     g = torch.Generator().manual_seed(seed)
     for _ in range(batches):
@@ -67,13 +70,6 @@ def collect_stats(configs, samplers, batch: int, batches: int, seed: int = 12345
 
 def make_plan(configs, stats, world: int, batch: int, bandwidth_gbps: float, kind: str = "planner"):
     """(planner or None, plan): the hybrid planner's plan, or every table ``kind`` (a control)."""
-    import torchrec
-    from torchrec.distributed.planner import ParameterConstraints
-
-    from torchrec_hybrid.planner.planner import HybridEmbeddingShardingPlanner
-    from torchrec_hybrid.planner.topology import gloo_topology
-    from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
-
     cons = None if kind == "planner" else {c.name: ParameterConstraints(sharding_types=[kind]) for c in configs}
     # priced on bytes: the hot sets are then the byte model's optimum, which h_check brute-forces
     planner = HybridEmbeddingShardingPlanner(topology=gloo_topology(world, bandwidth_gbps), batch_size=batch,
@@ -84,18 +80,14 @@ def make_plan(configs, stats, world: int, batch: int, bandwidth_gbps: float, kin
 
 
 def _fused() -> Dict[str, Any]:
-    from fbgemm_gpu.split_embedding_configs import EmbOptimType
-
     return {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.01}
 
 
 def estimated_bytes(planner, world: int) -> Dict[str, float]:
     """Cost-model bytes per rank per step of the planner's last plan, per table + overhead."""
-    from torchrec_hybrid.planner.plan_cost import option_mean_bytes, sharding_groups
-
     opts = planner.planned_options()
-    out = {so.name: float(option_mean_bytes(so, world) or 0.0) for so in opts}
-    out["_module_overhead"] = sum(cm.module_overhead_bytes(world, types) for types in sharding_groups(opts).values())
+    out = {so.name: float(cm.option_mean_bytes(so, world) or 0.0) for so in opts}
+    out["_module_overhead"] = sum(cm.module_overhead_bytes(world, types) for types in cm.sharding_groups(opts).values())
     return out
 
 
@@ -103,12 +95,6 @@ def _rank_main(rank: int, world: int, emit, plan, max_rows: int, dim: int, alpha
                warmup: int, steps: int) -> None:
     logging.disable(logging.CRITICAL)  # nothing may be written inside the measured window
     torch.set_num_threads(1)
-    import torchrec
-    from torchrec.distributed.model_parallel import DistributedModelParallel
-
-    from torchrec_hybrid.comm_bytes import count_sent_bytes
-    from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder
-
     configs = _tables(max_rows, dim)
     samplers = _samplers(configs, alpha)
     model = DistributedModelParallel(
@@ -151,11 +137,11 @@ def h_check(planner, configs, stats, alpha: float, world: int, batch: int) -> Li
         tr = cm.TableTraffic(rows=c.num_embeddings, dim=c.embedding_dim, features=1, pooling=1.0,
                              batch=batch, world=world)
         cov = cm.coverage_from_counts(stats.counts(c.name).to(torch.float64))
-        curve = cm.hybrid_cost_curve(tr, cov)  # bytes: unit bandwidths
+        curve = cm.HYBRID.mean_bytes(tr, cov, torch.arange(cov.numel(), dtype=torch.float64))
         h_brute = int(torch.argmin(curve))
         w = torch.arange(1, c.num_embeddings + 1, dtype=torch.float64).pow(-alpha)
         true_cov = torch.cat([torch.zeros(1, dtype=torch.float64), torch.cumsum(w / w.sum(), 0)])
-        true_curve = cm.hybrid_cost_curve(tr, true_cov)
+        true_curve = cm.HYBRID.mean_bytes(tr, true_cov, torch.arange(true_cov.numel(), dtype=torch.float64))
         h_true = int(torch.argmin(true_curve))
         rows.append({
             "table": c.name, "rows": c.num_embeddings, "planned_type": opts[c.name].sharding_type,
@@ -180,8 +166,6 @@ def _count(least: int):
 
 def _stock_types() -> List[str]:
     """The stock sharding types the sharder plans on CPU (what --controls takes)."""
-    from torchrec_hybrid import FREQUENCY_HYBRID, HybridEmbeddingBagCollectionSharder
-
     return [t for t in HybridEmbeddingBagCollectionSharder().sharding_types("cpu") if t != FREQUENCY_HYBRID]
 
 
@@ -217,7 +201,7 @@ def _plan_entry(a: argparse.Namespace, configs, stats, kind: str) -> Dict[str, A
     if kind == "planner":
         hc = h_check(planner, configs, stats, a.alpha, a.world, a.batch)
         entry["h_check"] = hc
-        entry["total_hot_rows"] = sum(r["h_chosen"] for r in hc if r["planned_type"] == cm.FREQUENCY_HYBRID)
+        entry["total_hot_rows"] = sum(r["h_chosen"] for r in hc if r["planned_type"] == FREQUENCY_HYBRID)
     logger.info("%s: %s  estimated %.3f MB  measured %.3f MB per rank per step (x%.3f)", kind, types,
                 estimated / 1e6, measured / 1e6, entry["ratio_measured_to_estimated"])
     return entry
@@ -227,7 +211,7 @@ def _log_h_check(hc: List[Dict[str, Any]]) -> None:
     same = sum(r["h_chosen"] == r["h_brute_force"] for r in hc)
     logger.info("H chosen == brute force of the cost model for %d/%d tables considered", same, len(hc))
     for r in hc:
-        if r["planned_type"] == cm.FREQUENCY_HYBRID:
+        if r["planned_type"] == FREQUENCY_HYBRID:
             logger.info("  %-10s rows %7d  H %5d (brute %5d, exact-Zipf optimum %5d: %.0f vs %.0f B)", r["table"],
                         r["rows"], r["h_chosen"], r["h_brute_force"], r["h_true_optimum"],
                         r["true_bytes_chosen"], r["true_bytes_optimum"])

@@ -5,7 +5,7 @@ import torch
 from torchrec.distributed.sharding_plan import column_wise, row_wise, table_wise
 from torchrec.distributed.types import EnumerableShardingSpec, ShardMetadata
 
-from torchrec_hybrid.sharding import row_blocks
+from torchrec_hybrid import row_blocks
 
 
 def _ps(generator, rows=40, cols=64, world=4):

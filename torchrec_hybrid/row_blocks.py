@@ -29,6 +29,10 @@ A row layout is written into the plan as a stock row-wise ``EnumerableShardingSp
 shard per rank, a column-wise one as stock column_wise's spec (one shard per slice), so
 state_dict, DCP and the fused optimizer see one logical table whatever the layout, and
 checkpoints load into every stock plan and back.
+
+No other module of the package is imported here: the sharding reads layouts from this module
+and the planner's cost model prices them (which owner is heavy, :func:`heavy_tables`), from
+the same rules.
 """
 
 from __future__ import annotations
@@ -42,6 +46,15 @@ ROW_WISE = "row_wise"
 TABLE_WISE = "table_wise"
 COLUMN_WISE = "column_wise"
 COLD_LAYOUTS = (ROW_WISE, TABLE_WISE, COLUMN_WISE)
+
+# A heavy table whose bags hold at least this many ids on average (the plan's pooling factor)
+# gets a TBE call of its own instead of virtual features (lookup.own_lane_pays): FBGEMM's CPU
+# backward takes its vectorised path (fbgemm's SpMDM + rowwise-AdaGrad kernels) only for
+# EXACT_ROWWISE_ADAGRAD on a table looked up by one feature, and a shared table's scalar path
+# cost the owner of the DLRMv2 multi-hot tables' heaviest bags ~2x its backward; a second call
+# and the concatenation of the two outputs cost more than that path with one id per bag
+# (docs/architecture.md §2, step 3).
+MULTI_HOT_POOLING = 2.0
 
 
 class ColumnSlice(NamedTuple):
@@ -108,6 +121,12 @@ def balanced_bounds(row_cost: torch.Tensor, world: int) -> List[int]:
         for r in range(1, world):
             bounds[r] = min(max(bounds[r], bounds[r - 1] + 1), rows - (world - r))
     return bounds
+
+
+def heavy_tables(world: int, local_rows: List[int], rows: List[int]) -> List[bool]:
+    """Which tables this owner holds most cold rows of (so gets about the global batch of
+    their bags): more than 1.5 times an even share."""
+    return [world > 1 and lr * world > 1.5 * max(r, 1) for lr, r in zip(local_rows, rows)]
 
 
 def check_bounds(name: str, bounds: Sequence[int], rows: int, world: int) -> List[int]:

@@ -3,7 +3,7 @@
 import pytest
 
 from torchrec_hybrid.planner import cost_model as cm
-from torchrec_hybrid.planner import validate as v
+from torchrec_hybrid import validate as v
 
 
 def test_h_check_and_estimate_on_small_workload():
