@@ -2,6 +2,7 @@
 
     .venv/bin/python -m examples.dlrm.results            # writes examples/dlrm/results/default_w2.json
     .venv/bin/python -m examples.dlrm.results --out /tmp/r.json --set train.steps=100
+    .venv/bin/python -m examples.dlrm.results --network 2gbit --config configs/dlrm_mlperf.yaml --out /tmp/m.json
 
 Runs ``train.py`` under torchrun (2 ranks, gloo on CPU) once per planner - ``hybrid`` (the
 config's prices: this device's), ``hybrid-network`` (the hybrid planner priced for a
@@ -28,7 +29,7 @@ import time
 from statistics import median
 from typing import Any, Dict, List, Optional, Tuple
 
-from benchmarks import malloc
+from benchmarks import malloc, shaped_loopback
 
 REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 DEFAULT_OUT = os.path.join(REPO, "examples", "dlrm", "results", "default_w2.json")
@@ -165,7 +166,21 @@ def main(argv: Optional[List[str]] = None) -> None:
                         "(benchmarks/malloc.py)")
     p.add_argument("--readme", action="store_true",
                    help="only re-render the README table from --out (no runs)")
-    args = p.parse_args(argv)
+    p.add_argument("--network", default=shaped_loopback.UNSHAPED, metavar="RATE",
+                   help="run the ranks on a loopback shaped to RATE (as tc spells it: 2gbit; benchmarks/"
+                        "shaped_loopback.py: bytes then cost time), or unshaped (default)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        rate = shaped_loopback.parse_rate("--network", args.network)
+    except ValueError as e:
+        p.error(str(e))
+    if rate != shaped_loopback.UNSHAPED and shaped_loopback.current_rate() is None:  # re-run in the namespace
+        try:
+            shaped_loopback.check_available("--network", rate)
+        except shaped_loopback.ShapingUnavailable as e:
+            p.exit(2, f"{e}\n")
+        raise SystemExit(shaped_loopback.run_module(rate, "examples.dlrm.results",
+                                                    sys.argv[1:] if argv is None else argv))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     if args.readme:
         with open(args.out) as f:
@@ -181,7 +196,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     runs = {p: sorted(rs, key=lambda r: r["result"]["samples_per_s"])[(len(rs) - 1) // 2] for p, rs in rounds.items()}
     out = {"config": args.config, "overrides": args.overrides, "nproc": args.nproc,
            "date": datetime.datetime.now().isoformat(timespec="seconds"), "commit": commit(),
-           "cpu_count": os.cpu_count(), "allocator": malloc.describe(args.malloc), "runs": runs, "repeats": speeds}
+           "cpu_count": os.cpu_count(), "allocator": malloc.describe(args.malloc), "network": rate,
+           "runs": runs, "repeats": speeds}
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
