@@ -521,19 +521,44 @@ std::vector<Tensor> receive_plan(const Tensor& sent_cells, int64_t F, const Tens
 // all-to-all's received units added in at their positions (units of `unit` elements of the pooled output).
 
 // dst[0:n] (+)= scale * src[0:n]: the pooling's inner loop (restrict: no aliasing, so the compiler vectorises)
+template <int64_t N>
+inline void axpy_fixed(float* __restrict__ dst, const float* __restrict__ src, float scale) {
+  for (int64_t d = 0; d < N; ++d) dst[d] += scale * src[d];
+}
+
 inline void axpy(float* __restrict__ dst, const float* __restrict__ src, int64_t n, float scale, bool first) {
   if (first) {
     for (int64_t d = 0; d < n; ++d) dst[d] = scale * src[d];
-  } else {
-    for (int64_t d = 0; d < n; ++d) dst[d] += scale * src[d];
+    return;
   }
+  switch (n) {
+    case 16: axpy_fixed<16>(dst, src, scale); return;
+    case 32: axpy_fixed<32>(dst, src, scale); return;
+    case 64: axpy_fixed<64>(dst, src, scale); return;
+    case 128: axpy_fixed<128>(dst, src, scale); return;
+    default:
+      for (int64_t d = 0; d < n; ++d) dst[d] += scale * src[d];
+  }
+}
+
+// the same for a width known at compile time: a fully unrolled, vectorised loop (64 and the other common widths)
+template <int64_t N>
+inline void add_fixed(float* __restrict__ dst, const float* __restrict__ src) {
+  for (int64_t d = 0; d < N; ++d) dst[d] += src[d];
 }
 
 inline void add(float* __restrict__ dst, const float* __restrict__ src, int64_t n, bool first) {
   if (first) {
     std::memcpy(dst, src, n * sizeof(float));
-  } else {
-    for (int64_t d = 0; d < n; ++d) dst[d] += src[d];
+    return;
+  }
+  switch (n) {
+    case 16: add_fixed<16>(dst, src); return;
+    case 32: add_fixed<32>(dst, src); return;
+    case 64: add_fixed<64>(dst, src); return;
+    case 128: add_fixed<128>(dst, src); return;
+    default:
+      for (int64_t d = 0; d < n; ++d) dst[d] += src[d];
   }
 }
 
