@@ -109,13 +109,12 @@ def test_cpu_defaults_are_the_committed_calibration():
     cpu = compute_costs.default_compute_costs("cpu")
     assert cpu is not None and cpu.source == "benchmarks/results/calibration.json"
     for f in dataclasses.fields(cm.ComputeCosts):
-        if f.name in ("source", "rms_rel"):  # rms_rel: left out of the default (compute_costs.py's docstring)
+        if f.name == "source":
             continue
         if getattr(fitted, f.name) is None:  # a term the committed fit predates (compute_costs.OPTIONAL_TERMS)
             assert getattr(cpu, f.name) is None, f.name
         else:  # the code keeps 4 significant digits
             assert getattr(cpu, f.name) == pytest.approx(getattr(fitted, f.name), rel=1e-3, abs=1e-9), f.name
-    assert cpu.rms_rel is None and fitted.rms_rel is not None
     assert compute_costs.default_compute_costs("cuda") is None
 
 
@@ -239,14 +238,9 @@ def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
     # narrower than the gap: the model tells them apart and the cheapest stays
     apart, _ = plan_for(cfg, st, compute_costs=dear, tie_ms=0.99 * gap)
     assert apart.chosen.cost["cost_ms"] == cheapest
-    # by default ("auto") prices that know their relative error band that share of the cheapest cost, prices
-    # without one get no band; "fit_error" takes the absolute error (rms_ms)
-    rel = 1.01 * gap / cheapest
-    default, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_rel=rel))
-    assert default.tie_ms == 0.0 and default.tie_rel == pytest.approx(rel)
-    assert default.chosen.rank_bytes == tied.chosen.rank_bytes
-    narrow, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_rel=0.99 * gap / cheapest))
-    assert narrow.chosen.cost["cost_ms"] == cheapest
+    # by default ("auto") no band, whatever the prices carry; "fit_error" takes the absolute error (rms_ms)
+    default, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_rel=1.01 * gap / cheapest))
+    assert default.tie_ms == 0.0 and default.tie_rel == 0.0 and default.chosen.cost["cost_ms"] == cheapest
     with_error = dataclasses.replace(dear, rms_ms=1.01 * gap)
     plain, _ = plan_for(cfg, st, compute_costs=with_error)  # an absolute error alone: no band by default
     assert plain.tie_ms == 0.0 and plain.tie_rel == 0.0 and plain.chosen.cost["cost_ms"] == cheapest
@@ -260,6 +254,31 @@ def test_plans_the_model_cannot_tell_apart_go_to_the_fewest_bytes():
         plan_for(cfg, st, compute_costs=dear, tie_ms=-1)
     with pytest.raises(ValueError, match=r"compute_costs.rms_ms \(from none\) must be a finite .* nan"):
         plan_for(cfg, st, compute_costs=dataclasses.replace(dear, rms_ms=float("nan")), tie_ms="fit_error")
+
+
+def test_a_plan_must_beat_torchrecs_by_more_than_the_fit_can_tell():
+    """stock_margin ("auto": the prices' relative error): another plan replaces TorchRec's only if it costs
+    less by more than that share of TorchRec's cost, so a near-tie the fit cannot resolve never runs a plan
+    slower than stock; prices without a relative error (bytes only, here) keep the cheapest."""
+    cfg, st = _skewed()
+    bytes_only = cm.ComputeCosts()
+    base, plan = plan_for(cfg, st, compute_costs=bytes_only)
+    assert plan["big"].sharding_type == FREQUENCY_HYBRID and base.stock_margin == 0.0
+    stock = next(c for c in base.candidates if c.name.startswith("stock"))
+    saving = 1 - base.chosen.cost["cost_ms"] / stock.cost["cost_ms"]
+    assert saving > 0.05  # it pays for itself (min_saving)
+    wide, plan = plan_for(cfg, st, compute_costs=dataclasses.replace(bytes_only, rms_rel=1.01 * saving))
+    assert wide.stock_margin == pytest.approx(1.01 * saving) and wide.chosen.name.startswith("stock")
+    assert plan["big"].sharding_type != FREQUENCY_HYBRID
+    narrow, plan = plan_for(cfg, st, compute_costs=dataclasses.replace(bytes_only, rms_rel=0.99 * saving))
+    assert narrow.chosen.rank_bytes == base.chosen.rank_bytes and plan["big"].sharding_type == FREQUENCY_HYBRID
+    given, _ = plan_for(cfg, st, compute_costs=dataclasses.replace(bytes_only, rms_rel=0.99 * saving),
+                        stock_margin=1.01 * saving)  # an explicit margin wins over the prices'
+    assert given.chosen.name.startswith("stock")
+    assert "TorchRec's plan wins unless another costs" in given.comparison_table()[0]
+    for bad in (-0.1, 1.0, float("nan"), "wide"):
+        with pytest.raises(ValueError, match="stock_margin must be 'auto' or a share"):
+            plan_for(cfg, st, compute_costs=bytes_only, stock_margin=bad)
 
 
 def test_a_calibration_carries_its_fit_error(tmp_path):

@@ -7,10 +7,9 @@ them (``docs/architecture.md``, "cost model"). The CPU defaults below are that f
 development machine (4 gloo ranks on 2 cores, the product benchmark's sizes and the sweep's
 smaller ones, ``benchmarks/results/calibration.json``; a test keeps them equal). No GPU fit
 exists yet: on CUDA the default prices are zero (bytes and collectives only, as before
-compute was priced) until a user passes their own fit. The CPU default leaves out the fit's
-relative error (``rms_rel``, 8.7%): as the planner's tie band it would hand near-ties to the
-plan with fewer bytes, which on these cores, where compute sets the step, is the slower one as
-often as not; the cheapest plan wins instead.
+compute was priced) until a user passes their own fit. The fit's relative error (``rms_rel``)
+is the planner's default ``stock_margin``: a plan must beat TorchRec's by more than it to
+replace it.
 """
 
 from __future__ import annotations
@@ -34,6 +33,7 @@ CPU_GLOO = ComputeCosts(
     collective_ms=0.4979,
     busiest_share=0.0,
     rms_ms=1.777,
+    rms_rel=0.08678,
     source="benchmarks/results/calibration.json",
 )
 

@@ -75,15 +75,17 @@ def constraints_with_measured_pooling(constraints: Optional[Dict[str, ParameterC
 
 
 def choose_plan(allowed: List["PlanCandidate"], stock: Optional["PlanCandidate"], tie_ms: float,
-                min_saving: float, tie_rel: float = 0.0) -> "PlanCandidate":
+                min_saving: float, tie_rel: float = 0.0, stock_margin: float = 0.0) -> "PlanCandidate":
     """Of the plans that pay for themselves (``stock``, or one saving ``min_saving`` of the
-    stock plan's cost or of its busiest-rank bytes), the fewest busiest-rank bytes among those
-    costed at most ``tie_ms + tie_rel * cheapest`` above the cheapest (cost breaks a tie in
-    bytes)."""
+    stock plan's cost or of its busiest-rank bytes, and, with a ``stock_margin``, costing less than
+    ``1 - stock_margin`` of the stock plan: beating it by more than the prices can tell), the fewest
+    busiest-rank bytes among those costed at most ``tie_ms + tie_rel * cheapest`` above the cheapest
+    (cost breaks a tie in bytes)."""
     keep = 1 - min_saving
     paying = [c for c in allowed if stock is None or c is stock
-              or c.cost["cost_ms"] <= keep * stock.cost["cost_ms"]
-              or c.cost["busiest_bytes"] <= keep * stock.cost["busiest_bytes"]]
+              or ((c.cost["cost_ms"] <= keep * stock.cost["cost_ms"]
+                   or c.cost["busiest_bytes"] <= keep * stock.cost["busiest_bytes"])
+                  and (stock_margin <= 0 or c.cost["cost_ms"] <= (1 - stock_margin) * stock.cost["cost_ms"]))]
     cheapest = min(c.cost["cost_ms"] for c in paying)
     tied = [c for c in paying if c.cost["cost_ms"] <= cheapest * (1 + tie_rel) + tie_ms]
     return min(tied, key=lambda c: (c.cost["busiest_bytes"], c.cost["cost_ms"]))
@@ -151,11 +153,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         tie_ms: plans whose costs lie within this many ms of the cheapest are a tie, broken
             by the fewest busiest-rank bytes; ``"fit_error"``: the prices' own RMS error per
             rank (``ComputeCosts.rms_ms``): plans the fit cannot tell apart go to the one whose
-            bytes are surely fewer; ``"auto"`` (default): that error as a share of the cost
-            (``ComputeCosts.rms_rel`` of the cheapest plan's cost: the fit's error grows with
-            the step) where the prices carry it (``benchmarks/calibrate.py`` writes it; the
-            CPU default leaves it out, compute_costs.py), else 0 (bytes and collectives are priced
-            exactly: the cheapest).
+            bytes are surely fewer; ``"auto"`` (default): no band (the cheapest wins).
+        stock_margin: the share of TorchRec's plan's cost another plan must save to replace it;
+            ``"auto"`` (default): the compute prices' relative error (``ComputeCosts.rms_rel``,
+            which ``benchmarks/calibrate.py`` writes) where they carry one - a plan the fit cannot
+            tell from TorchRec's loses to it, so a near-tie never costs a step slower than stock -,
+            else 0 (bytes and collectives are priced exactly).
         network: the bandwidths to plan for. None: the topology's as given. ``"measure"``:
             ``collective_plan`` measures its process group first (``network.measure_network``,
             about a second, every rank) and plans as if built with that measurement (``plan``
@@ -188,7 +191,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                  frequency_stats: Any = None, hot_budget_bytes: Optional[int] = None,
                  max_hot_rows: int = DEFAULT_MAX_HOT_ROWS, min_saving: float = 0.05,
                  collective_ms: Optional[float] = None, compare_plans: bool = True,
-                 compute_costs: Any = "default", tie_ms: Any = "auto", network: Any = None) -> None:
+                 compute_costs: Any = "default", tie_ms: Any = "auto", network: Any = None,
+                 stock_margin: Any = "auto") -> None:
         measure = isinstance(network, str) and network == "measure"
         if network is not None and not isinstance(network, NetworkMeasurement) and not measure:
             raise (ValueError if isinstance(network, str) else TypeError)(
@@ -200,7 +204,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
                            callbacks=callbacks, timeout_seconds=timeout_seconds, plan_loader=plan_loader,
                            frequency_stats=frequency_stats, hot_budget_bytes=hot_budget_bytes,
                            max_hot_rows=max_hot_rows, min_saving=min_saving, collective_ms=collective_ms,
-                           compare_plans=compare_plans, compute_costs=compute_costs, tie_ms=tie_ms)
+                           compare_plans=compare_plans, compute_costs=compute_costs, tie_ms=tie_ms,
+                           stock_margin=stock_margin)
         self._measure = measure
         self.network: Optional[NetworkMeasurement] = network if isinstance(network, NetworkMeasurement) else None
         if stats is not None and _is_frequency_stats(stats):
@@ -247,11 +252,15 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         what = "tie_ms"
         tie_rel = 0.0
         if tie_ms == "auto":
+            tie_ms = 0.0
+        if isinstance(stock_margin, str) and stock_margin == "auto":
             rel = compute_costs.rms_rel if compute_costs is not None else None
             if rel is not None and not finite_nonnegative(rel):
                 raise ValueError(f"compute_costs.rms_rel (from {compute_costs.source}) must be a finite share >= 0, "
                                  f"got {rel!r}")
-            tie_ms, tie_rel = 0.0, float(rel or 0.0)
+            stock_margin = float(rel or 0.0)  # an error of 100% or more: TorchRec's plan always wins
+        elif not finite_nonnegative(stock_margin) or stock_margin >= 1:
+            raise ValueError(f"stock_margin must be 'auto' or a share of a cost in [0, 1), got {stock_margin!r}")
         if tie_ms == "fit_error":  # the prices' own fit error
             if compute_costs is None or compute_costs.rms_ms is None:
                 raise ValueError("tie_ms='fit_error' needs compute prices that carry their fit's error (rms_ms, "
@@ -291,6 +300,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         self._min_saving = min_saving
         self._collective_ms = collective_ms
         self.tie_ms, self.tie_rel = float(tie_ms), tie_rel
+        self.stock_margin = float(stock_margin)
         self.compute_costs: Optional[cm.ComputeCosts] = compute_costs
         self._compare = compare_plans
         self.candidates: List[PlanCandidate] = []
@@ -392,7 +402,7 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             if c not in allowed:
                 self.left_out[c.name] = "more busiest-rank bytes than the stock plan"
         self._chosen = choose_plan(allowed, stock[0] if stock else None, self.tie_ms, self._min_saving,
-                                   self.tie_rel)
+                                   self.tie_rel, self.stock_margin)
         best = self._chosen
         self._log_stats(best.stats_call)
         if len(self.candidates) > 1:  # one candidate (compare_plans=False, e.g. the inner all-hybrid planner
@@ -545,6 +555,8 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
         band = self.tie_ms + self.tie_rel * cheapest
         ties = (f"ties within {band:.2f} ms go to the fewest bytes" if band > 0 else
                 "no tie band: the cheapest wins")
+        if self.stock_margin > 0:
+            ties += f"; TorchRec's plan wins unless another costs {self.stock_margin:.1%} less"
         lines = [f"plan candidates (busiest-rank / mean bytes per step, collectives, cost; {ties}):"]
         for c in self.candidates:
             types: Dict[str, int] = {}
