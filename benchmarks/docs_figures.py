@@ -156,6 +156,31 @@ def table_results_product_net() -> str:
     return _product_table("product_w4_net")
 
 
+
+def table_results_rate_per_rank() -> str:
+    """docs/results.md: per world size, workload and shaped rate, the rate each rank measured, how long
+    the stock planner's plan's busiest rank needs to send its bytes at that rate, its step there and
+    unshaped, and the hybrid planner's step against it: what the rate per rank means for a cluster."""
+    rows = ["| W | workload | rate, all ranks: set (measured) | measured per rank, Gbit/s "
+            "| TorchRec's plan: busiest-rank MB | its bytes at that rate, ms | its step ms (unshaped) "
+            "| hybrid planner's step vs TorchRec's |",
+            "|---:|---|---|---:|---:|---:|---:|---:|"]
+    results = load("product_w28")["results"] + load("product_w4_net")["results"]
+    unshaped = {(r["world"], r["workload"]): r["stock_planner"]["median_step_s"] for r in results
+                if not (r.get("network") or {}).get("rate_bits_per_s")}
+    shaped = [r for r in results if (r.get("network") or {}).get("rate_bits_per_s")]
+    for r in sorted(shaped, key=lambda r: (r["world"], list(WORKLOADS).index(r["workload"]),
+                                           r["network"]["rate_bits_per_s"])):
+        s, rate = r["stock_planner"], r["network"]["measured"]["per_rank_gbit_s"]
+        base = unshaped.get((r["world"], r["workload"]))
+        rows.append(f"| {r['world']} | {WORKLOADS[r['workload']]} | {network_text(r)} | {rate:.2f} "
+                    f"| {s['busiest_bytes'] / 1e6:.2f} | {s['busiest_bytes'] * 8 / (rate * 1e6):.0f} "
+                    f"| {s['median_step_s'] * 1e3:.0f} ({'-' if base is None else f'{base * 1e3:.0f}'}) "
+                    f"| {ci_text(r['ratios']['hybrid_planner']['paired_step_ci'])} |")
+    cmds = [command(load(name)["args"]) + f" --out out/{name}" for name in ("product_w28", "product_w4_net")]
+    return "\n".join(rows + ["", "```bash"] + cmds + ["```"])
+
+
 # ---------------------------------------------------------------- other results files
 
 
@@ -211,6 +236,7 @@ TABLES: Dict[str, Tuple[Callable[[], str], Tuple[str, ...]]] = {
     "readme_product": (table_readme_product, ("product_w4", "product_w4_net")),
     "results_product": (table_results_product, ("product_w4",)),
     "results_product_net": (table_results_product_net, ("product_w4_net",)),
+    "results_rate_per_rank": (table_results_rate_per_rank, ("product_w28", "product_w4_net")),
     "results_headline": (table_results_headline, ("headline",)),
     "results_projection": (table_results_projection, ("projected", "projected_multihot")),
     "results_drift": (table_results_drift, ("drift",)),

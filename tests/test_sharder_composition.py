@@ -1,6 +1,6 @@
 """Issue 16: our sharder beside ``get_default_sharders()``'s in one model (EBC, EmbeddingCollection,
 FeatureProcessedEmbeddingBagCollection), sharders that offer only frequency_hybrid, and the clear
-errors for what frequency_hybrid cannot take (README "Composition")."""
+errors for what frequency_hybrid cannot take (docs/usage.md, "Composition")."""
 
 import pytest
 import torch
@@ -44,7 +44,7 @@ class ThreeKinds(torch.nn.Module):
 
 
 def _sharders(hybrid=None):
-    """README "Composition": ours for the EBCs, TorchRec's defaults for every other module type."""
+    """docs/usage.md "Composition": ours for the EBCs, TorchRec's defaults for every other module type."""
     hybrid = hybrid or HybridEmbeddingBagCollectionSharder()
     return [hybrid] + [s for s in get_default_sharders() if type(s) is not EmbeddingBagCollectionSharder]
 
@@ -157,7 +157,7 @@ def _batches(rank: int):
 
 
 def _readme_composition(rank, world):
-    """Mirrors README "Composition": plan, shard and train ThreeKinds; beside it, the same model and
+    """Mirrors docs/usage.md "Composition": plan, shard and train ThreeKinds; beside it, the same model and
     plan with the hybrid table table_wise under TorchRec's own sharders, from the same weights: the
     outputs of 3 steps and the trained EBC weights must agree."""
     import copy
