@@ -5,14 +5,13 @@ lookups cross the network.
 """
 
 from torchrec_hybrid.types import FREQUENCY_HYBRID, HotSetError  # noqa: F401
-from torchrec_hybrid.sharded_ebc import (  # noqa: F401
-    HybridShardedEmbeddingBagCollection,
+from torchrec_hybrid.input_check import (  # noqa: F401
     InvalidIdError,
     InvalidInputError,
     InvalidWeightError,
     MalformedBatchError,
-    refresh_hot_sets,
 )
+from torchrec_hybrid.sharded_ebc import HybridShardedEmbeddingBagCollection, refresh_hot_sets  # noqa: F401
 from torchrec_hybrid.sharder import HybridEmbeddingBagCollectionSharder  # noqa: F401
 from torchrec_hybrid.sharding_plan import frequency_hybrid  # noqa: F401
 from torchrec_hybrid.planner import (  # noqa: F401
