@@ -35,7 +35,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid.stats.coverage import HotSetCoverage
-from torchrec_hybrid.stats.sketch import CountMinTopK, check_decay, sketch_shape, top_by_count
+from torchrec_hybrid.stats.sketch import CountMinTopK, check_decay, sketch_shape, table_seed, top_by_count
 
 logger = logging.getLogger(__name__)
 
@@ -155,7 +155,7 @@ class FrequencyStats:
             else:
                 sk = CountMinTopK(
                     cfg.num_embeddings, self.sketch_capacity, self.sketch_eps, self.sketch_delta,
-                    seed=self.seed + zlib.crc32(cfg.name.encode()), device=self.device,
+                    seed=table_seed(self.seed, cfg.name), device=self.device,
                 )
                 if sk.memory_bound_bytes() >= 8 * cfg.num_embeddings:
                     logger.warning("table %s: its sketch (%d B) is not smaller than exact "
@@ -860,8 +860,8 @@ def _counter_problems(state: Dict[str, Any], rows: Dict[str, int], dtype: torch.
         if name in rows:
             p += [f"sketch of table {name!r}: {m}" for m in
                   sketch_state_problems(sk, rows[name], state["sketch_capacity"],
-                                        state["seed"] + zlib.crc32(name.encode())
-                                        if _is_int(state["seed"]) else None, dtype)]
+                                        table_seed(state["seed"], name) if _is_int(state["seed"]) else None,
+                                        dtype)]
     return p
 
 
