@@ -8,7 +8,8 @@ and a drifting synthetic stream (`SyntheticCriteo(drift=...)`).
 """
 
 from torchrec_hybrid.stats.coverage import HotSetCoverage
-from torchrec_hybrid.stats.frequency import FrequencyStats, StatsFileError
+from torchrec_hybrid.stats.frequency import FrequencyStats
+from torchrec_hybrid.stats.persistence import StatsFileError
 from torchrec_hybrid.stats.selection import (
     HotSetRule,
     coverage_curve,

@@ -11,8 +11,8 @@ KeyedJaggedTensors:
 
 Statistics merge across workers (`merge_`, `merged`, `all_reduce_`) and persist to one
 versioned file (`save`, `load`), so they can be computed once, offline or on all ranks,
-and every rank derives the same hot set from them. This module counts, says what a
-state holds and writes the file; the state's schema checks are validation.py's.
+and every rank derives the same hot set from them. This module counts and says what a
+state holds; the file is persistence.py's, the state's schema checks validation.py's.
 
 For hot sets that follow drifting data, counts can decay (`decay_`, or the ``decay``
 option of `FrequencyStats`, applied by every `update`): old popularity fades exponentially,
@@ -35,6 +35,7 @@ from torchrec.modules.embedding_configs import EmbeddingBagConfig
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid.stats.coverage import HotSetCoverage
+from torchrec_hybrid.stats.persistence import read_stats_file, write_stats_file
 from torchrec_hybrid.stats.sketch import CountMinTopK, check_decay, table_seed, top_by_count
 from torchrec_hybrid.stats.validation import FORMAT_VERSION, check_state, check_tables_match, setting_problems
 
@@ -573,16 +574,7 @@ class FrequencyStats:
         Written to a temporary file beside `path` and renamed into place, so `path` is
         either the old file or the complete new one, never a partial write.
         """
-        state = self.state_dict()
-        state["checksum"] = state_checksum(state)
-        path = os.fspath(path)
-        tmp = f"{path}.tmp{os.getpid()}"
-        try:
-            torch.save(state, tmp)
-            os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                os.remove(tmp)
+        write_stats_file(self.state_dict(), path)
 
     @classmethod
     def load(
@@ -597,69 +589,4 @@ class FrequencyStats:
         naming the path for a file that is not a statistics file, is truncated or corrupt
         (checksum mismatch), or does not match the schema.
         """
-        path = os.fspath(path)
-        if not os.path.exists(path):
-            raise FileNotFoundError(f"statistics file {path!r} does not exist")
-        if os.path.isdir(path):
-            raise StatsFileError(f"statistics file {path!r} is a directory, not a file")
-        try:
-            state = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as e:  # pickle, zip, EOF errors...: all mean "not a readable file"
-            size = os.path.getsize(path)
-            detail = (str(e).strip().splitlines() or [""])[0]
-            if detail.startswith("Weights only load failed"):  # torch's advice does not apply here
-                detail = "unreadable pickle data"
-            detail = detail.split(". This is an internal miniz error")[0][:160]
-            raise StatsFileError(
-                f"{path!r} ({size} bytes) is not a frequency statistics file, or it is truncated or "
-                f"corrupt: torch.load failed with {type(e).__name__}" + (f": {detail}" if detail else "")
-            ) from e
-        if not isinstance(state, dict) or "format_version" not in state:
-            what = (f"a dict with keys {sorted(map(str, state))[:8]}" if isinstance(state, dict)
-                    else f"a {type(state).__name__}")
-            raise StatsFileError(f"{path!r} is not a frequency statistics file: it holds {what}, "
-                                 "without a 'format_version'")
-        if "checksum" in state:  # files from before checksums have none
-            stored = state.pop("checksum")
-            actual = state_checksum(state)
-            if stored != actual:
-                raise StatsFileError(f"{path!r} is corrupt: its content checksum is {actual}, "
-                                     f"the file records {stored!r}")
-        try:
-            return cls.from_state(state, tables=tables, device=device)
-        except ValueError as e:
-            raise StatsFileError(f"{path!r}: {e}") from e
-
-
-class StatsFileError(ValueError):
-    """A statistics file is not one, is damaged, or does not match its schema."""
-
-
-def state_checksum(state: Any) -> int:
-    """CRC32 of a state's content (dict keys in sorted order; tensors by dtype, shape, bytes)."""
-    crc = 0
-
-    def walk(x: Any) -> None:
-        nonlocal crc
-        if isinstance(x, dict):
-            crc = zlib.crc32(b"{", crc)
-            for k in sorted(x, key=str):
-                if k == "checksum":
-                    continue
-                crc = zlib.crc32(repr(k).encode(), crc)
-                walk(x[k])
-            crc = zlib.crc32(b"}", crc)
-        elif isinstance(x, (list, tuple)):
-            crc = zlib.crc32(b"[", crc)
-            for v in x:
-                walk(v)
-            crc = zlib.crc32(b"]", crc)
-        elif isinstance(x, torch.Tensor):
-            t = x.detach().cpu().contiguous()
-            crc = zlib.crc32(f"T{t.dtype}{tuple(t.shape)}".encode(), crc)
-            crc = zlib.crc32(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"", crc)
-        else:
-            crc = zlib.crc32(repr(x).encode(), crc)
-
-    walk(state)
-    return crc
+        return read_stats_file(path, lambda state: cls.from_state(state, tables=tables, device=device))
