@@ -7,7 +7,7 @@ import torch
 from stats_testutils import feature_values, one_feature_kjts, random_kjt, table, zipf_stream
 
 from torchrec_hybrid.stats import CountMinTopK, FrequencyStats, select_hot_ids
-from torchrec_hybrid.stats.frequency import state_checksum
+from torchrec_hybrid.stats.persistence import state_checksum
 
 TABLES = [table("small", 50, ["f_a", "f_b"]),  # two features share a table
           table("medium", 3000, ["f_c"]),

@@ -10,7 +10,7 @@ from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from torchrec_hybrid.spawn import spawn_ranks
 from torchrec_hybrid.stats import FrequencyStats
-from torchrec_hybrid.stats.frequency import state_checksum
+from torchrec_hybrid.stats.persistence import state_checksum
 
 WORLD = 2
 TABLES = [table("exact", 5000, ["f_e"]), table("sketched", 100_000, ["f_s"])]

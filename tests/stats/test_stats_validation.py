@@ -9,7 +9,7 @@ from stats_testutils import random_kjt, table
 
 from torchrec_hybrid.stats import FrequencyStats, StatsFileError, SyntheticCriteo, criteo_table_sizes
 from torchrec_hybrid.stats.cli import main
-from torchrec_hybrid.stats.frequency import state_checksum
+from torchrec_hybrid.stats.persistence import state_checksum
 
 # one exact table, one sketched (exact_max_rows below)
 TABLES = [table("small", 50, ["f_a", "f_b"]), table("large", 20_000, ["f_d"])]

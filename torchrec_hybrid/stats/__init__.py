@@ -8,7 +8,8 @@ and a drifting synthetic stream (`SyntheticCriteo(drift=...)`).
 """
 
 from torchrec_hybrid.stats.coverage import HotSetCoverage
-from torchrec_hybrid.stats.frequency import FORMAT_VERSION, FrequencyStats, StatsFileError
+from torchrec_hybrid.stats.frequency import FrequencyStats
+from torchrec_hybrid.stats.persistence import StatsFileError
 from torchrec_hybrid.stats.selection import (
     HotSetRule,
     coverage_curve,
@@ -18,6 +19,7 @@ from torchrec_hybrid.stats.selection import (
 )
 from torchrec_hybrid.stats.sketch import CountMinTopK
 from torchrec_hybrid.stats.synthetic import SyntheticCriteo, criteo_table_sizes, criteo_tables
+from torchrec_hybrid.stats.validation import FORMAT_VERSION
 
 __all__ = [
     "FORMAT_VERSION",

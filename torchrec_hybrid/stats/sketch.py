@@ -36,6 +36,7 @@ inside one update (a few ints per id of the batch) are not counted.
 from __future__ import annotations
 
 import math
+import zlib
 from typing import Any, Dict, List, Optional, Tuple
 
 import torch
@@ -52,6 +53,11 @@ def sketch_shape(eps: float, delta: float) -> Tuple[int, int]:
     width = 1 << max(1, math.ceil(math.log2(math.e / eps)))
     depth = max(1, math.ceil(math.log(1.0 / delta)))
     return depth, width
+
+
+def table_seed(seed: int, name: str) -> int:
+    """The hash seed of table ``name``'s sketch in statistics seeded ``seed`` (each table hashes apart)."""
+    return seed + zlib.crc32(name.encode())
 
 
 def top_by_count(ids: torch.Tensor, counts: torch.Tensor, k: Optional[int] = None):
