@@ -88,3 +88,11 @@ def test_no_import_inside_a_function_but_optional_dependencies():
                         found += [f"{m}.{fn.name} (line {node.lineno}): {n}" for n in names
                                   if n.split(".")[0] not in OPTIONAL]
     assert not found, "imports inside functions:\n" + "\n".join(found)
+
+
+def test_no_code_reads_its_callers_stack_frames():
+    """Behaviour follows from what TorchRec passes, never from who called (no ``inspect.currentframe``,
+    ``sys._getframe``, ``f_locals`` / ``f_back``)."""
+    found = [f"{name}:{node.lineno} {node.attr}" for name, tree in _modules().items() for node in ast.walk(tree)
+             if isinstance(node, ast.Attribute) and node.attr in {"currentframe", "_getframe", "f_locals", "f_back"}]
+    assert not found, found

@@ -93,23 +93,41 @@ def _build_hybrid(world, fused=None, qcomm=None, kinds=None, kernel=None):
 
 def _fp_hybrid(world):
     """A FeatureProcessedEmbeddingBagCollection (position weights) whose table a hand-written
-    plan makes frequency_hybrid, sharded by TorchRec's FPEBC sharder around ours."""
+    plan makes frequency_hybrid, sharded by TorchRec's FPEBC sharder around ours: built, then its
+    first step raises when the feature processors read the hybrid lookup input. ``("raised",
+    message)`` only if every weight (table and position weights) is unchanged after it."""
     from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
     from torchrec.distributed.model_parallel import DistributedModelParallel
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
     from torchrec.distributed.types import ShardingPlan
     from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
     from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
+    torch.manual_seed(0)
     ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
-        name="p0", embedding_dim=8, num_embeddings=40, feature_names=["fp0"])], is_weighted=True,
-        device=torch.device("meta"))
+        name="p0", embedding_dim=8, num_embeddings=40, feature_names=["fp0"])], is_weighted=True)
     fpebc = FeatureProcessedEmbeddingBagCollection(ebc, PositionWeightedModuleCollection({"fp0": 10}))
     sharder = FeatureProcessedEmbeddingBagCollectionSharder(
-        ebc_sharder=HybridEmbeddingBagCollectionSharder(hot_ids={"p0": torch.tensor([1, 2])}))
+        ebc_sharder=HybridEmbeddingBagCollectionSharder(hot_ids={"p0": torch.tensor([1, 2])},
+                                                        fused_params=dict(OPTIMIZERS["sgd"])))
     plan = construct_module_sharding_plan(fpebc, {"p0": frequency_hybrid()}, sharder=sharder, local_size=world,
                                           world_size=world, device_type="cpu")
-    DistributedModelParallel(fpebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}), sharders=[sharder])
+    model = DistributedModelParallel(fpebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}),
+                                     sharders=[sharder])
+
+    def weights():
+        return {k: full_weight(v) for k, v in model.state_dict().items()}
+
+    before = weights()
+    kjt = KeyedJaggedTensor.from_lengths_sync(["fp0"], torch.tensor([1, 2, 3, 2, 0, 1]), torch.tensor([3, 1, 4]))
+    try:
+        model(kjt).wait().values().sum().backward()
+    except AttributeError as e:
+        after = weights()
+        same = before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+        return ("raised", str(e)) if same else ("weights changed", str(e))
+    return ("built", "")
 
 
 def _ec_hybrid(world):
@@ -139,7 +157,7 @@ def _all_cases(rank, world):
         "counter_decay": refused(lambda: _build_hybrid(world, fused={**sgd, "weight_decay": 0.1,
                                                                       "weight_decay_mode": WeightDecayMode.COUNTER})),
         "uvm_kernel": refused(lambda: _build_hybrid(world, kernel="fused_uvm_caching")),
-        "feature_processor": refused(lambda: _fp_hybrid(world)),
+        "feature_processor": _fp_hybrid(world),
         "embedding_collection": refused(lambda: _ec_hybrid(world)),
         # accepted: codecs the hybrid honours, codecs that hybrid traffic does not take, or
         # modules without hybrid tables
@@ -199,7 +217,6 @@ def outcomes():
     ("gradient_clipping", ["table 't0'", "gradient_clipping"]),
     ("counter_decay", ["table 't0'", "weight_decay_mode=COUNTER"]),
     ("uvm_kernel", ["table 't0'", "fused_uvm_caching", "only 'fused'"]),
-    ("feature_processor", ["['p0']", "FeatureProcessedEmbeddingBagCollection", "feature processors"]),
     ("embedding_collection", ["frequency_hybrid"]),  # TorchRec's EC sharding: "Sharding not supported ..."
 ])
 def test_refused_at_shard_time(outcomes, case, words):
@@ -209,6 +226,15 @@ def test_refused_at_shard_time(outcomes, case, words):
         assert w in msg, (case, w, msg)
     if case not in ("embedding_collection",):
         assert "'t1'" not in msg and "'t3'" not in msg  # stock tables are not named
+
+
+def test_a_feature_processed_ebc_with_hybrid_tables_is_refused_at_its_first_step_weights_unchanged(outcomes):
+    """No stack inspection at shard time: the refusal comes when the feature processors read the
+    hybrid lookup input, on every rank (``outcomes`` checks the ranks agree), weights unchanged."""
+    verdict, msg = outcomes["feature_processor"]
+    assert verdict == "raised", (verdict, msg)
+    for w in ("['fp0']", "FeatureProcessedEmbeddingBagCollection", "feature processors", "stock sharding type"):
+        assert w in msg, (w, msg)
 
 
 @pytest.mark.parametrize("case", ["qcomm_fp16", "qcomm_reduce_scatter_only", "qcomm_stock_only"])

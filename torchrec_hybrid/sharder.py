@@ -1,13 +1,11 @@
 """The sharder users hand to ``DistributedModelParallel``: stock types + ``frequency_hybrid``."""
 
-import inspect
 import warnings
 from typing import Any, Dict, List, Optional
 
 import torch
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
-from torchrec.distributed.fp_embeddingbag import ShardedFeatureProcessedEmbeddingBagCollection
 from torchrec.distributed.types import ParameterSharding, QuantizedCommCodecs, ShardingEnv
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
@@ -46,9 +44,11 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
     Refused at shard time (``ValueError``, on every rank, before any collective), for
     frequency_hybrid tables only: quantized comms other than FP16 / BF16 / FP32 (INT8, FP8,
     MX4; ``sharding/output_dist.py``), fused options that would be ignored or
-    change the training (``sharded_ebc.check_hybrid_supported``), and an EBC inside a
-    ``FeatureProcessedEmbeddingBagCollection`` (its feature processors would not run on the
-    hybrid lookup input).
+    change the training (``sharded_ebc.check_hybrid_supported``). Within a
+    ``FeatureProcessedEmbeddingBagCollection`` (whose sharder offers stock types only) a hand-written
+    frequency_hybrid plan is refused at its first step, on every rank, when the feature processors read
+    the hybrid lookup input (``sharding/input_dist.HybridLookupInput``): nothing TorchRec passes to
+    ``shard`` tells an FPEBC's inner EBC from a plain one.
     """
 
     def __init__(self, hot_ids: Optional[HotIds] = None, fused_params: Optional[Dict[str, Any]] = None,
@@ -93,13 +93,6 @@ class HybridEmbeddingBagCollectionSharder(EmbeddingBagCollectionSharder):
               device: Optional[torch.device] = None, module_fqn: Optional[str] = None
               ) -> HybridShardedEmbeddingBagCollection:
         hybrid = sorted(n for n, ps in params.items() if ps.sharding_type == FREQUENCY_HYBRID)
-        if hybrid and _inside_feature_processed_ebc():
-            raise ValueError(
-                f"tables {hybrid} are planned {FREQUENCY_HYBRID} inside a FeatureProcessedEmbeddingBagCollection: "
-                f"{FREQUENCY_HYBRID} does not support feature processors (position weights) yet - they would "
-                "not run on its lookup input. Shard that module's tables with a stock type (the default "
-                "FeatureProcessedEmbeddingBagCollectionSharder), or shard its inner EmbeddingBagCollection "
-                "alone, with the feature processors left unsharded.")
         if hybrid:
             _warn_unmatched_hot_ids(self._hot_ids, module, params, hybrid)
         return HybridShardedEmbeddingBagCollection(
@@ -122,21 +115,3 @@ def _warn_unmatched_hot_ids(hot_ids: Dict[str, Any], module: EmbeddingBagCollect
         warnings.warn(f"{FREQUENCY_HYBRID} tables {bare} get no hot ids (all their rows cold), while the sharder's "
                       f"hot_ids name tables this module does not have: {elsewhere} (its tables: {sorted(tables)}); "
                       "a misspelt table name?", UserWarning, stacklevel=3)
-
-
-def _inside_feature_processed_ebc(depth: int = 8) -> bool:
-    """Whether this ``shard`` call comes from TorchRec's sharded FPEBC (its ``__init__`` shards
-    the inner EBC with the sharder it was given and later applies the feature processors to the
-    lookup input, which a hybrid sharding does not hand out as a KJT)."""
-    frame = inspect.currentframe()
-    try:
-        f = frame.f_back if frame is not None else None
-        for _ in range(depth):
-            if f is None:
-                return False
-            if isinstance(f.f_locals.get("self"), ShardedFeatureProcessedEmbeddingBagCollection):
-                return True
-            f = f.f_back
-        return False
-    finally:
-        del frame

@@ -72,6 +72,20 @@ class HybridLookupInput:
         of ``ID_REPORT_WORDS`` per rank in rank order, carried here by the cold ids' headers."""
         return self.sizes.reports
 
+    def __getattr__(self, name: str) -> None:
+        """Code that reads this input as a KeyedJaggedTensor (a ``FeatureProcessedEmbeddingBagCollection``
+        applying its feature processors to the sharded EBC's dist output) fails here, on every rank and
+        before any lookup, with what to do; an AttributeError, so ``hasattr`` still answers False."""
+        if name.startswith("__") or not hasattr(KeyedJaggedTensor, name):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        features = sorted({k for kjt in self.lane_kjts for k in kjt.keys()})
+        raise AttributeError(
+            f"frequency_hybrid features {features}: their lookup input is no KeyedJaggedTensor (no "
+            f"{name}()), so code that reads it as one cannot run on it - a FeatureProcessedEmbeddingBagCollection's "
+            "feature processors (position weights), most likely: frequency_hybrid does not support feature "
+            "processors. Give that module's tables a stock sharding type (the planner does, through "
+            "TorchRec's FeatureProcessedEmbeddingBagCollectionSharder).")
+
     # Hooks TorchRec's KJTList / pipelines call on their elements.
     def variable_stride_per_key(self) -> bool:
         return False
