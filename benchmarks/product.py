@@ -144,7 +144,8 @@ def run_one(name: str, world: int, rows_cap: int, stats_batches: int, warmup: in
     res: Dict[str, Any] = {"workload": name, "world": world, "batch": WORKLOADS[name]["batch"], "repeats": repeats,
                            "allocator": r0["allocator"], "chosen": r0["chosen"], "types": r0["types"],
                            "comparison": r0["comparison"], "network": network_record(rate, r0["network"], world),
-                           "threads": threads, "torch_threads": r0["torch_threads"]}
+                           "threads": threads, "torch_threads": r0["torch_threads"],
+                           "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY")}
     for m in MODELS:
         sent = [statistics.mean(run[r]["sent"][m] for run in runs) for r in range(world)]
         step = [t for run in runs for t in slowest_rank([o["times"][m] for o in run])]
