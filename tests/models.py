@@ -17,6 +17,8 @@ OPTIMIZERS = {
     "sgd": {"optimizer": EmbOptimType.EXACT_SGD, "learning_rate": 0.1},
     "adagrad": {"optimizer": EmbOptimType.EXACT_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8},
     "rowwise_adagrad": {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8},
+    "emainplace_rowwise_adagrad": {"optimizer": EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD, "learning_rate": 0.1,
+                                   "eps": 1e-8},
     # weight decay changes a row even on a zero gradient: only looked-up hot rows may update
     "rowwise_adagrad_wd": {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.1, "eps": 1e-8,
                            "weight_decay": 0.05, "weight_decay_mode": WeightDecayMode.L2},

@@ -147,7 +147,8 @@ def _check_hot_replicas(mh, configs, kinds, hot_t, weighted: bool, world: int, m
         assert all(torch.equal(gathered[0], g) for g in gathered), "hot replicas diverged"
 
 
-@pytest.mark.parametrize("world,opt", [(w, o) for w in (1, 2) for o in ("sgd", "adagrad", "rowwise_adagrad")]
+@pytest.mark.parametrize("world,opt", [(w, o) for w in (1, 2) for o in ("sgd", "adagrad", "rowwise_adagrad",
+                                                                     "emainplace_rowwise_adagrad")]
                          + [(4, "sgd"), (4, "rowwise_adagrad")])  # adagrad at 4 ranks: the layouts' tests
 def test_hybrid_trains_like_table_wise(world, opt):
     run_ranks(train_pair, world, opt=opt)

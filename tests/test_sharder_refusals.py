@@ -8,7 +8,7 @@ Supported cases train like stock row_wise (same init, same fused optimizer) for 
 import pytest
 import torch
 import torchrec
-from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_training import WeightDecayMode
 from torchrec.distributed.embeddingbag import EmbeddingBagCollectionSharder
 
@@ -154,6 +154,10 @@ def _all_cases(rank, world):
         "output_dtype": refused(lambda: _build_hybrid(world, fused={**sgd, "output_dtype": SparseType.FP16})),
         "gradient_clipping": refused(lambda: _build_hybrid(world, fused={**sgd, "gradient_clipping": True,
                                                                           "max_gradient": 0.01})),
+        "optimizer_adam": refused(lambda: _build_hybrid(world, fused={"optimizer": EmbOptimType.ADAM,
+                                                                      "learning_rate": 0.01})),
+        "optimizer_partial_rowwise_lamb": refused(lambda: _build_hybrid(world, fused={
+            "optimizer": EmbOptimType.PARTIAL_ROWWISE_LAMB, "learning_rate": 0.01})),
         "counter_decay": refused(lambda: _build_hybrid(world, fused={**sgd, "weight_decay": 0.1,
                                                                       "weight_decay_mode": WeightDecayMode.COUNTER})),
         "uvm_kernel": refused(lambda: _build_hybrid(world, kernel="fused_uvm_caching")),
@@ -216,6 +220,8 @@ def outcomes():
     ("output_dtype", ["table 't0'", "output_dtype", "FP32"]),
     ("gradient_clipping", ["table 't0'", "gradient_clipping"]),
     ("counter_decay", ["table 't0'", "weight_decay_mode=COUNTER"]),
+    ("optimizer_adam", ["table 't0'", "table 't2'", "optimizer=ADAM", "not verified", "EXACT_ROWWISE_ADAGRAD"]),
+    ("optimizer_partial_rowwise_lamb", ["table 't0'", "optimizer=PARTIAL_ROWWISE_LAMB"]),
     ("uvm_kernel", ["table 't0'", "fused_uvm_caching", "only 'fused'"]),
     ("embedding_collection", ["frequency_hybrid"]),  # TorchRec's EC sharding: "Sharding not supported ..."
 ])

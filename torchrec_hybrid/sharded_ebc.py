@@ -15,7 +15,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 import torch
 import torch.distributed as dist
-from fbgemm_gpu.split_embedding_configs import SparseType
+from fbgemm_gpu.split_embedding_configs import EmbOptimType, SparseType
 from fbgemm_gpu.split_table_batched_embeddings_ops_common import BoundsCheckMode
 from torchrec.distributed.embedding_sharding import EmbeddingShardingInfo
 from torchrec.distributed.embedding_types import EmbeddingComputeKernel
@@ -58,11 +58,21 @@ class HybridEmbeddingBagCollectionContext(EmbeddingBagCollectionContext):
 
 
 _UNVERIFIED_DECAY_MODES = ("COUNTER", "COWCLIP", "DECOUPLE_GLOBAL")
+# The fused optimizers a frequency_hybrid table trains with exactly like table_wise (outputs, weights
+# and optimizer state after several steps, tests/test_sharded_ebc_equivalence.py). Every other one is
+# refused: FBGEMM's CPU kernels run no other non-deprecated optimizer, so none could be verified here,
+# and on CUDA it would run unverified.
+VERIFIED_OPTIMIZERS = (EmbOptimType.EXACT_SGD, EmbOptimType.EXACT_ADAGRAD, EmbOptimType.EXACT_ROWWISE_ADAGRAD,
+                       EmbOptimType.EMAINPLACE_ROWWISE_ADAGRAD)
 
 
 def unsupported_fused_options(params: Mapping[str, Any]) -> List[str]:
     """Fused TBE options a frequency_hybrid table would ignore or apply differently, described."""
     out = []
+    opt = params.get("optimizer")
+    if opt is not None and opt not in VERIFIED_OPTIMIZERS:
+        out.append(f"optimizer={getattr(opt, 'name', opt)} (not verified to train like table_wise; verified: "
+                   f"{', '.join(o.name for o in VERIFIED_OPTIMIZERS)})")
     dtype = params.get("output_dtype")
     if dtype is not None and dtype not in (SparseType.FP32, torch.float32, DataType.FP32):
         out.append(f"output_dtype={dtype} (the hybrid output dist adds fp32 hot pooling to the partial sums; "

@@ -287,7 +287,7 @@ def test_a_candidate_that_finds_no_plan_is_left_out_of_the_comparison(caplog):
         {n: (ps.sharding_type, ps.ranks) for n, ps in alone.items()}
 
 
-@pytest.mark.parametrize("case", ["output_dtype_constraint", "gradient_clipping"])
+@pytest.mark.parametrize("case", ["output_dtype_constraint", "gradient_clipping", "unverified_optimizer"])
 def test_tables_whose_fused_options_hybrid_refuses_are_not_planned_hybrid(case):
     """The planner offers frequency_hybrid only where sharding accepts it: a table whose fused options
     (the sharder's, or per table from its constraints) the hybrid refuses gets a stock type - it planned
@@ -302,16 +302,20 @@ def test_tables_whose_fused_options_hybrid_refuses_are_not_planned_hybrid(case):
     fused = {"optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD, "learning_rate": 0.05}
     if case == "gradient_clipping":
         fused.update(gradient_clipping=True, max_gradient=1.0)
+    if case == "unverified_optimizer":  # FBGEMM's CUDA kernels run it; nothing verified it with frequency_hybrid
+        fused.update(optimizer=EmbOptimType.ADAM)
     table_kw = dict(output_dtype=DataType.FP16) if case == "output_dtype_constraint" else {}
     sharder = HybridEmbeddingBagCollectionSharder(fused_params=fused)
-    clean = HybridEmbeddingBagCollectionSharder(fused_params={**fused, "gradient_clipping": False})
+    clean = HybridEmbeddingBagCollectionSharder(fused_params={**fused, "gradient_clipping": False,
+                                                              "optimizer": EmbOptimType.EXACT_ROWWISE_ADAGRAD})
     _, hybrid_if_clean = plan_for(cfg, st, compute_costs=None, sharder=clean)
     assert {ps.sharding_type for ps in hybrid_if_clean.values()} == {FREQUENCY_HYBRID}  # the option alone decides
     _, plan = plan_for(cfg, st, compute_costs=None, sharder=sharder,
                        constraints={n: ParameterConstraints(**table_kw) for n in "ab"})
     assert FREQUENCY_HYBRID not in {ps.sharding_type for ps in plan.values()}
     check_hybrid_supported(cfg, plan, sharder.fused_params, None)  # what sharding runs: accepted
-    option = "output_dtype" if case == "output_dtype_constraint" else "gradient_clipping"
+    option = {"output_dtype_constraint": "output_dtype", "gradient_clipping": "gradient_clipping",
+              "unverified_optimizer": "optimizer=ADAM"}[case]
     refused = f"table 'a': {FREQUENCY_HYBRID} is not possible: its fused options .*{option}"
     with pytest.raises(ValueError, match=refused):
         plan_for(cfg, st, compute_costs=None, sharder=sharder,
