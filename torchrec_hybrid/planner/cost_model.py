@@ -211,6 +211,13 @@ def _work(world: int) -> torch.Tensor:
     return torch.zeros(world, len(WORK_TERMS), dtype=torch.float64)
 
 
+def _stock_work(t: TableTraffic, lookup: float, vector: float, ids: float) -> torch.Tensor:
+    """A stock type's work, every rank alike: lookup, vector_stock and ids_stock."""
+    out = _work(t.world)
+    out[:, _W["lookup"]], out[:, _W["vector_stock"]], out[:, _W["ids_stock"]] = lookup, vector, ids
+    return out
+
+
 # -- one model per sharding type ------------------------------------------------------------------
 
 class ShardingModel:
@@ -246,6 +253,9 @@ class StockModel(ShardingModel):
         """Bytes per rank per step, the mean over ranks (``shards``: column shards; ``gloo``: see ``RowWise``)."""
         return float(sum(self.parts(t, shards, gloo).values()))
 
+    def rank_cost(self, so, t, owner=None, gloo=True, scalar_virtual=False):
+        return _zeros(t.world) + self.mean_bytes(t, gloo=gloo), self.rank_work(t)
+
 
 class TableWise(StockModel):
     """Every row on one owner: each other rank sends it its ids (int64) and lengths and gets the pooled
@@ -271,9 +281,7 @@ class TableWise(StockModel):
         """The owner looks up every rank's ids and sends W pooled blocks; every rank permutes its ids
         and receives its block."""
         d, w = (t.dim if dim is None else dim), t.world
-        out = _work(w)
-        out[:, _W["vector_stock"]] = t.bags * d
-        out[:, _W["ids_stock"]] = t.lookups
+        out = _stock_work(t, 0.0, t.bags * d, t.lookups)
         out[owner, _W["lookup"]] += w * t.lookups * d
         out[owner, _W["vector_stock"]] += w * t.bags * d
         out[owner, _W["ids_stock"]] += w * t.lookups
@@ -321,14 +329,7 @@ class RowWise(StockModel):
 
     def rank_work(self, t: TableTraffic) -> torch.Tensor:
         """Each rank looks up its block's share of every rank's ids and reduce-scatters ``[W*B, D]``."""
-        out = _work(t.world)
-        out[:, _W["lookup"]] = t.lookups * t.dim
-        out[:, _W["vector_stock"]] = (t.world + 1) * t.bags * t.dim
-        out[:, _W["ids_stock"]] = 2 * t.lookups
-        return out
-
-    def rank_cost(self, so, t, owner=None, gloo=True, scalar_virtual=False):
-        return _zeros(t.world) + self.mean_bytes(t, gloo=gloo), self.rank_work(t)
+        return _stock_work(t, t.lookups * t.dim, (t.world + 1) * t.bags * t.dim, 2 * t.lookups)
 
 
 class DataParallel(StockModel):
@@ -341,14 +342,7 @@ class DataParallel(StockModel):
         return {"sync": 2 * (t.world - 1) / t.world * t.rows * t.dim * FP32}
 
     def rank_work(self, t: TableTraffic) -> torch.Tensor:
-        out = _work(t.world)
-        out[:, _W["lookup"]] = t.lookups * t.dim
-        out[:, _W["vector_stock"]] = t.rows * t.dim
-        out[:, _W["ids_stock"]] = t.lookups
-        return out
-
-    def rank_cost(self, so, t, owner=None, gloo=True, scalar_virtual=False):
-        return _zeros(t.world) + self.mean_bytes(t), self.rank_work(t)
+        return _stock_work(t, t.lookups * t.dim, t.rows * t.dim, t.lookups)
 
 
 @dataclass
@@ -446,6 +440,26 @@ def uniform_coverage(rows: int, max_rows: int) -> torch.Tensor:
     return torch.arange(min(rows, max_rows) + 1, dtype=torch.float64) / max(rows, 1)
 
 
+def _curves(coverage, hot_rows) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``coverage`` and ``hot_rows`` (numbers or curves) as float64 tensors, and the cold share."""
+    cov = torch.as_tensor(coverage, dtype=torch.float64)
+    return cov, torch.as_tensor(hot_rows, dtype=torch.float64), (1.0 - cov).clamp(min=0.0)
+
+
+def _hit(t: TableTraffic, cold, shares: torch.Tensor) -> torch.Tensor:
+    """P(a bag holds >= 1 cold id of an owner of each share of the cold lookups)."""
+    return 1.0 - torch.pow(1.0 - cold * shares.to(torch.float64), t.pooling)
+
+
+def _hit_sum(t: TableTraffic, cold: torch.Tensor, shares: torch.Tensor,
+             share_counts: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum over owners of :func:`_hit` (``cold`` a curve; ``share_counts``: owners per share), with
+    the shares and counts as float64."""
+    m = shares.to(torch.float64)
+    n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
+    return (_hit(t, cold.unsqueeze(-1), m) * n).sum(-1), m, n
+
+
 class FrequencyHybrid(ShardingModel):
     """frequency_hybrid: H hot rows replicated, the cold ones in row blocks (row-wise cold: one per
     rank; table-wise cold: one owner) or column slices each on one owner. With ``coverage`` (c = 1 -
@@ -472,9 +486,7 @@ class FrequencyHybrid(ShardingModel):
         """Bytes per rank by collective with even row blocks (``coverage`` and ``hot_rows`` may be
         tensors of one shape: a whole curve at once): {"lengths", "cold_ids", "partials", "hot_sync"}."""
         w = t.world
-        cov = torch.as_tensor(coverage, dtype=torch.float64)
-        h = torch.as_tensor(hot_rows, dtype=torch.float64)
-        cold = (1.0 - cov).clamp(min=0.0)
+        cov, h, cold = _curves(coverage, hot_rows)
         remote = (w - 1) / w
         # P(a bag has >= 1 cold id on a given owner) = 1 - (1 - c/W)^L, for each of W-1 remote owners
         bag_hit = 1.0 - torch.pow(1.0 - cold / w, t.pooling) if w > 1 else torch.zeros_like(cold)
@@ -501,23 +513,18 @@ class FrequencyHybrid(ShardingModel):
         sizing; ``coverage`` and ``hot_rows`` may be curves). ``shares``: each owner's share of the cold
         lookups, or with ``share_counts`` the distinct shares and how many owners have each."""
         w = t.world
-        cov = torch.as_tensor(coverage, dtype=torch.float64)
-        h = torch.as_tensor(hot_rows, dtype=torch.float64)
-        cold = (1.0 - cov).clamp(min=0.0).unsqueeze(-1)
-        m = shares.to(torch.float64)
-        n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
-        hit_sum = ((1.0 - torch.pow(1.0 - cold * m, t.pooling)) * n).sum(-1)  # sum over owners of P(hit)
+        _, h, cold = _curves(coverage, hot_rows)
+        hit_sum = _hit_sum(t, cold, shares, share_counts)[0]
         remote = (w - 1) / w
         per_rank_bags = remote * t.bags * hit_sum  # bags sent to remote owners, per rank
         both = t.comm.a2a_fwd + t.comm.a2a_bwd  # the output all-to-all, forward + backward
         return (per_rank_bags * (INT32 * ROOM_SLACK + 2 * t.dim * (both / 2))
-                + cold.squeeze(-1) * remote * t.lookups * INT32 * ROOM_SLACK
+                + cold * remote * t.lookups * INT32 * ROOM_SLACK
                 + 2 * remote * h * t.dim * (both / 2) + (w - 1) * t.features * 2 * INT32)
 
     def owner_hit(self, t: TableTraffic, coverage, shares: torch.Tensor) -> torch.Tensor:
         """P(a bag holds >= 1 cold id owned by rank j), ``[W]``."""
-        cold = max(0.0, 1.0 - float(coverage))
-        return 1.0 - torch.pow(1.0 - cold * shares.to(torch.float64), t.pooling)
+        return _hit(t, max(0.0, 1.0 - float(coverage)), shares)
 
     def rank_bytes(self, t: TableTraffic, coverage, shares: torch.Tensor, hot_per_owner: torch.Tensor
                    ) -> torch.Tensor:
@@ -566,12 +573,8 @@ class FrequencyHybrid(ShardingModel):
                   ) -> torch.Tensor:
         """The mean over ranks of :meth:`rank_work`, hot rows spread as the cold lookups (hot-set sizing;
         ``coverage`` and ``hot_rows`` may be curves): ``[..., len(WORK_TERMS)]``; ``virtual`` per share."""
-        cov = torch.as_tensor(coverage, dtype=torch.float64)
-        h = torch.as_tensor(hot_rows, dtype=torch.float64)
-        cold = (1.0 - cov).clamp(min=0.0)
-        m = shares.to(torch.float64)
-        n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
-        hit_sum = ((1.0 - torch.pow(1.0 - cold.unsqueeze(-1) * m, t.pooling)) * n).sum(-1)
+        cov, h, cold = _curves(coverage, hot_rows)
+        hit_sum, m, n = _hit_sum(t, cold, shares, share_counts)
         out = torch.zeros(cov.shape + (len(WORK_TERMS),), dtype=torch.float64)
         out[..., _W["lookup"]] = t.lookups * t.dim * (cov.clamp(max=1.0) + cold) + h * t.dim / t.world
         if virtual is not None:  # the owners' lookups (cold ids, hot rows) through virtual features, over the ranks
