@@ -119,16 +119,9 @@ class TableTraffic:
 # -- compute: what a rank does besides sending bytes -------------------------------------------
 #
 # A rank's step is priced as bytes / bandwidth + a linear function of its work (``ComputeCosts``,
-# fitted from measured steps by ``benchmarks/calibrate.py``); ``rank_work`` returns
-# ``[W, len(WORK_TERMS)]`` float64, forward + backward:
-# - lookup: embedding elements a TBE gathers (ids x dim; backward and the fused update scale with it);
-# - vector_stock / vector_hybrid: pooled-vector elements the sharding's own ops move (stock: the
-#   pooled all-to-all's buffers, data_parallel: the dense gradient; hybrid: partial sums packed,
-#   unpacked and added, hot rows copied W times, the replica assembled);
-# - ids_stock / ids_hybrid: ids handled outside the TBE (permutes, bucketize; hybrid: the hot/cold
-#   split and the owner's received cold ids);
-# - group_stock / group_hybrid: one per sharding group and step (its dispatched ops and host syncs;
-#   added per plan by :func:`plan_rank_cost`).
+# fitted by ``benchmarks/calibrate.py``); ``rank_work`` returns ``[W, len(WORK_TERMS)]`` float64,
+# forward + backward, the terms of docs/architecture.md §5 (``group_*``: one per sharding group and
+# step, added per plan by :func:`plan_rank_cost`).
 WORK_TERMS = ("lookup", "vector_stock", "vector_hybrid", "ids_stock", "ids_hybrid", "group_stock", "group_hybrid")
 _W = {name: i for i, name in enumerate(WORK_TERMS)}
 
@@ -463,22 +456,15 @@ def _hit_sum(t: TableTraffic, cold: torch.Tensor, shares: torch.Tensor,
 class FrequencyHybrid(ShardingModel):
     """frequency_hybrid: H hot rows replicated, the cold ones in row blocks (row-wise cold: one per
     rank; table-wise cold: one owner) or column slices each on one owner. With ``coverage`` (c = 1 -
-    coverage of the cold lookups) per step and rank:
+    coverage of the cold lookups) per step and rank: the cold ids and their bags' lengths to their
+    owners in rooms ``ROOM_SLACK`` times that (cold_all_to_all.py), one partial sum per bag with a
+    cold id on a remote owner forward and backward (``1 - (1 - c m_j)^L`` per owner j of share
+    ``m_j``), and each owner's hot rows to every rank and their gradients back (an upper bound:
+    with some optimizers only rows looked up travel). docs/architecture.md §5 derives the formulas.
 
-    - input dist (cold_all_to_all.py): to each other owner the lengths of the bags holding >= 1 cold
-      id it owns and those ids (int32), in rooms ``ROOM_SLACK`` times that (a room priced as freshly
-      sized; the whole room travels), and two int32 counts per feature in the header;
-    - output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of a
-      remote owner, forward and again backward (a bag's ids independent: ``1 - (1 - c m_j)^L`` per
-      owner j of share ``m_j`` of the cold lookups);
-    - hot sync, in the same all-to-alls: each owner sends its hot rows to every other rank, and gets
-      their gradients back (with an optimizer that changes rows on a zero gradient only rows some rank
-      looked up travel: this is the upper bound).
-
-    Its group issues the cold ids' all-to-all (header and payload in one after the first step, a second
-    on the rare step whose runs outgrow their rooms) and the output all-to-all both ways: 3. Options
-    carry their ``hybrid_choice`` (coverage, H, the :class:`TableProfile`) on which they are priced.
-    """
+    Its group issues the cold ids' all-to-all (a second on the rare step that spills) and the output
+    all-to-all both ways: 3. Options carry their ``hybrid_choice`` (coverage, H, the
+    :class:`TableProfile`) on which they are priced."""
 
     collectives = 3
 
