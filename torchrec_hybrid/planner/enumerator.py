@@ -226,22 +226,19 @@ class HybridEnumerator(EmbeddingEnumerator):
                 continue
             if not self._allowed(name, FREQUENCY_HYBRID):
                 continue
+            why = None
             if not self._hybrid_kernels(name, sharder):
-                c = self._all_constraints[name]
-                why_not[name] = (f"its constraints allow compute kernels {list(c.compute_kernels or [])}, but "
-                                 f"{FREQUENCY_HYBRID} runs on {self._sharder_kernels(sharder)}")
-                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
-                continue
-            codecs = _unsupported_codecs(sharder)
-            if codecs:
-                why_not[name] = (f"its sharder has quantized comms {FREQUENCY_HYBRID} cannot honour "
-                                 f"({', '.join(codecs)}; only FP16 / BF16 / FP32 codecs)")
-                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
-                continue
-            refused = _unsupported_table_options(opts[0], sharder)
-            if refused:
-                why_not[name] = f"its fused options are not supported by {FREQUENCY_HYBRID}: {'; '.join(refused)}"
-                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
+                kernels = list(self._all_constraints[name].compute_kernels or [])
+                why = f"its constraints allow compute kernels {kernels}, but {FREQUENCY_HYBRID} runs on " \
+                      f"{self._sharder_kernels(sharder)}"
+            elif codecs := _unsupported_codecs(sharder):
+                why = (f"its sharder has quantized comms {FREQUENCY_HYBRID} cannot honour "
+                       f"({', '.join(codecs)}; only FP16 / BF16 / FP32 codecs)")
+            elif refused := _unsupported_table_options(opts[0], sharder):
+                why = f"its fused options are not supported by {FREQUENCY_HYBRID}: {'; '.join(refused)}"
+            if why is not None:
+                why_not[name] = why
+                logger.info("table %s: frequency_hybrid not offered: %s", name, why)
                 continue
             profile, n_fixed = self._profile(opts[0], sharder)
             candidates[name] = (opts[0], profile)
