@@ -1,20 +1,12 @@
 """The sharded module's per-step input check: a bad batch fails on every rank at once.
 
-It looks at each rank's batch before any collective: its structure (keys and their order
-against the first batch, which fixes the stock feature permutation; lengths, values and
-weights sizes; weights present exactly when the module is weighted; a variable batch per
-feature with hybrid tables is first expanded to one batch by its inverse indices,
-``sharding/variable_batch.py``), every bag length for a negative one, every id against its
-table size, and (``validate_weights``) every per-sample weight for NaN / inf, on the device
-without a host sync (``sharding/fused.py``'s ``check_ids`` on the CPU). A rank never raises on
-its own: it records its first problem in its report (three int64 words,
-:func:`input_dist.id_report_words`) and goes on with a harmless batch (empty when malformed; bad
-ids clamped into range, bad weights replaced by 0), so the step's collectives complete; the
-reports ride the header of the hybrid cold ids' all-to-all (in a module without hybrid tables
-whose check is asked for, one small all-to-all of their own) and every rank raises the same
-:class:`InvalidInputError` before any lookup or update, naming the rank, the feature and the
-problem (:meth:`InputCheck.finish`).
-"""
+Each rank checks its batch before any collective (structure against the first batch, bag
+lengths, ids against table sizes, optionally weights for NaN / inf; on the device without a
+host sync) and never raises on its own: it records its first problem in its report and goes
+on with a harmless batch, so the step's collectives complete. The reports ride the hybrid
+cold ids' header (else one small all-to-all of their own) and every rank raises the same
+:class:`InvalidInputError` before any lookup or update (:meth:`InputCheck.finish`).
+docs/architecture.md §2 (step 1) has the details."""
 
 import logging
 import struct

@@ -1,39 +1,14 @@
 """Cold-row layouts: which rank owns which rows of a frequency_hybrid table.
 
 Every layout is a list of contiguous row blocks, one per rank in rank order, given by its
-bounds ``[b_0 = 0, b_1, ..., b_W = rows]`` (rank r owns rows ``b_r .. b_{r+1}-1``; a block
-may be empty). The one encoding covers every cold layout we offer:
-
-- ``row_wise``: stock even blocks of ``ceil(rows / W)`` rows (:func:`even_bounds`; where
-  those would leave a rank none, e.g. 6 rows on 4 ranks, blocks of ``rows // W`` or one more);
-- ``row_wise`` balanced: uneven blocks of equal lookup cost, chosen from the statistics
-  (:func:`balanced_bounds`), so frequency-sorted vocabularies do not pile the hottest cold
-  rows onto the first owner;
-- ``table_wise``: one block holding every row on one rank (:func:`single_owner_bounds`): a
-  multi-hot bag then returns one partial sum, not one per owner it touches.
-
-No block is empty when the table has at least W rows: FBGEMM's CPU TBE fails on a table of
-zero rows (EXACT_ROWWISE_ADAGRAD when it is the last table of a TBE, any optimizer when every
-table is), so the table-wise layout leaves one row on each other rank (rows ``0..k-1`` and
-the last ``W-1-k``: with frequency-sorted ids the first are hot, the last nearly never seen).
-A table with fewer rows than ranks is table-wise cold as one shard of the whole table, as
-stock table_wise writes it: a column slice of full width (below), no TBE table elsewhere.
-
-- ``column_wise``: the table cut in column slices (:class:`ColumnSlice`), every row of slice
-  s on its owner k_s and none elsewhere, for tables too big or too hot for one rank; a bag's
-  cold ids return one partial per slice, each ``1/k`` of the width. Its other ranks hold no
-  TBE table of the slice at all (they only replicate its hot rows), so the empty blocks do
-  not meet FBGEMM's limit below.
-
-A row layout is written into the plan as a stock row-wise ``EnumerableShardingSpec`` with one
-shard per rank, a column-wise one as stock column_wise's spec (one shard per slice), so
-state_dict, DCP and the fused optimizer see one logical table whatever the layout, and
-checkpoints load into every stock plan and back.
+bounds ``[b_0 = 0, b_1, ..., b_W = rows]`` (rank r owns rows ``b_r .. b_{r+1}-1``): even
+(:func:`even_bounds`), balanced by lookup cost (:func:`balanced_bounds`) or one owner
+(:func:`single_owner_bounds`); column-wise cold tables are cut in slices (:class:`ColumnSlice`).
+No block is empty when the table has at least W rows (FBGEMM's CPU TBE fails on a table of
+zero rows). docs/architecture.md §3 describes the layouts and when each is used.
 
 No other module of the package is imported here: the sharding reads layouts from this module
-and the planner's cost model prices them (which owner is heavy, :func:`heavy_tables`), from
-the same rules.
-"""
+and the planner's cost model prices them (:func:`heavy_tables`), from the same rules."""
 
 from __future__ import annotations
 

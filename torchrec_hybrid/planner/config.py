@@ -1,27 +1,8 @@
 """``load_planner_config``: a YAML file -> keyword arguments of ``HybridEmbeddingShardingPlanner``.
 
-Schema (see configs/planner.yaml for a documented example)::
-
-    topology:                      # required
-      world_size: 4                # required, > 0
-      compute_device: cpu          # cpu | cuda | mtia
-      local_world_size: 4          # default: world_size
-      hbm_gb: 32                   # per rank memory (GiB); defaults: TorchRec's
-      ddr_gb: 128
-      comms: uniform               # uniform (gloo: one bandwidth for all) | torchrec | measure
-      bandwidth_gbps: 1.0          # uniform: GiB/s of every collective
-      intra_host_bw_gbps: 600      # torchrec: NVLink-like all-to-all inside a host
-      inter_host_bw_gbps: 12.5     # torchrec: per-NIC bandwidth (all-reduce, cross host)
-                                   # measure: collective_plan measures its group (network="measure")
-    batch_size: 1024               # local batch per rank
-    statistics: stats.pt           # FrequencyStats file (relative to this YAML), optional
-    hot_set:                       # optional; a null value keeps the planner's default
-      budget_mb: 256               # per-rank memory for all hot replicas
-      max_rows: 1048576            # cap on hot rows per table
-      min_saving: 0.05             # saving needed to go hybrid (a table: cost; a plan: cost or bytes)
-      tie_ms: auto                 # plans within this of the cheapest: fewest bytes wins (fit_error; auto: see planner)
-    tables:                        # optional per-table ParameterConstraints
-      t_cat_0: {sharding_types: [frequency_hybrid]}
+Sections: ``topology`` (required), ``batch_size``, ``statistics`` (a FrequencyStats file,
+relative to the YAML), ``hot_set`` and ``tables`` (per-table ParameterConstraints);
+configs/planner.yaml is the documented example of every key.
 
 Every problem raises :class:`PlannerConfigError` naming the offending key (a key that does not
 apply, e.g. ``hbm_gb`` on cpu or ``bandwidth_gbps`` with ``comms: torchrec``, included); table
@@ -29,8 +10,7 @@ names are checked against the model when it is planned (a name that is no table 
 
 The ``hot_set`` and ``tables`` sections are shared with the DLRM example's config
 (``sharding.hot_set`` / ``sharding.tables`` in configs/dlrm.yaml): :func:`parse_hot_set` and
-:func:`parse_table_constraints` read them for both, so the same knob has the same name.
-"""
+:func:`parse_table_constraints` read them for both, so the same knob has the same name."""
 
 from __future__ import annotations
 
@@ -55,10 +35,8 @@ _TOP_KEYS = {"topology", "batch_size", "statistics", "hot_set", "tables"}
 _TOPOLOGY_KEYS = {"world_size", "compute_device", "local_world_size", "hbm_gb", "ddr_gb", "comms",
                   "bandwidth_gbps", "intra_host_bw_gbps", "inter_host_bw_gbps"}
 HOT_SET_KEYS = frozenset({"budget_mb", "max_rows", "min_saving", "compute_costs", "tie_ms"})
-_HOT_KEYS = HOT_SET_KEYS
 TABLE_KEYS = frozenset({"sharding_types", "compute_kernels", "pooling_factors", "num_poolings", "batch_sizes",
                "min_partition"})
-_TABLE_KEYS = TABLE_KEYS
 
 
 class PlannerConfigError(ValueError):
@@ -177,7 +155,7 @@ def _constraints(sec: Dict[str, Any], prefix: str = "tables") -> Dict[str, Param
     for name, spec in sec.items():
         where = f"{prefix}.{name}"
         spec = _mapping(spec, where)
-        _check_keys(spec, _TABLE_KEYS, where)
+        _check_keys(spec, TABLE_KEYS, where)
         kw: Dict[str, Any] = {}
         for key, known in (("sharding_types", KNOWN_SHARDING_TYPES), ("compute_kernels", KNOWN_COMPUTE_KERNELS)):
             if key in spec:

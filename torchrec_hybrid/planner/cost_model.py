@@ -119,16 +119,9 @@ class TableTraffic:
 # -- compute: what a rank does besides sending bytes -------------------------------------------
 #
 # A rank's step is priced as bytes / bandwidth + a linear function of its work (``ComputeCosts``,
-# fitted from measured steps by ``benchmarks/calibrate.py``); ``rank_work`` returns
-# ``[W, len(WORK_TERMS)]`` float64, forward + backward:
-# - lookup: embedding elements a TBE gathers (ids x dim; backward and the fused update scale with it);
-# - vector_stock / vector_hybrid: pooled-vector elements the sharding's own ops move (stock: the
-#   pooled all-to-all's buffers, data_parallel: the dense gradient; hybrid: partial sums packed,
-#   unpacked and added, hot rows copied W times, the replica assembled);
-# - ids_stock / ids_hybrid: ids handled outside the TBE (permutes, bucketize; hybrid: the hot/cold
-#   split and the owner's received cold ids);
-# - group_stock / group_hybrid: one per sharding group and step (its dispatched ops and host syncs;
-#   added per plan by :func:`plan_rank_cost`).
+# fitted by ``benchmarks/calibrate.py``); ``rank_work`` returns ``[W, len(WORK_TERMS)]`` float64,
+# forward + backward, the terms of docs/architecture.md §5 (``group_*``: one per sharding group and
+# step, added per plan by :func:`plan_rank_cost`).
 WORK_TERMS = ("lookup", "vector_stock", "vector_hybrid", "ids_stock", "ids_hybrid", "group_stock", "group_hybrid")
 _W = {name: i for i, name in enumerate(WORK_TERMS)}
 
@@ -211,6 +204,13 @@ def _work(world: int) -> torch.Tensor:
     return torch.zeros(world, len(WORK_TERMS), dtype=torch.float64)
 
 
+def _stock_work(t: TableTraffic, lookup: float, vector: float, ids: float) -> torch.Tensor:
+    """A stock type's work, every rank alike: lookup, vector_stock and ids_stock."""
+    out = _work(t.world)
+    out[:, _W["lookup"]], out[:, _W["vector_stock"]], out[:, _W["ids_stock"]] = lookup, vector, ids
+    return out
+
+
 # -- one model per sharding type ------------------------------------------------------------------
 
 class ShardingModel:
@@ -246,6 +246,9 @@ class StockModel(ShardingModel):
         """Bytes per rank per step, the mean over ranks (``shards``: column shards; ``gloo``: see ``RowWise``)."""
         return float(sum(self.parts(t, shards, gloo).values()))
 
+    def rank_cost(self, so, t, owner=None, gloo=True, scalar_virtual=False):
+        return _zeros(t.world) + self.mean_bytes(t, gloo=gloo), self.rank_work(t)
+
 
 class TableWise(StockModel):
     """Every row on one owner: each other rank sends it its ids (int64) and lengths and gets the pooled
@@ -271,9 +274,7 @@ class TableWise(StockModel):
         """The owner looks up every rank's ids and sends W pooled blocks; every rank permutes its ids
         and receives its block."""
         d, w = (t.dim if dim is None else dim), t.world
-        out = _work(w)
-        out[:, _W["vector_stock"]] = t.bags * d
-        out[:, _W["ids_stock"]] = t.lookups
+        out = _stock_work(t, 0.0, t.bags * d, t.lookups)
         out[owner, _W["lookup"]] += w * t.lookups * d
         out[owner, _W["vector_stock"]] += w * t.bags * d
         out[owner, _W["ids_stock"]] += w * t.lookups
@@ -321,14 +322,7 @@ class RowWise(StockModel):
 
     def rank_work(self, t: TableTraffic) -> torch.Tensor:
         """Each rank looks up its block's share of every rank's ids and reduce-scatters ``[W*B, D]``."""
-        out = _work(t.world)
-        out[:, _W["lookup"]] = t.lookups * t.dim
-        out[:, _W["vector_stock"]] = (t.world + 1) * t.bags * t.dim
-        out[:, _W["ids_stock"]] = 2 * t.lookups
-        return out
-
-    def rank_cost(self, so, t, owner=None, gloo=True, scalar_virtual=False):
-        return _zeros(t.world) + self.mean_bytes(t, gloo=gloo), self.rank_work(t)
+        return _stock_work(t, t.lookups * t.dim, (t.world + 1) * t.bags * t.dim, 2 * t.lookups)
 
 
 class DataParallel(StockModel):
@@ -341,14 +335,7 @@ class DataParallel(StockModel):
         return {"sync": 2 * (t.world - 1) / t.world * t.rows * t.dim * FP32}
 
     def rank_work(self, t: TableTraffic) -> torch.Tensor:
-        out = _work(t.world)
-        out[:, _W["lookup"]] = t.lookups * t.dim
-        out[:, _W["vector_stock"]] = t.rows * t.dim
-        out[:, _W["ids_stock"]] = t.lookups
-        return out
-
-    def rank_cost(self, so, t, owner=None, gloo=True, scalar_virtual=False):
-        return _zeros(t.world) + self.mean_bytes(t), self.rank_work(t)
+        return _stock_work(t, t.lookups * t.dim, t.rows * t.dim, t.lookups)
 
 
 @dataclass
@@ -446,25 +433,38 @@ def uniform_coverage(rows: int, max_rows: int) -> torch.Tensor:
     return torch.arange(min(rows, max_rows) + 1, dtype=torch.float64) / max(rows, 1)
 
 
+def _curves(coverage, hot_rows) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``coverage`` and ``hot_rows`` (numbers or curves) as float64 tensors, and the cold share."""
+    cov = torch.as_tensor(coverage, dtype=torch.float64)
+    return cov, torch.as_tensor(hot_rows, dtype=torch.float64), (1.0 - cov).clamp(min=0.0)
+
+
+def _hit(t: TableTraffic, cold, shares: torch.Tensor) -> torch.Tensor:
+    """P(a bag holds >= 1 cold id of an owner of each share of the cold lookups)."""
+    return 1.0 - torch.pow(1.0 - cold * shares.to(torch.float64), t.pooling)
+
+
+def _hit_sum(t: TableTraffic, cold: torch.Tensor, shares: torch.Tensor,
+             share_counts: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sum over owners of :func:`_hit` (``cold`` a curve; ``share_counts``: owners per share), with
+    the shares and counts as float64."""
+    m = shares.to(torch.float64)
+    n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
+    return (_hit(t, cold.unsqueeze(-1), m) * n).sum(-1), m, n
+
+
 class FrequencyHybrid(ShardingModel):
     """frequency_hybrid: H hot rows replicated, the cold ones in row blocks (row-wise cold: one per
     rank; table-wise cold: one owner) or column slices each on one owner. With ``coverage`` (c = 1 -
-    coverage of the cold lookups) per step and rank:
+    coverage of the cold lookups) per step and rank: the cold ids and their bags' lengths to their
+    owners in rooms ``ROOM_SLACK`` times that (cold_all_to_all.py), one partial sum per bag with a
+    cold id on a remote owner forward and backward (``1 - (1 - c m_j)^L`` per owner j of share
+    ``m_j``), and each owner's hot rows to every rank and their gradients back (an upper bound:
+    with some optimizers only rows looked up travel). docs/architecture.md §5 derives the formulas.
 
-    - input dist (cold_all_to_all.py): to each other owner the lengths of the bags holding >= 1 cold
-      id it owns and those ids (int32), in rooms ``ROOM_SLACK`` times that (a room priced as freshly
-      sized; the whole room travels), and two int32 counts per feature in the header;
-    - output dist: one D-float partial per (owner, feature, sample) bag holding >= 1 cold id of a
-      remote owner, forward and again backward (a bag's ids independent: ``1 - (1 - c m_j)^L`` per
-      owner j of share ``m_j`` of the cold lookups);
-    - hot sync, in the same all-to-alls: each owner sends its hot rows to every other rank, and gets
-      their gradients back (with an optimizer that changes rows on a zero gradient only rows some rank
-      looked up travel: this is the upper bound).
-
-    Its group issues the cold ids' all-to-all (header and payload in one after the first step, a second
-    on the rare step whose runs outgrow their rooms) and the output all-to-all both ways: 3. Options
-    carry their ``hybrid_choice`` (coverage, H, the :class:`TableProfile`) on which they are priced.
-    """
+    Its group issues the cold ids' all-to-all (a second on the rare step that spills) and the output
+    all-to-all both ways: 3. Options carry their ``hybrid_choice`` (coverage, H, the
+    :class:`TableProfile`) on which they are priced."""
 
     collectives = 3
 
@@ -472,9 +472,7 @@ class FrequencyHybrid(ShardingModel):
         """Bytes per rank by collective with even row blocks (``coverage`` and ``hot_rows`` may be
         tensors of one shape: a whole curve at once): {"lengths", "cold_ids", "partials", "hot_sync"}."""
         w = t.world
-        cov = torch.as_tensor(coverage, dtype=torch.float64)
-        h = torch.as_tensor(hot_rows, dtype=torch.float64)
-        cold = (1.0 - cov).clamp(min=0.0)
+        cov, h, cold = _curves(coverage, hot_rows)
         remote = (w - 1) / w
         # P(a bag has >= 1 cold id on a given owner) = 1 - (1 - c/W)^L, for each of W-1 remote owners
         bag_hit = 1.0 - torch.pow(1.0 - cold / w, t.pooling) if w > 1 else torch.zeros_like(cold)
@@ -501,23 +499,18 @@ class FrequencyHybrid(ShardingModel):
         sizing; ``coverage`` and ``hot_rows`` may be curves). ``shares``: each owner's share of the cold
         lookups, or with ``share_counts`` the distinct shares and how many owners have each."""
         w = t.world
-        cov = torch.as_tensor(coverage, dtype=torch.float64)
-        h = torch.as_tensor(hot_rows, dtype=torch.float64)
-        cold = (1.0 - cov).clamp(min=0.0).unsqueeze(-1)
-        m = shares.to(torch.float64)
-        n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
-        hit_sum = ((1.0 - torch.pow(1.0 - cold * m, t.pooling)) * n).sum(-1)  # sum over owners of P(hit)
+        _, h, cold = _curves(coverage, hot_rows)
+        hit_sum = _hit_sum(t, cold, shares, share_counts)[0]
         remote = (w - 1) / w
         per_rank_bags = remote * t.bags * hit_sum  # bags sent to remote owners, per rank
         both = t.comm.a2a_fwd + t.comm.a2a_bwd  # the output all-to-all, forward + backward
         return (per_rank_bags * (INT32 * ROOM_SLACK + 2 * t.dim * (both / 2))
-                + cold.squeeze(-1) * remote * t.lookups * INT32 * ROOM_SLACK
+                + cold * remote * t.lookups * INT32 * ROOM_SLACK
                 + 2 * remote * h * t.dim * (both / 2) + (w - 1) * t.features * 2 * INT32)
 
     def owner_hit(self, t: TableTraffic, coverage, shares: torch.Tensor) -> torch.Tensor:
         """P(a bag holds >= 1 cold id owned by rank j), ``[W]``."""
-        cold = max(0.0, 1.0 - float(coverage))
-        return 1.0 - torch.pow(1.0 - cold * shares.to(torch.float64), t.pooling)
+        return _hit(t, max(0.0, 1.0 - float(coverage)), shares)
 
     def rank_bytes(self, t: TableTraffic, coverage, shares: torch.Tensor, hot_per_owner: torch.Tensor
                    ) -> torch.Tensor:
@@ -566,12 +559,8 @@ class FrequencyHybrid(ShardingModel):
                   ) -> torch.Tensor:
         """The mean over ranks of :meth:`rank_work`, hot rows spread as the cold lookups (hot-set sizing;
         ``coverage`` and ``hot_rows`` may be curves): ``[..., len(WORK_TERMS)]``; ``virtual`` per share."""
-        cov = torch.as_tensor(coverage, dtype=torch.float64)
-        h = torch.as_tensor(hot_rows, dtype=torch.float64)
-        cold = (1.0 - cov).clamp(min=0.0)
-        m = shares.to(torch.float64)
-        n = torch.ones_like(m) if share_counts is None else share_counts.to(torch.float64)
-        hit_sum = ((1.0 - torch.pow(1.0 - cold.unsqueeze(-1) * m, t.pooling)) * n).sum(-1)
+        cov, h, cold = _curves(coverage, hot_rows)
+        hit_sum, m, n = _hit_sum(t, cold, shares, share_counts)
         out = torch.zeros(cov.shape + (len(WORK_TERMS),), dtype=torch.float64)
         out[..., _W["lookup"]] = t.lookups * t.dim * (cov.clamp(max=1.0) + cold) + h * t.dim / t.world
         if virtual is not None:  # the owners' lookups (cold ids, hot rows) through virtual features, over the ranks

@@ -1,30 +1,12 @@
 """An ``EmbeddingEnumerator`` that also offers ``frequency_hybrid`` options, one per cold layout.
 
-The stock enumerator raises for an unknown sharding type (``calculate_shard_sizes_and_offsets``,
-``get_partition_by_type``) and its estimators either raise (storage) or misprice it (perf).
-So the stock enumeration runs on sharders that hide ``frequency_hybrid`` and on constraints
-without it; then per table up to three hybrid options are added (a table with fewer rows than ranks:
-table-wise cold only):
-
-- **table-wise cold**: one shard the partitioner places on a rank like a table_wise table;
-  a multi-hot bag's cold ids then return one partial sum;
-- **row-wise cold**: one row block per rank ("uniform"), of equal lookup cost as the
-  statistics see it (``TableProfile.balanced_bounds``), so frequency-sorted vocabularies do
-  not load the first owner;
-- **column-wise cold** (tables of at least 2 x ``COLUMN_SLICE_DIM`` columns whose table-wise cold
-  bytes exceed a rank's even share of all candidates', or with a ``min_partition`` constraint):
-  column slices the partitioner places like stock column_wise shards, each laid out
-  table-wise on its rank;
-- the hot set of each: H from the table's lookup histogram, minimising that layout's byte
-  cost within the per-rank hot-row memory budget (``hot_set.choose_hot_rows``), carried
-  on the option as ``hybrid_choice`` (ids included, so the plan can carry them);
-- a gate: unless the constraints allow only ``frequency_hybrid``, an option is offered only
-  if its cost beats the table's cheapest stock option by ``min_saving``.
-
-Every option, stock or hybrid, is priced by the same cost model (``cost_model``); storage
-comes from TorchRec's estimator for stock options and ``HybridStorageEstimator`` for ours.
-Stock types the sharder does not offer are not enumerated.
-"""
+The stock enumerator raises for an unknown sharding type and its estimators misprice it, so
+the stock enumeration runs on sharders and constraints without ``frequency_hybrid``; then per
+table up to three hybrid options are added (table-wise, row-wise and column-wise cold), each
+with its hot set (``hot_set.choose_hot_rows``, carried as ``hybrid_choice``) and, unless the
+constraints allow only ``frequency_hybrid``, offered only if it beats the table's cheapest
+stock option by ``min_saving``. Every option is priced by the same cost model; docs/architecture.md
+§6 describes the options."""
 
 from __future__ import annotations
 
@@ -244,22 +226,19 @@ class HybridEnumerator(EmbeddingEnumerator):
                 continue
             if not self._allowed(name, FREQUENCY_HYBRID):
                 continue
+            why = None
             if not self._hybrid_kernels(name, sharder):
-                c = self._all_constraints[name]
-                why_not[name] = (f"its constraints allow compute kernels {list(c.compute_kernels or [])}, but "
-                                 f"{FREQUENCY_HYBRID} runs on {self._sharder_kernels(sharder)}")
-                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
-                continue
-            codecs = _unsupported_codecs(sharder)
-            if codecs:
-                why_not[name] = (f"its sharder has quantized comms {FREQUENCY_HYBRID} cannot honour "
-                                 f"({', '.join(codecs)}; only FP16 / BF16 / FP32 codecs)")
-                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
-                continue
-            refused = _unsupported_table_options(opts[0], sharder)
-            if refused:
-                why_not[name] = f"its fused options are not supported by {FREQUENCY_HYBRID}: {'; '.join(refused)}"
-                logger.info("table %s: frequency_hybrid not offered: %s", name, why_not[name])
+                kernels = list(self._all_constraints[name].compute_kernels or [])
+                why = f"its constraints allow compute kernels {kernels}, but {FREQUENCY_HYBRID} runs on " \
+                      f"{self._sharder_kernels(sharder)}"
+            elif codecs := _unsupported_codecs(sharder):
+                why = (f"its sharder has quantized comms {FREQUENCY_HYBRID} cannot honour "
+                       f"({', '.join(codecs)}; only FP16 / BF16 / FP32 codecs)")
+            elif refused := _unsupported_table_options(opts[0], sharder):
+                why = f"its fused options are not supported by {FREQUENCY_HYBRID}: {'; '.join(refused)}"
+            if why is not None:
+                why_not[name] = why
+                logger.info("table %s: frequency_hybrid not offered: %s", name, why)
                 continue
             profile, n_fixed = self._profile(opts[0], sharder)
             candidates[name] = (opts[0], profile)

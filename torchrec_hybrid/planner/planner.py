@@ -169,20 +169,12 @@ class HybridEmbeddingShardingPlanner(EmbeddingShardingPlanner):
             collective as ``collective_ms`` unless that is given or the compute prices carry one (fitted
             from whole steps with them). Kept as :attr:`network`.
 
-    ``plan`` compares: the plan of TorchRec's own ``EmbeddingShardingPlanner`` (stock types
-    only, as a user would run it), the partitioner's plan over stock and hybrid options, and
-    the plan with every eligible table hybrid - those whose busiest rank sends no more bytes
-    than the stock plan's. It returns the cheapest, or with ``tie_ms`` the one sending the
-    fewest bytes on its busiest rank of those within ``tie_ms`` of the cheapest. A plan
-    other than stock must save ``min_saving`` of the stock plan's cost or of its busiest-rank
-    bytes. So it never sends more than stock, and costs no more than ``tie_ms`` above it.
-    Without a stock candidate (``compare_plans=False``, a table forced hybrid - allowed no stock
-    type the sharders offer on the device, so TorchRec's plan would break that constraint -, a
-    sharder offering only frequency_hybrid, or TorchRec's planner finding no plan, e.g. its
-    shards fitting no rank's memory) there is no stock plan to compare with: the cheapest of
-    the others. A candidate that finds no plan, or over-fills a rank's memory once every rank's
-    copy of the hot replicas is counted (``cost_model.plan_rank_memory``), is left out (logged);
-    none left is a ``PlannerError``. The ``stats`` loggers describe the plan returned, once.
+    ``plan`` compares TorchRec's own plan (stock types only), the partitioner's plan over stock and
+    hybrid options and the plan with every eligible table hybrid, and returns one by
+    :func:`choose_plan` among those that fit every rank's memory with the hot replicas counted and
+    send no more busiest-rank bytes than stock (the others are in :attr:`left_out`, logged; none
+    left is a ``PlannerError``). docs/architecture.md §6 has the rules. The ``stats`` loggers
+    describe the plan returned, once.
     """
 
     def __init__(self, topology=None, batch_size=None, enumerator=None, storage_reservation=None,

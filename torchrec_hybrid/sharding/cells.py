@@ -31,27 +31,18 @@ def partial_units(dims: List[int]) -> List[int]:
 class LaneLayout:
     """The owner's cold lookup as lanes: one TBE call per lane (one per table group).
 
-    The TBE pools one batch size per call, so a table that receives the global batch (the
-    owner of a table-wise cold layout: "heavy") would pad every other feature of its TBE to
-    that count. Instead each feature of a heavy table is looked up as ``slots[f]`` (W)
-    virtual features of the same table, its bags filling them in order (bag q in slot
-    ``q // batch``, row ``q % batch``), so one batch - the largest of the light features'
-    bag counts and the heavy ones' counts over their slots - serves the whole group: one TBE
-    call and no concatenation of lane outputs. A heavy table whose bags are multi-hot gets a
-    lane of its own instead, without virtual features (FBGEMM's CPU backward runs a table looked
-    up by several features on a slow scalar path; lookup.py ``own_lane_pays`` says where the
-    second call pays), and so does every heavy table with weight decay, which FBGEMM's CPU
-    kernels apply once per feature that looks a row up (lookup.py). A lane's output is
-    ``[batch_g, widths of its slots]``; the lane outputs, flattened and put one after
-    another, are the owner's cold output, and a bag's
-    position there follows from its lane, its feature's first slot, its row q and the
-    lane's batch.
+    The TBE pools one batch size per call, so each feature of a table that receives the global
+    batch ("heavy") is looked up as ``slots[f]`` (W) virtual features of the same table, its bags
+    filling them in order (bag q in slot ``q // batch``, row ``q % batch``): one batch serves the
+    whole group. Heavy multi-hot tables (and, with weight decay, every heavy table) get a lane of
+    their own instead (lookup.py). A lane's output is ``[batch_g, widths of its slots]``; the lane
+    outputs, flattened one after another, are the owner's cold output (docs/architecture.md §2
+    step 3, §4 Cells).
 
     Args:
         lane_features: per lane, its features (indices in the sharding's feature order).
         dims: output width of each feature (sharding order).
-        slots: virtual features per feature (sharding order; None: 1 each).
-    """
+        slots: virtual features per feature (sharding order; None: 1 each)."""
 
     def __init__(self, lane_features: List[List[int]], dims: List[int], device: torch.device,
                  slots: Optional[List[int]] = None) -> None:

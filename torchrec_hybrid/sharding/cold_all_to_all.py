@@ -1,31 +1,15 @@
 """The cold ids' trip to their owners: one all-to-all per step (a second when a run outgrows its room).
 
-Wire format, per (source, destination) pair, all int32 (gloo and NCCL carry it as is):
+Per (source, destination) pair a header ``[2F + R + 1]`` (bags and ids per feature, ``R``
+words every rank must see, a spill flag) and a run (lengths, ids, weights' bits) in a *room*
+sized from what the pair sent before (:func:`next_room`), so both ends know the split sizes
+without a round trip; a run longer than its room spills into a second all-to-all after the
+step's one host sync. Wire format: docs/architecture.md §4.
 
-- header ``[2F + R + 1]``: how many non-empty bags per feature, how many ids per feature, then
-  ``R`` words every rank must see (the sharded module's id-check report; ``R = 0`` when the
-  call carries none - every rank's call must agree), then whether the source's run to some
-  peer outgrew its room (below);
-- run: the bags' lengths, then their ids (the owner's local rows), then, for weighted
-  features, the weights' bits, each in (feature, sample) order.
-
-An all-to-all needs its split sizes on both ends before it starts, and a run's size is known
-to its receiver only from the header. So each pair of ranks sends, per step, its header and a
-*room* of words sized from what it sent before - both ends know that: the source sent it, the
-destination received it (:func:`next_room`: kept while the runs fit it and it is at most twice
-a fresh room, else 1.15x the run plus 128 words; the room is sent whole, the margin is the
-bytes it costs). A run longer than its room sends the room's worth and raises the flag every
-rank receives: after the step's one host sync every rank knows, and the words past the rooms
-follow in a second all-to-all (``spills`` counts those steps). The first exchange has rooms
-of 0: headers alone, then every run as the spill. Per step that is one collective where
-TorchRec's ``KJTAllToAll`` of the same variable-batch KJT takes four (splits, lengths, values,
-batch sizes per key), and one host sync either way.
-
-The index work on both ends is :mod:`fused`'s ops (one CPU op each, or their composed
-reference); this module holds the rooms and the collectives. The input dist's splits awaitable
-waits for the all-to-all and calls :meth:`ColdIdsAllToAll.received` (the sync), whose
-:class:`ColdTensorsAwaitable` waits for a spill, if any, and unpacks the owner's lane inputs.
-"""
+The index work on both ends is :mod:`fused`'s ops; this module holds the rooms and the
+collectives. The input dist's splits awaitable waits for the all-to-all and calls
+:meth:`ColdIdsAllToAll.received` (the sync), whose :class:`ColdTensorsAwaitable` waits for a
+spill, if any, and unpacks the owner's lane inputs."""
 
 from __future__ import annotations
 

@@ -1,23 +1,11 @@
 """The hot rows: replicated on every rank for local lookups, kept in sync by their owners.
 
-Every hot row stays in its row-wise owner's cold shard like any other row, so state_dict,
-checkpoints and the fused optimizer state are exactly stock row-wise. Each step:
-
-- forward: each owner looks its owned hot rows up as extra one-id bags of its cold fused
-  TBE and sends them to every rank in the all-to-all that carries the cold partial sums;
-  every rank assembles its replica from them and pools its hot lookups locally with
-  FBGEMM's dense TBE kernel (:meth:`HotPooling.pool`);
-- backward: the replica's row gradients go back to the owners in the reverse all-to-all,
-  autograd sums the W contributions into the extra bags' gradient, and the owner's fused
-  TBE applies the update: the update FBGEMM applies for the global batch, with the owner's
-  optimizer state.
-
-The replicas are copies of the owners' rows, so they are bit-identical by construction,
-and the sync needs no collective (and no optimizer state) of its own. Which owned rows
-travel: all of them when a zero gradient changes neither a row nor its optimizer state
-(:func:`zero_grad_is_noop`); else only the rows some rank looked up this step, which the
-input dist learns with an all-gather of per-rank "touched" masks.
-"""
+Every hot row stays in its owner's cold shard, so state_dict, checkpoints and the fused
+optimizer state are exactly stock row-wise. Each owner looks its hot rows up as extra one-id
+bags and sends them in the output all-to-all; every rank assembles its replica from them and
+pools its hot lookups locally (:meth:`HotPooling.pool`); in backward the row gradients go
+back to the owners, whose fused TBE applies the global-batch update. Only rows some rank
+looked up travel unless a zero gradient is a no-op (:func:`zero_grad_is_noop`)."""
 
 import warnings
 from typing import Any, Dict, List, NamedTuple, Optional, Tuple

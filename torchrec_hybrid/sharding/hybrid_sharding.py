@@ -1,18 +1,9 @@
 """The frequency-hybrid embedding sharding: composition of input dist, lookup, output dist.
 
 The row layout is a stock row-wise one (``RwPooledEmbeddingSharding`` computes it from the
-plan): every table is split in contiguous row blocks, one per rank, even or not (row_blocks.py:
-even blocks, blocks of equal lookup cost, or every row on one rank - the table-wise cold
-layout), and the cold lookups go to the owner of their block. A column-wise cold table is cut
-in column slices, each its own row-blocked table here (with its own copy of the table's
-features, as stock column_wise duplicates them), and its slices' outputs are put back side by
-side, so the module sees one feature of the table's full width. The hot
-rows are also replicated on every rank, as copies their owners refresh every step
-(hot_replica.py). Because the cold shard is the only home of every row, state_dict,
-checkpoints and the fused optimizer state are exactly stock row-wise. Quantized comms: the
-``POOLED_EMBEDDINGS_ALL_TO_ALL`` codecs of ``qcomm_codecs_registry`` encode the output
-all-to-all (FP16 / BF16; output_dist.py), the only hybrid collective that carries floats.
-"""
+plan; row_blocks.py); a column-wise cold table is cut in column slices, each its own
+row-blocked table here, whose outputs are put back side by side. The hot rows are also
+replicated on every rank (hot_replica.py). docs/architecture.md §2-3 describe the data path."""
 
 import dataclasses
 from typing import Any, Dict, List, Mapping, Optional

@@ -1,27 +1,15 @@
 """Output dist of the frequency-hybrid sharding: a sparse all-to-all of cold partial sums.
 
-Only the partial pooled vectors of (feature, sample) bags that had cold ids on an owner go
-back to the sample's rank, so the bytes scale with cold lookups, not with ``B * dim``. The
-same all-to-all carries each owner's hot rows to every replica (hot_replica.py), so the hot
-sync costs no collective of its own. Both sides know the split sizes from what they already
-hold (the owner from what it received, the sample's rank from what it sent, and both the
-hot-row layout): no metadata round-trip. The backward runs the same all-to-all in reverse
-and, like TorchRec's pooled all-to-all, divides by W. Both directions are asynchronous in
-TorchRec's request/wait pattern: ``forward`` starts the all-to-all and returns an awaitable
-(the model's dense part runs while it is in flight); the gradient's all-to-all starts as
-soon as autograd reaches the wait node and is waited for only where its result is needed.
-MEAN features are pooled as SUM on both paths and divided by the full bag length here.
+Only the partial pooled vectors of bags that had cold ids on an owner go back to the sample's
+rank, and the same all-to-all carries each owner's hot rows to every replica (hot_replica.py);
+split sizes come from what both sides already hold. The backward runs it in reverse and, like
+TorchRec's pooled all-to-all, divides by W; both directions follow TorchRec's request/wait
+pattern. MEAN features are pooled as SUM and divided by the full bag length here.
 
-Quantized comms: the codec a ``qcomm_codecs_registry`` gives ``POOLED_EMBEDDINGS_ALL_TO_ALL``
-(what stock table_wise / column_wise pooled outputs take) encodes this all-to-all exactly
-where TorchRec's pooled all-to-all applies it: its forward codec the forward all-to-all
-(``create_context``, ``encode`` before sending, ``calc_quantized_size`` of every split,
-``decode`` on arrival), its backward codec the gradient's (encoded where the gradient is
-sent, decoded, then divided by W); loss scales are the codec's own (in encode / decode).
-Only element-wise codecs fit a buffer of variable-length runs of rows of several widths:
-FP16 and BF16 (FP32: no codec, the fp32 path). The rest are refused at shard time
-(:func:`codec_problems`).
-"""
+Quantized comms: the ``POOLED_EMBEDDINGS_ALL_TO_ALL`` codecs of a ``qcomm_codecs_registry``
+encode this all-to-all where TorchRec's pooled all-to-all applies them; only element-wise
+codecs (FP16, BF16) fit, the rest are refused at shard time (:func:`codec_problems`).
+docs/architecture.md §2 (steps 4-5, Quantized comms) has the details."""
 
 from typing import Any, List, Mapping, NamedTuple, Optional, Tuple
 

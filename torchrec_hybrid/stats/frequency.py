@@ -14,12 +14,9 @@ versioned file (`save`, `load`), so they can be computed once, offline or on all
 and every rank derives the same hot set from them. This module counts and says what a
 state holds; the file is persistence.py's, the state's schema checks validation.py's.
 
-For hot sets that follow drifting data, counts can decay (`decay_`, or the ``decay``
-option of `FrequencyStats`, applied by every `update`): old popularity fades exponentially,
-in O(1) per decay. Ranks merge
-on a schedule with `all_reduce_` (one collective, plus one all-gather with sketches; each
-lookup is merged once however often it is called). `HotSetCoverage` measures the share of
-a batch's lookups a given hot set serves, per table, vectorised (for a per-step check).
+Counts can decay (`decay_`, or the ``decay`` option, applied by every `update`) for hot sets
+that follow drifting data. `HotSetCoverage` measures the share of a batch's lookups a given hot
+set serves, per table.
 """
 
 from __future__ import annotations
@@ -60,15 +57,9 @@ class FrequencyStats:
         decay: if set (a factor in (0, 1]), every `update` first multiplies all counts by it,
             so a lookup ``a`` batches old weighs ``decay ** a`` (see `decay_`).
 
-    Decay. ``decay_(f)`` multiplies every count, the lookups and ``num_samples`` by ``f``; the
-    counters become float64 on the first decay (int64 until then, bit for bit as without
-    decay). It costs O(1): counters are stored divided by one running scale, which new
-    lookups are weighted by and which is folded into the counters (one vectorised multiply)
-    before they are read, merged or saved.
-
-    Layout. Batches, samples, lookups per table, the exact counts and every sketch's
-    Count-Min table are views into one flat buffer, so `all_reduce_` merges all of them in
-    one collective (plus one all-gather of the sketches' candidates, if any).
+    Decay (:meth:`decay_`) is O(1): counters are stored divided by one running scale, folded in
+    before they are read, merged or saved. Every counter is a view into one flat buffer, so
+    `all_reduce_` merges all of them in one collective (plus an all-gather of sketch candidates).
     """
 
     _HEAD = 2  # flat buffer: [num_batches, num_samples, lookups (T), exact counts, sketch tables]
