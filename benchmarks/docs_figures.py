@@ -231,9 +231,19 @@ def table_results_qcomms() -> str:
     return "\n".join(qcomms_markdown(load("qcomms_w4")["results"]))
 
 
+def table_readme_stacks() -> str:
+    """README: the TorchRec stacks the correctness core ran on (``scripts/check_stack.sh``), newest first."""
+    rows = ["| torchrec | fbgemm-gpu | torch | checked | tests: passed / failed / skipped | fused ops |",
+            "|---|---|---|---|---:|---|"]
+    for r in sorted(load("stacks")["runs"], key=lambda r: r["torchrec"], reverse=True):
+        rows.append(f"| {r['torchrec']} | {r['fbgemm_gpu']} | {r['torch']} | {r['date']} ({r['commit']}) "
+                    f"| {r['passed']} / {r['failed']} / {r['skipped']} | {'built' if r['fused_ops'] else 'fallback'} |")
+    return "\n".join(rows)
+
 # name -> (render, the results files it reads)
 TABLES: Dict[str, Tuple[Callable[[], str], Tuple[str, ...]]] = {
     "readme_product": (table_readme_product, ("product_w4", "product_w4_net")),
+    "readme_stacks": (table_readme_stacks, ("stacks",)),
     "results_product": (table_results_product, ("product_w4",)),
     "results_product_net": (table_results_product_net, ("product_w4_net",)),
     "results_rate_per_rank": (table_results_rate_per_rank, ("product_w28", "product_w4_net")),
