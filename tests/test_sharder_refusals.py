@@ -108,11 +108,13 @@ def _fp_hybrid(world):
     ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
         name="p0", embedding_dim=8, num_embeddings=40, feature_names=["fp0"])], is_weighted=True)
     fpebc = FeatureProcessedEmbeddingBagCollection(ebc, PositionWeightedModuleCollection({"fp0": 10}))
-    sharder = FeatureProcessedEmbeddingBagCollectionSharder(
-        ebc_sharder=HybridEmbeddingBagCollectionSharder(hot_ids={"p0": torch.tensor([1, 2])},
-                                                        fused_params=dict(OPTIMIZERS["sgd"])))
-    plan = construct_module_sharding_plan(fpebc, {"p0": frequency_hybrid()}, sharder=sharder, local_size=world,
-                                          world_size=world, device_type="cpu")
+    ours = HybridEmbeddingBagCollectionSharder(hot_ids={"p0": torch.tensor([1, 2])},
+                                               fused_params=dict(OPTIMIZERS["sgd"]))
+    sharder = FeatureProcessedEmbeddingBagCollectionSharder(ebc_sharder=ours)
+    # frequency_hybrid() refuses the FPEBC sharder (it offers stock types only); a plan written for the inner
+    # EBC with ours gets as far as the first step
+    plan = construct_module_sharding_plan(ebc, {"p0": frequency_hybrid()}, sharder=ours,
+                                          local_size=world, world_size=world, device_type="cpu")
     model = DistributedModelParallel(fpebc, device=torch.device("cpu"), plan=ShardingPlan({"": plan}),
                                      sharders=[sharder])
 
@@ -128,6 +130,22 @@ def _fp_hybrid(world):
         same = before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
         return ("raised", str(e)) if same else ("weights changed", str(e))
     return ("built", "")
+
+
+def _fp_plan_helper(world):
+    """frequency_hybrid() in a plan for a FeatureProcessedEmbeddingBagCollection, with its sharder."""
+    from torchrec.distributed.fp_embeddingbag import FeatureProcessedEmbeddingBagCollectionSharder
+    from torchrec.distributed.sharding_plan import construct_module_sharding_plan
+    from torchrec.modules.feature_processor_ import PositionWeightedModuleCollection
+    from torchrec.modules.fp_embedding_modules import FeatureProcessedEmbeddingBagCollection
+
+    ebc = torchrec.EmbeddingBagCollection(tables=[torchrec.EmbeddingBagConfig(
+        name="p0", embedding_dim=8, num_embeddings=40, feature_names=["fp0"])], is_weighted=True,
+        device=torch.device("meta"))
+    fpebc = FeatureProcessedEmbeddingBagCollection(ebc, PositionWeightedModuleCollection({"fp0": 10}))
+    sharder = FeatureProcessedEmbeddingBagCollectionSharder(ebc_sharder=HybridEmbeddingBagCollectionSharder())
+    construct_module_sharding_plan(fpebc, {"p0": frequency_hybrid()}, sharder=sharder, local_size=world,
+                                   world_size=world, device_type="cpu")
 
 
 def _ec_hybrid(world):
@@ -163,6 +181,7 @@ def _all_cases(rank, world):
         "uvm_kernel": refused(lambda: _build_hybrid(world, kernel="fused_uvm_caching")),
         "feature_processor": _fp_hybrid(world),
         "embedding_collection": refused(lambda: _ec_hybrid(world)),
+        "feature_processor_plan": refused(lambda: _fp_plan_helper(world)),
         # accepted: codecs the hybrid honours, codecs that hybrid traffic does not take, or
         # modules without hybrid tables
         "qcomm_fp16": refused(lambda: _build_hybrid(world, qcomm=_registry())),
@@ -223,14 +242,18 @@ def outcomes():
     ("optimizer_adam", ["table 't0'", "table 't2'", "optimizer=ADAM", "not verified", "EXACT_ROWWISE_ADAGRAD"]),
     ("optimizer_partial_rowwise_lamb", ["table 't0'", "optimizer=PARTIAL_ROWWISE_LAMB"]),
     ("uvm_kernel", ["table 't0'", "fused_uvm_caching", "only 'fused'"]),
-    ("embedding_collection", ["frequency_hybrid"]),  # TorchRec's EC sharding: "Sharding not supported ..."
+    # frequency_hybrid() refuses the sharder (no table name reaches a plan generator: its shape does)
+    ("embedding_collection", ["frequency_hybrid", "40 x 8 EmbeddingCollection table", "EmbeddingCollectionSharder",
+                              "stock sharding type"]),
+    ("feature_processor_plan", ["40 x 8 FeatureProcessedEmbeddingBagCollection table",
+                                "FeatureProcessedEmbeddingBagCollectionSharder"]),
 ])
 def test_refused_at_shard_time(outcomes, case, words):
     verdict, msg = outcomes[case]
     assert verdict == "raised", f"{case} was accepted"
     for w in words:
         assert w in msg, (case, w, msg)
-    if case not in ("embedding_collection",):
+    if case not in ("embedding_collection", "feature_processor_plan"):
         assert "'t1'" not in msg and "'t3'" not in msg  # stock tables are not named
 
 

@@ -100,6 +100,12 @@ def frequency_hybrid(compute_kernel: str = "fused", cold: str = row_blocks.ROW_W
 
     def _sharding(param, local_size, world_size, device_type, sharder) -> ParameterSharding:
         rows, cols = param.shape
+        # TorchRec's EC and FPEBC sharders: refused here, where the plan is written, not at sharding
+        if sharder is not None and FREQUENCY_HYBRID not in sharder.sharding_types(device_type):
+            raise ValueError(f"{call} for a {rows} x {cols} {sharder.module_type.__name__} table: its sharder "
+                             f"{type(sharder).__name__} does not offer {FREQUENCY_HYBRID} on {device_type}; only "
+                             "HybridEmbeddingBagCollectionSharder does, for EmbeddingBagCollection tables - give "
+                             "this table a stock sharding type")
         owners = [rank] if rank is not None else list(ranks or [])
         if any(r >= world_size for r in owners):
             raise ValueError(f"{call} for a {rows} x {cols} table: rank(s) {owners} outside [0, {world_size})")
