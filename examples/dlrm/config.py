@@ -460,11 +460,15 @@ def load_config(path: str, overrides: Sequence[str] = (), values: Optional[Dict[
         raise ConfigError(f"{path}: not valid YAML: {e}") from e
     if not isinstance(raw, dict):
         raise ConfigError(f"{path}: expected a mapping at the top, got {type(raw).__name__}")
-    for text in overrides:
-        set_key(raw, *parse_override(text))
-    for key, value in (values or {}).items():
-        set_key(raw, key, value)
-    return config_from_dict(raw)
+    try:
+        for text in overrides:
+            set_key(raw, *parse_override(text))
+        for key, value in (values or {}).items():
+            set_key(raw, key, value)
+        return config_from_dict(raw)
+    except ValueError as e:  # ConfigError, or the planner's for sharding.hot_set: name the file (and overrides)
+        given = f" with --set {list(overrides)}" if overrides else ""
+        raise ConfigError(f"{path}{given}: {e}") from None
 
 
 def build_arg_parser() -> argparse.ArgumentParser:

@@ -54,6 +54,8 @@ def load_calibration(path: str) -> ComputeCosts:
         with open(path) as f:
             fit: Dict[str, Any] = json.load(f)["fit"]
         costs: Dict[str, Any] = fit["costs"]
+        if not isinstance(costs, dict):
+            raise TypeError(f"fit.costs is a {type(costs).__name__}, not a mapping of terms to prices")
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise ValueError(f"{path}: not a calibration file of benchmarks/calibrate.py ({e!r})") from e
     errors = {k: fit.get(k) for k in ("rms_ms", "rms_rel")}

@@ -88,6 +88,9 @@ def _comms(sec: Dict[str, Any]) -> str:
     return comms
 
 
+MAX_WORLD_SIZE = 1 << 20
+
+
 def _topology(sec: Dict[str, Any]) -> Topology:
     """The ``topology`` section; with ``comms: measure`` its bandwidths are TorchRec's defaults until
     ``collective_plan`` replaces them with the measured ones."""
@@ -95,6 +98,8 @@ def _topology(sec: Dict[str, Any]) -> Topology:
     if "world_size" not in sec:
         raise PlannerConfigError("topology.world_size is required")
     world = _positive(sec["world_size"], "topology.world_size", int)
+    if world > MAX_WORLD_SIZE:  # TorchRec's Topology builds per-rank lists: a typo here would exhaust memory
+        raise PlannerConfigError(f"topology.world_size: {world} ranks is more than {MAX_WORLD_SIZE} (a typo?)")
     device = sec.get("compute_device", "cpu")
     if device not in ("cpu", "cuda", "mtia"):
         raise PlannerConfigError(f"topology.compute_device: expected cpu, cuda or mtia, got {device!r}")
@@ -244,7 +249,13 @@ def load_planner_config(path: str) -> Dict[str, Any]:
         raise PlannerConfigError(f"planner config {path!r} does not exist") from None
     except yaml.YAMLError as e:
         raise PlannerConfigError(f"{path}: not valid YAML: {e}") from e
-    cfg = _mapping(raw, path)
+    try:
+        return _planner_kwargs(_mapping(raw, path), path)
+    except PlannerConfigError as e:  # name the file every field error came from
+        raise (e if str(e).startswith(path) else PlannerConfigError(f"{path}: {e}")) from None
+
+
+def _planner_kwargs(cfg: Dict[str, Any], path: str) -> Dict[str, Any]:
     _check_keys(cfg, _TOP_KEYS, path)
     if "topology" not in cfg:
         raise PlannerConfigError(f"{path}: 'topology' section is required")
