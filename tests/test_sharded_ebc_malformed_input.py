@@ -83,6 +83,17 @@ def _negative_length(kjt, keys):
     return KeyedJaggedTensor(keys=keys, values=kjt.values(), lengths=lengths, stride=b)
 
 
+def _negative_key_sum(kjt, keys):
+    """A bag of 'f1' so negative that 'f1''s lengths add up to less than 0, 'f2''s first bag longer by as
+    much: the lengths still add up to the values (a segfault in TorchRec's permute once)."""
+    lengths, b = kjt.lengths().clone(), kjt.stride()
+    i, j = keys.index("f1") * b, keys.index("f2") * b
+    shift = int(lengths[i:i + b].sum()) + 5
+    lengths[i] -= shift
+    lengths[j] += shift
+    return KeyedJaggedTensor(keys=keys, values=kjt.values(), lengths=lengths, stride=b)
+
+
 def _weights_unexpected(kjt, keys):
     return KeyedJaggedTensor(keys=keys, values=kjt.values(), lengths=kjt.lengths(),
                              weights=torch.ones(kjt.values().numel()), stride=kjt.stride())
@@ -115,12 +126,34 @@ def _vbe_extra_length(kjt, keys):
                              inverse_indices=vbe.inverse_indices())
 
 
+def _vbe_values_size(kjt, keys):
+    """A variable batch with two ids more than its lengths add up to (its expansion would drop them)."""
+    vbe = variable_batch(kjt, seed=5)
+    return KeyedJaggedTensor(keys=keys, values=torch.cat([vbe.values(), torch.tensor([1, 2])]), lengths=vbe.lengths(),
+                             stride_per_key_per_rank=vbe.stride_per_key_per_rank(),
+                             inverse_indices=vbe.inverse_indices())
+
+
+def _vbe_negative_length(kjt, keys):
+    """A variable batch whose first bag of 'f1' has length -1, the next bag of any feature longer by as much."""
+    vbe = variable_batch(kjt, seed=5)
+    lengths = vbe.lengths().clone()
+    i = sum(vbe.stride_per_key()[:keys.index("f1")])
+    lengths[i + 1] += lengths[i] + 1
+    lengths[i] = -1
+    return KeyedJaggedTensor(keys=keys, values=vbe.values(), lengths=lengths,
+                             stride_per_key_per_rank=vbe.stride_per_key_per_rank(),
+                             inverse_indices=vbe.inverse_indices())
+
+
 # a variable batch per feature that cannot be expanded to one batch (hybrid modules only: stock
 # shardings take VBE batches as they are)
 VARIABLE_BATCH_CASES: Dict[str, tuple] = {
     "vbe-no-inverse": (_vbe_no_inverse, MalformedBatchError, ["no inverse_indices"]),
     "vbe-extra-length": (_vbe_extra_length, MalformedBatchError, ["lengths, not the", "bags its per-key batch sizes"]),
     "vbe-inverse-range": (_vbe_inverse_range, MalformedBatchError, ["'f1'", "inverse index 99"]),
+    "vbe-values-size": (_vbe_values_size, MalformedBatchError, ["values"]),
+    "vbe-negative-length": (_vbe_negative_length, MalformedBatchError, ["'f1'", "negative length -1"]),
 }
 
 # case -> (how the last rank's batch is damaged, error class, words every message holds)
@@ -131,6 +164,7 @@ STRUCTURE_CASES: Dict[str, tuple] = {
     "duplicate-key": (_duplicate, MalformedBatchError, ["'f2'", "more than once"]),
     "values-size": (_values_size, MalformedBatchError, ["values"]),
     "negative-length": (_negative_length, MalformedBatchError, ["'f1'", "negative length -1"]),
+    "negative-key-sum": (_negative_key_sum, MalformedBatchError, ["'f1'", "negative length"]),
     "weights-unexpected": (_weights_unexpected, MalformedBatchError, ["not weighted"]),
     # ids no dist or kernel reads (the check itself raised on that rank alone, and the others waited)
     "float-ids": (lambda kjt, keys: _ids_as(kjt, keys, kjt.values().float()), MalformedBatchError,

@@ -74,7 +74,9 @@ _ALLOWED = ("int32 or int64", "int32 or int64", "floating point")
 # codes the device checks report bare: the rank that reports one finds the details on the error path
 _SEARCHED = (_NEGATIVE_LENGTH, _BAD_ID, _BAD_WEIGHT)
 _VARIABLE_PROBLEMS = {variable_batch.NO_INVERSE: _VARIABLE_BATCH, variable_batch.INVERSE_KEYS: _INVERSE_KEYS,
-                      variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _BAGS_SIZE}
+                      variable_batch.INVERSE_RANGE: _INVERSE_RANGE, variable_batch.BAGS_SIZE: _BAGS_SIZE,
+                      variable_batch.VALUES_SIZE: _VALUES_SIZE, variable_batch.WEIGHTS_SIZE: _WEIGHTS_SIZE,
+                      variable_batch.NEGATIVE_LENGTH: _NEGATIVE_LENGTH}
 # stock types whose input dist only moves ids (no bucketing by id): no clamp needed there
 _ID_MOVING_TYPES = frozenset(t.value for t in (ShardingType.TABLE_WISE, ShardingType.COLUMN_WISE,
                                                ShardingType.TABLE_COLUMN_WISE, ShardingType.DATA_PARALLEL))
@@ -126,6 +128,27 @@ def _unpack_name(value: int) -> str:
     n = value >> 56
     text = (value & ((1 << 56) - 1)).to_bytes(_NAME_BYTES, "little")[:min(n, _NAME_BYTES)]
     return repr(text.decode("utf-8", "replace") + ("..." if n > _NAME_BYTES else ""))
+
+
+def _canonical(features: KeyedJaggedTensor) -> KeyedJaggedTensor:
+    """The batch with int64 ids, int32 lengths and float32 weights (a copy only of a part of another dtype).
+    The step's all-to-alls send each rank's tensors as they are, so ranks whose batches differ in
+    dtype (int32 ids on one, int64 on another: both valid) would send mismatched messages (gloo aborts
+    the process). int32 lengths as TorchRec's Criteo and DLRM pipelines make them (no copy there); the
+    TBEs pool in float32 whatever the weights' dtype."""
+    values, lengths, weights = features.values(), features.lengths(), features.weights_or_none()
+    if values.dtype == torch.int64 and lengths.dtype == torch.int32 and (weights is None or
+                                                                        weights.dtype == torch.float32):
+        return features
+    values, lengths = values.to(torch.int64), lengths.to(torch.int32)
+    weights = None if weights is None else weights.to(torch.float32)
+    if features.variable_stride_per_key():
+        return KeyedJaggedTensor(keys=features.keys(), values=values, lengths=lengths, weights=weights,
+                                 stride_per_key_per_rank=features.stride_per_key_per_rank(),
+                                 inverse_indices=features.inverse_indices_or_none())
+    return KeyedJaggedTensor(keys=features.keys(), values=values, lengths=lengths, weights=weights,
+                             stride=features.stride(), length_per_key=features.length_per_key(),
+                             offset_per_key=features.offset_per_key())  # host lists the check read already
 
 
 def exchange_reports(report: torch.Tensor, pg: dist.ProcessGroup) -> Tuple[torch.Tensor, dist.Work]:
@@ -208,7 +231,7 @@ class InputCheck:
     def variable_batch_problem(self, keys: List[str], found: Tuple[str, int, int]) -> List[int]:
         """A variable batch's problem (``variable_batch.expand_variable_batch``) as a report."""
         kind, index, value = found
-        if kind == variable_batch.INVERSE_RANGE:  # the key's position -> the module's feature
+        if kind in (variable_batch.INVERSE_RANGE, variable_batch.NEGATIVE_LENGTH):  # key position -> feature
             index = self.feature_index.get(keys[index], -1)
         return [_VARIABLE_PROBLEMS[kind], index, value]
 
@@ -227,7 +250,8 @@ class InputCheck:
             check.report = torch.tensor(problem, dtype=torch.int64)
             features = self._placeholder(features)
         else:
-            check.batch = features  # as it came: where the error path looks for what was wrong
+            features = _canonical(features)
+            check.batch = features  # where the error path looks for what was wrong
             features, negative = self._check_lengths(features)
             features = self._check_values(features, check, negative)
         return features, check
@@ -440,9 +464,16 @@ class InputCheck:
         if lengths.numel() != len(keys) * stride:
             return [_LENGTHS_SIZE, stride, lengths.numel()]
         values = features.values()
-        total = sum(features.length_per_key())
+        per_key = features.length_per_key()
+        total = sum(per_key)
         if total != values.numel():
             return [_VALUES_SIZE, total, values.numel()]
+        if min(per_key, default=0) < 0:  # a key's bags add up to less than 0 (the device check's fallback,
+            # each key's ids in its last bag, would be negative too): which length, found here (a host sync,
+            # on this error path only)
+            k = next(i for i, n in enumerate(per_key) if n < 0)
+            bags = lengths[k * stride:(k + 1) * stride]
+            return [_NEGATIVE_LENGTH, self.feature_index.get(keys[k], -1), int(bags.min())]
         weights = features.weights_or_none()
         if (weights is not None) != self._module_weighted:
             return [_WEIGHTS_UNEXPECTED if weights is not None else _WEIGHTS_MISSING, 0, 0]
@@ -481,17 +512,12 @@ class InputCheck:
 
     def _placeholder(self, features: KeyedJaggedTensor) -> KeyedJaggedTensor:
         """The empty batch a rank with a malformed one sends meanwhile (every collective of the
-        step completes, then every rank raises). Keys as the first batch's, dtypes kept."""
+        step completes, then every rank raises). Keys as the first batch's, dtypes :func:`_canonical`'s."""
         keys = list(self.reference_keys or self._feature_names)
         values = features.values()
-        lengths = features.lengths_or_none()
-        if lengths is None:
-            lengths = features.offsets_or_none()
-        vdt = values.dtype if values.dtype in (torch.int32, torch.int64) else torch.int64
-        ldt = lengths.dtype if lengths is not None and lengths.dtype in (torch.int32, torch.int64) else torch.int64
         return KeyedJaggedTensor(
-            keys=keys, values=torch.empty(0, dtype=vdt, device=values.device),
-            lengths=torch.empty(0, dtype=ldt, device=values.device), stride=0,
+            keys=keys, values=torch.empty(0, dtype=torch.int64, device=values.device),
+            lengths=torch.empty(0, dtype=torch.int32, device=values.device), stride=0,
             weights=torch.empty(0, device=values.device) if self._module_weighted else None)
 
     def describe(self, code: int, index: int, value: int) -> str:
