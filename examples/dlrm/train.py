@@ -13,8 +13,8 @@ Wiring (each piece is a small module next to this file):
   refresh.py     hot-set coverage per step; streaming statistics and hot-set refresh (sharding.refresh)
 
 SIGTERM/SIGINT: every rank stops at the same step (checkpointing first, ``checkpoint.on_signal``).
-Workers stop the same way when their launcher dies, and a per-step watchdog
-(``dist.step_timeout_s``) turns a stuck peer into an error naming it (watchdog.py).
+Workers stop the same way when their launcher dies (at once during start-up: launcher_watch.py), and
+a per-step watchdog (``dist.step_timeout_s``) turns a stuck peer into an error naming it (watchdog.py).
 
 Rank 0 shows a tqdm bar and logs to stderr; at the end it prints ONE JSON line to stdout.
 """
@@ -36,6 +36,11 @@ from typing import Any, Dict, List, Optional
 if __package__ in (None, ""):  # run as a script: make `examples.dlrm` importable
     sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
 
+from examples.dlrm import launcher_watch  # noqa: E402 - standard library only
+
+if __name__ == "__main__" and "LOCAL_RANK" in os.environ:  # under torchrun: a launcher that dies from
+    launcher_watch.watch_launcher()  # here on (imports, process group, planning) ends this worker at once
+
 import torch  # noqa: E402
 import torch.distributed as dist  # noqa: E402
 import tqdm  # noqa: E402
@@ -50,7 +55,7 @@ from examples.dlrm.model import (  # noqa: E402
     PlanResult, build_model, build_optimizer, build_plan, hot_set_rule, init_embeddings, mlp_numel, network_fields,
     plan_summary, plan_table, planned_hot_ids, replicated_tables, shard_model)
 from examples.dlrm.refresh import HotSetTracker  # noqa: E402
-from examples.dlrm.watchdog import StepWatchdog, exit_with_launcher  # noqa: E402
+from examples.dlrm.watchdog import StepWatchdog  # noqa: E402
 from torchrec_hybrid.stats import FrequencyStats  # noqa: E402
 
 logger = logging.getLogger("dlrm")
@@ -238,8 +243,6 @@ def start_process(cfg: Config):
     device, side_group)``. ``side_group`` (gloo) carries metrics and checkpoint planning, off
     the step's process group."""
     stop = StopRequest()  # before the process group: a signal from here on stops cleanly
-    if "LOCAL_RANK" in os.environ:  # under torchrun: stop (SIGTERM) when the launcher dies
-        exit_with_launcher(signal.SIGTERM, grace_s=max(60.0, cfg.dist.step_timeout_s))
     rank, world, device = setup_distributed(cfg)
     setup_logging(rank, cfg.train.log_level)
     env = os.environ
@@ -366,6 +369,8 @@ class Training:
         profiler = StepProfiler(cfg.train.profile_dir, self.start + cfg.train.profile_after, cfg.train.profile_steps,
                                 self.rank)
         self.watchdog.start(step)
+        # training: a launcher that dies now stops every rank at a step boundary (SIGTERM, checkpoint first)
+        launcher_watch.stop_gracefully(signal.SIGTERM, grace_s=max(60.0, cfg.dist.step_timeout_s))
         while step < self.steps:
             self.watchdog.beat(step)
             stopped_by = stop.agreed(self.side_group)

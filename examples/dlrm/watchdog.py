@@ -1,23 +1,6 @@
-"""Workers that do not outlive their launcher, and a per-step progress watchdog.
+"""A per-step progress watchdog (the launcher watch is launcher_watch.py).
 
-**Launcher death** (:func:`exit_with_launcher`). A torchrun worker is a child of the torchrun
-agent. When the agent is SIGKILLed it cannot forward a signal, and without help the workers
-train on as orphans. Two mechanisms, because each alone has a hole:
-
-- ``prctl(PR_SET_PDEATHSIG, SIGTERM)`` (Linux, through ctypes): the kernel sends SIGTERM when
-  the parent goes away. The signal is tied to the *thread* that forked the worker (torchrun's
-  main thread: ``subprocess.Popen`` in the agent), and it is lost if the parent died before the
-  call;
-- so a daemon thread also polls ``os.getppid()`` once a second: a worker re-parented (to init
-  or a subreaper) sends itself the same SIGTERM. This covers the race at start, other
-  launchers and non-Linux systems.
-
-SIGTERM is what torchrun itself sends to stop a job, so an orphaned worker stops the same
-way: every rank stops at the next step boundary, checkpointing first (``checkpoint.on_signal``),
-and exits. If a worker is still there ``grace_s`` seconds later (a rank stuck in a collective),
-it exits hard (``os._exit``).
-
-**Progress watchdog** (:class:`StepWatchdog`, ``dist.step_timeout_s``). The process-group
+:class:`StepWatchdog` (``dist.step_timeout_s``): the process-group
 timeout (``dist.timeout_s``) must be long enough for the slowest collective of the run (a large
 checkpoint, a validation pass, the start-up), so a stopped peer (SIGSTOP, a hung host) would
 keep the others waiting that long. The watchdog measures only the training steps: a daemon
@@ -31,12 +14,9 @@ dead) or are behind, logs one error line and exits; torchrun then ends the job.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import json
 import logging
 import os
-import signal
-import sys
 import threading
 import time
 from typing import Iterator, Optional
@@ -45,44 +25,7 @@ import torch.distributed as dist
 
 logger = logging.getLogger(__name__)
 
-PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 EXIT_CODE = 3  # the watchdog's exit status (torchrun reports it)
-
-
-def _set_parent_death_signal(sig: int) -> bool:
-    if not sys.platform.startswith("linux"):
-        return False
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0) == 0
-    except (OSError, AttributeError):
-        return False
-
-
-def exit_with_launcher(sig: int = signal.SIGTERM, grace_s: float = 60.0, poll_s: float = 1.0) -> None:
-    """The calling worker gets ``sig`` when its launcher (parent process) dies; ``grace_s`` later
-    it exits hard if it has not stopped. Call it after the ``sig`` handler is installed."""
-    parent = os.getppid()
-    _set_parent_death_signal(sig)
-
-    def orphaned() -> None:
-        logger.error("the launcher (pid %d) is gone: stopping this worker (%s), hard exit in %.0f s",
-                     parent, signal.Signals(sig).name, grace_s)
-        os.kill(os.getpid(), sig)
-        time.sleep(grace_s)
-        logger.error("the launcher (pid %d) is gone and this worker did not stop within %.0f s: exiting",
-                     parent, grace_s)
-        os._exit(EXIT_CODE)
-
-    if parent == 1:  # already orphaned (or started by init): nothing to watch
-        return
-
-    def poll() -> None:
-        while os.getppid() == parent:
-            time.sleep(poll_s)
-        orphaned()
-
-    threading.Thread(target=poll, name="launcher-watch", daemon=True).start()
 
 
 class StepWatchdog:

@@ -242,6 +242,62 @@ def test_workers_exit_when_the_launcher_is_killed(tmp_path):
         _cleanup(proc, workers)
 
 
+def _marked(mark: str, but: int) -> List[int]:
+    """Live processes (``but`` aside) whose environment holds ``LAUNCH_MARK=mark``: a launcher's workers."""
+    needle = f"LAUNCH_MARK={mark}".encode()
+    out = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit() or int(name) == but:
+            continue
+        try:
+            with open(f"/proc/{name}/environ", "rb") as f:
+                if needle not in f.read().split(b"\0"):
+                    continue
+        except OSError:
+            continue
+        if _alive(int(name)):
+            out.append(int(name))
+    return out
+
+
+def _kill_launcher_during_start_up(tmp_path, delay: float) -> Dict:
+    """torchrun SIGKILLed ``delay`` s after its start: how many workers there were, how long the last took
+    to go (every one is SIGKILLed after 20 s: the test's own clean-up)."""
+    mark = f"{os.getpid()}-{time.time_ns()}"
+    err = tmp_path / f"stderr_{delay:.2f}.txt"
+    with open(err, "w") as f:
+        proc = subprocess.Popen(_cmd(["--steps", "100000", *QUIET]), cwd=REPO, env=dict(ENV, LAUNCH_MARK=mark),
+                                stdout=subprocess.DEVNULL, stderr=f)
+    time.sleep(delay)
+    workers = _marked(mark, but=proc.pid)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    t0 = time.time()
+    left = _marked(mark, but=proc.pid)
+    while left and time.time() - t0 < 20:
+        time.sleep(0.05)
+        left = _marked(mark, but=proc.pid)
+    elapsed = time.time() - t0
+    for pid in left:
+        os.kill(pid, signal.SIGKILL)
+    return {"delay_s": round(delay, 2), "workers": len(workers), "gone_after_s": round(elapsed, 2),
+            "left": len(left)}
+
+
+def test_workers_exit_when_the_launcher_is_killed_during_start_up(tmp_path):
+    """Killed at random moments of the workers' start-up (imports, process group, statistics, planning,
+    sharding: the first ~10 s here), the launcher leaves no worker behind for more than 10 s
+    (``LAUNCHER_KILLS=20`` for the issue's count)."""
+    import random
+
+    rng = random.Random(int(os.environ.get("FUZZ_SEED", "58")))
+    trials = [_kill_launcher_during_start_up(tmp_path, rng.uniform(0.3, 10.0))
+              for _ in range(int(os.environ.get("LAUNCHER_KILLS", "4")))]
+    print("\nlauncher SIGKILLed during start-up:", trials)
+    assert all(t["left"] == 0 and t["gone_after_s"] < 10 for t in trials), trials
+    assert any(t["workers"] for t in trials), trials  # some kill found workers to end
+
+
 def test_stopped_peer_is_named_within_the_step_timeout(tmp_path):
     timeout = 10
     proc, workers, err = _start_long_run(tmp_path, "--set", f"dist.step_timeout_s={timeout}")
