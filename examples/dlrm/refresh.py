@@ -15,9 +15,11 @@
   move) every ``every`` steps, or when the coverage of the last ``window`` steps dropped
   below ``min_coverage`` (at most once per ``window`` steps). Time and bytes of the merge
   and of the switch are recorded (bytes: ``/proc/self/io`` of this rank);
-- checkpoints carry the current hot sets (``hot_sets.pt`` in ``step_N``) and, with
-  ``checkpoint.stats``, the merged statistics (``refresh_stats.pt``); :meth:`restore`
-  applies them after a resume to the tables that are hybrid in the new plan.
+- checkpoints carry the current hot sets (``hot_sets.pt`` in ``step_N``; written at a refresh step,
+  also the sets the next batch was already split by) and, with ``checkpoint.stats``, the merged
+  statistics (``refresh_stats.pt``); :meth:`restore` applies them after a resume to the tables that
+  are hybrid in the new plan, so the resumed run splits every batch as the uninterrupted one did and
+  trains bit for bit like it.
 
 Counting uses the batch that was *trained* at each step (never the pipeline's look-ahead),
 so the statistics after step ``s`` hold exactly batches ``0 .. s-1``, also after a resume.
@@ -53,13 +55,15 @@ def current_hot_ids(model: torch.nn.Module) -> Dict[str, torch.Tensor]:
     return out
 
 
-def load_hot_sets(path: str) -> Optional[Dict[str, torch.Tensor]]:
-    """The hot sets stored in checkpoint ``path`` (None: the checkpoint has none)."""
+def load_hot_sets(path: str, in_flight: bool = False) -> Optional[Dict[str, torch.Tensor]]:
+    """The hot sets stored in checkpoint ``path`` (None: the checkpoint has none); ``in_flight``: the sets
+    the next batch was split by, stored when a refresh at that step changed them after (else None)."""
     f = os.path.join(path, HOT_SETS_FILE)
     if not os.path.exists(f):
         return None
     state = torch.load(f, map_location="cpu", weights_only=True)
-    return {k: v.to(torch.int64) for k, v in state["hot_ids"].items()}
+    ids = state.get("in_flight") if in_flight else state["hot_ids"]
+    return None if ids is None else {k: v.to(torch.int64) for k, v in ids.items()}
 
 
 class HotSetTracker:
@@ -90,17 +94,28 @@ class HotSetTracker:
         self._log_window: Deque[Tuple[float, float]] = collections.deque(maxlen=int(cfg.metrics.window))
         self.since_refresh = 0
         self.records: List[Dict[str, Any]] = []
+        # the hot sets the batch queued for the next step was split by, when a refresh changed them after
+        # that split (None: the current ones): a checkpoint keeps them, so a resume splits that batch alike
+        self._in_flight: Optional[Dict[str, torch.Tensor]] = None
+        self._switch_to: Optional[Dict[str, torch.Tensor]] = None  # after a resume: the sets from batch 2 on
 
     # -- per step --------------------------------------------------------------------
     def wrap(self, batches: Iterable[Any]) -> Iterator[Any]:
-        """The batches, remembering each one (and the hot set it will be split by)."""
-        for b in batches:
+        """The batches, remembering each one (and the hot set it will be split by). After a resume at a
+        refresh step, the pipeline pulls the second batch once the first is split (by the hot sets in effect
+        before that refresh, as in the uninterrupted run): the refreshed sets take over there."""
+        for i, b in enumerate(batches):
+            if i == 1 and self._switch_to is not None:  # collective: every rank's pipeline pulls it alike
+                refresh_hot_sets(self.model, hot_ids=self._switch_to)
+                self._switch_to = None
+                self._set_hot(current_hot_ids(self.model))
             if self.active:
                 self._pending.append(b.sparse_features)
             yield b
 
     def after_step(self) -> Optional[float]:
         """Coverage (all ranks) of the batch the last step trained; counts it. Collective."""
+        self._in_flight = None  # the batch queued now was split by the current sets
         if not self.active or not self._pending:
             return None
         kjt, meter = self._pending.popleft(), self._split_by.popleft()
@@ -155,6 +170,7 @@ class HotSetTracker:
         return time.perf_counter() - t0, sent[0]
 
     def refresh(self, step: int) -> Dict[str, Any]:
+        before = self.hot
         merge_s, merge_bytes = self.merge()
         assert self.stats is not None
         t0 = time.perf_counter()
@@ -162,6 +178,7 @@ class HotSetTracker:
             changed = refresh_hot_sets(self.model, stats=self.stats)
         switch_s = time.perf_counter() - t0
         self._set_hot(current_hot_ids(self.model))
+        self._in_flight = before
         rec = {"step": step, "changed": int(sum(changed.values())),
                "hot_rows": int(sum(int(v.numel()) for v in self.hot.values())),
                "merge_s": merge_s, "merge_bytes": int(merge_bytes), "switch_s": switch_s,
@@ -187,8 +204,10 @@ class HotSetTracker:
         """
         if not self.active:
             return {}
-        hot = {k: v.clone() for k, v in self.hot.items()}
-        files: Dict[str, Any] = {HOT_SETS_FILE: lambda p: torch.save({"format": 1, "hot_ids": hot}, p)}
+        saved: Dict[str, Any] = {"format": 1, "hot_ids": {k: v.clone() for k, v in self.hot.items()}}
+        if self._in_flight is not None:  # a refresh at this step, after the next batch was split
+            saved["in_flight"] = {k: v.clone() for k, v in self._in_flight.items()}
+        files: Dict[str, Any] = {HOT_SETS_FILE: lambda p: torch.save(saved, p)}
         if with_stats and self.stats is not None:
             if not self.stats.is_merged:
                 self.merge()
@@ -211,12 +230,19 @@ class HotSetTracker:
             if resized:
                 logger.info("hot sets of %s restored with their saved size (this plan sized them differently)",
                             resized)
-            changed = refresh_hot_sets(self.model, hot_ids=mine)
+            in_flight = load_hot_sets(path, in_flight=True)
+            first = {n: in_flight.get(n, ids) for n, ids in mine.items()} if in_flight else mine
+            differ = sum(int((~torch.isin(ids, self.hot[n])).sum()) for n, ids in mine.items())
+            refresh_hot_sets(self.model, hot_ids=first)
             self._set_hot(current_hot_ids(self.model))
             # before training starts both queued batches are split by the restored sets, not only the second
             self._split_by = collections.deque([self.meter, self.meter])
-            logger.info("hot sets of %d hybrid table(s) from %s (%d ids differ from the planned ones)",
-                        len(mine), os.path.join(path, HOT_SETS_FILE), sum(changed.values()))
+            if in_flight:  # written at a refresh step: the first batch is split as before that refresh
+                self._switch_to = mine
+            logger.info("hot sets of %d hybrid table(s) from %s (%d ids differ from the planned ones)%s",
+                        len(mine), os.path.join(path, HOT_SETS_FILE), differ,
+                        "; the first batch is split by the sets before the refresh at that step, as in the "
+                        "uninterrupted run" if in_flight else "")
         f = os.path.join(path, STATS_FILE)
         if self.stats is not None and os.path.exists(f):
             try:
