@@ -9,7 +9,9 @@ Run A trains ``--steps`` steps of the tiny config on 2 ranks under torchrun (ref
 While it runs, every ``--sample-s`` seconds each worker's RSS and open file descriptors are read
 from ``/proc`` and the step it is at from the per-step log. Run B resumes from A's checkpoint at
 half way and trains to the end. Reported: RSS, descriptors and the time per step over the first and
-the last ``--window`` steps (and their ratio: flat within 5% is the issue's bar), both runs' exit
+the last ``--window`` steps (and their ratio: flat within 5% is the issue's bar), the time per step of
+every window and the trend of a line through them (single windows swing with the machine's other
+load), both runs' exit
 codes, whether B's per-step losses equal A's and whether the final checkpoints' weights and
 optimizer state are equal, bit for bit (each converted with ``dcp_to_torch_save``; the largest
 difference is reported too). Writes ``--out`` (JSON).
@@ -109,6 +111,17 @@ def window(samples: List[Dict[str, Any]], lo: int, hi: int) -> Dict[str, Any]:
             "fds": statistics.fmean(statistics.fmean(s["fds"]) for s in inside)}
 
 
+def _trend(values: List[float]) -> Optional[float]:
+    """The least-squares line through the windows' times per step: its change over 10 windows (10,000 steps at
+    the default window) relative to the mean (single windows swing with the machine's other load)."""
+    n = len(values)
+    if n < 3:
+        return None
+    mx, my = (n - 1) / 2, statistics.fmean(values)
+    slope = sum((i - mx) * (v - my) for i, v in enumerate(values)) / sum((i - mx) ** 2 for i in range(n))
+    return 10 * slope / my
+
+
 def _losses(path: str) -> Dict[int, float]:
     with open(path) as f:
         return {r["step"]: r["loss"] for r in map(json.loads, f)}
@@ -187,6 +200,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     logger.info("run B: exit %s after %.0f s", b["exit"], b["wall_s"])
     w = ns.window
     first, last = window(a["samples"], w, 2 * w), window(a["samples"], ns.steps - w, ns.steps)
+    per_window = [window(a["samples"], lo, lo + w)["s_per_step"] for lo in range(0, ns.steps - w + 1, w)]
+    trend = _trend([v for v in per_window if v is not None])
     la, lb = _losses(full_log), _losses(part_log)
     after = range(half + 1, ns.steps + 1)
     result = {
@@ -194,6 +209,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
         "first": first, "last": last,
         "step_time_last_over_first": (last["s_per_step"] / first["s_per_step"]
                                       if first["s_per_step"] and last["s_per_step"] else None),
+        "ms_per_step_by_window": [None if v is None else round(v * 1e3, 2) for v in per_window],
+        "step_time_trend_per_10k_steps": trend,
         "rss_last_over_first": last.get("rss_mb", 0) / first["rss_mb"] if first.get("rss_mb") else None,
         "fds_first_last": (first.get("fds"), last.get("fds")),
         "max_rss_mb": max((max(s["rss"]) for s in a["samples"]), default=0) / 1e6,
@@ -210,8 +227,9 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     os.makedirs(os.path.dirname(os.path.abspath(ns.out)), exist_ok=True)
     with open(ns.out, "w") as f:
         json.dump(result, f, indent=1)
-    logger.info("step time last/first %s, RSS last/first %s, fds %s, losses equal %s, checkpoints equal %s -> %s",
-                result["step_time_last_over_first"], result["rss_last_over_first"], result["fds_first_last"],
+    logger.info("step time last/first %s (trend %s per 10 windows), RSS last/first %s, fds %s, losses equal %s, "
+                "checkpoints equal %s -> %s", result["step_time_last_over_first"],
+                result["step_time_trend_per_10k_steps"], result["rss_last_over_first"], result["fds_first_last"],
                 result["losses_equal_after_resume"], result["checkpoints"]["equal_within_tolerance"], ns.out)
     return result
 
