@@ -12,10 +12,13 @@ rising into the head, ``drift_mode="rise"``), step by step, in one process group
 
 - ``static``: the hybrid with the hot set chosen once, before training, from
   ``--stats-batches`` batches (the ``--hot-rows`` most frequent rows over all tables);
-- ``refreshed``: the same hybrid; every rank counts the ids it trains on in a decayed
-  ``FrequencyStats`` (``--decay`` per batch), and every ``--every`` steps the ranks merge them
-  (``all_reduce_``: one collective) and switch the hot sets (``refresh_hot_sets``: same size
-  per table, no weights or optimizer state move);
+- ``refreshed``: the same hybrid; every rank counts the ids it trains on in decayed statistics
+  (``--decay auto``, the default: ``AdaptiveHotSets``, several decays at once, the one whose last
+  hot sets served the interval best chosen at each refresh; or one ``FrequencyStats`` decayed by
+  ``--decay`` per batch), and every ``--every`` steps the ranks merge them (``--merge top``, the
+  default: ``merged_top_ids``, each rank's top candidates; ``dense``: ``all_reduce_`` of every
+  counter) and switch the hot sets (``refresh_hot_sets``: same size per table, no weights or
+  optimizer state move);
 - ``ideal``: the same hybrid, its hot sets re-chosen at the same steps from the data's true
   top ids at that batch (``SyntheticCriteo.top_ids``: what perfect, fresh statistics give);
 - ``stock``: TorchRec's ``EmbeddingShardingPlanner`` plan (stock sharder, same topology).
@@ -57,9 +60,9 @@ logger = logging.getLogger("benchmarks.drift")
 MODELS = ("static", "refreshed", "ideal", "stock")
 HYBRIDS = ("static", "refreshed", "ideal")
 DEFAULTS = dict(world=2, batch=512, rows_cap=100_000, dim=32, alpha=1.1, drift_rows=1.0, hot_rows=2000,
-                steps=1000, every=25, decay=0.8, stats_batches=8, point=50, warmup=2)
+                steps=1000, every=25, decay="auto", stats_batches=8, point=50, warmup=2, merge="top", oversample=2.0)
 TINY = dict(world=2, batch=64, rows_cap=2000, dim=16, alpha=1.1, drift_rows=4.0, hot_rows=200,
-            steps=12, every=4, decay=0.9, stats_batches=2, point=4, warmup=1)
+            steps=12, every=4, decay="auto", stats_batches=2, point=4, warmup=1, merge="top", oversample=2.0)
 
 
 def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
@@ -76,13 +79,19 @@ def _rank_main(rank: int, world: int, emit, a: Dict[str, Any]) -> None:
     pg = dist.GroupMember.WORLD
     models, stock_types = _build_models(tables, hot0, world, a["batch"], pg)
     hot_size = {t.name: int(hot0[t.name].numel()) for t in tables}
-    streaming = FrequencyStats(tables, decay=a["decay"])
+    if a["decay"] == "auto":  # the decay chosen at each refresh from how the last proposals served
+        from torchrec_hybrid.stats.adaptive import AdaptiveHotSets
+
+        streaming: Any = AdaptiveHotSets(tables, oversample=a["oversample"])
+    else:
+        streaming = FrequencyStats(tables, decay=float(a["decay"]))
     run = _train(rank, world, a, gen, stream, models, stats0, streaming, hot_size,
                  {t.name: t.feature_names[0] for t in tables}, pg)
     dist.barrier()
     emit({**run, "hot_rows": sum(hot_size.values()), "tables_with_hot_rows": sum(1 for n in hot_size.values() if n),
           "stock_types": stock_types, "rows": sum(sizes),
-          "stats_bytes": int(sum(streaming.memory_bytes().values())), "allocator": malloc.current(),
+          "stats_bytes": int(sum(sum(s.memory_bytes().values()) for s in getattr(
+              streaming, "stats", {0: streaming}).values())), "allocator": malloc.current(),
           "max_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024})
 
 
@@ -162,7 +171,7 @@ def _train(rank: int, world: int, a: Dict[str, Any], gen, stream, models: Dict[s
                     coverage[name].append(_share(stats0, glob_kjt, hot))
             if s % a["every"] == 0 and s < a["steps"]:
                 nxt = a["stats_batches"] + i + 1  # index of the next batch in the generator
-                refreshes.append(_refresh(models, streaming, pg, s, check=not refreshes,
+                refreshes.append(_refresh(models, streaming, pg, s, check=not refreshes, a=a, hot_size=hot_size,
                                           ideal_ids=lambda: _ideal_hot_ids(gen, nxt, hot_size, feature_of)))
         if bar is not None:
             bar.update()
@@ -181,26 +190,39 @@ def _progress_bar(rank: int, world: int, a: Dict[str, Any]):
     return tqdm(total=a["warmup"] + a["steps"], desc=f"drift W={world}", unit="step", disable=not a["progress"])
 
 
-def _refresh(models: Dict[str, Any], streaming, pg, step: int, check: bool,
-             ideal_ids: Callable[[], Dict[str, torch.Tensor]]) -> Dict[str, Any]:
+def _refresh(models: Dict[str, Any], streaming, pg, step: int, check: bool, a: Dict[str, Any],
+             hot_size: Dict[str, int], ideal_ids: Callable[[], Dict[str, torch.Tensor]]) -> Dict[str, Any]:
     """Merge the ranks' statistics and switch ``refreshed``'s hot sets (timed, bytes counted), then switch
-    ``ideal``'s to the data's true top ids (``ideal_ids``, computed after the timed part); their record."""
+    ``ideal``'s to the data's true top ids (``ideal_ids``, computed after the timed part); their record.
+    ``a["merge"]``: "dense" sums every counter (``all_reduce_``), "top" gathers each rank's top candidates
+    (``merged_top_ids``: ``a["oversample"]`` x each table's hot size)."""
     from torchrec_hybrid import refresh_hot_sets
+    from torchrec_hybrid.stats.top_merge import merged_top_ids
 
     dist.barrier()
     t0 = time.perf_counter()
+    hot: Optional[Dict[str, torch.Tensor]] = None
+    chosen = None
     with count_sent_bytes() as merge_b:
-        streaming.all_reduce_(pg, check=check)
+        if a["decay"] == "auto":
+            hot = streaming.hot_ids(hot_size, pg)
+            chosen = streaming.chosen
+        elif a["merge"] == "dense":
+            streaming.all_reduce_(pg, check=check)
+        else:
+            hot, _ = merged_top_ids(streaming, hot_size, pg, oversample=a["oversample"])
     t1 = time.perf_counter()
     with count_sent_bytes() as switch_b:
-        changed = refresh_hot_sets(models["refreshed"], stats=streaming)
+        changed = refresh_hot_sets(models["refreshed"], stats=streaming) if hot is None else \
+            refresh_hot_sets(models["refreshed"], hot_ids=hot)
     t2 = time.perf_counter()
     ideal = ideal_ids()
     with count_sent_bytes() as ideal_b:
         ideal_changed = refresh_hot_sets(models["ideal"], hot_ids=ideal)
     return {"step": step, "merge_s": t1 - t0, "switch_s": t2 - t1, "merge_bytes": merge_b[0],
             "switch_bytes": switch_b[0], "ideal_switch_bytes": ideal_b[0],
-            "changed": int(sum(changed.values())), "ideal_changed": int(sum(ideal_changed.values()))}
+            "changed": int(sum(changed.values())), "ideal_changed": int(sum(ideal_changed.values())),
+            "decay": chosen if chosen is not None else float(a["decay"])}
 
 
 def _ideal_hot_ids(gen, nxt: int, hot_size: Dict[str, int], feature_of: Dict[str, str]) -> Dict[str, torch.Tensor]:
@@ -235,10 +257,18 @@ def summarize(outs: List[Dict[str, Any]], a: Dict[str, Any]) -> Dict[str, Any]:
     ratio = {m: [v / i for v, i in zip(points[m]["mean"], ideal)] for m in MODELS}
     busiest_ratio = {m: [v / i for v, i in zip(points[m]["busiest"], points["ideal"]["busiest"])] for m in MODELS}
     refresh = _refresh_summary(outs, a["every"])
+    # the refreshed set with each refresh's bytes (merge + switch) spread over the steps of its interval
+    spread = 0.0 if refresh is None else \
+        (refresh["mean_merge_bytes_per_rank"] + refresh["mean_switch_bytes_per_rank"]) / a["every"]
+    with_refresh = [v + spread for v in points["refreshed"]["mean"]]
+    ratio["refreshed_with_refresh"] = [v / i for v, i in zip(with_refresh, ideal)]
+    after_first = [j for j, last in enumerate(x) if last > a["every"]] or list(range(len(x)))  # past the 1st refresh
     if refresh is not None:
         amortized = (refresh["mean_merge_bytes_per_rank"] + refresh["mean_switch_bytes_per_rank"]) \
             * refresh["count"] / steps
         runs["refreshed"]["mean_bytes_with_refresh"] = runs["refreshed"]["mean_bytes"] + amortized
+        saved = (runs["static"]["mean_bytes"] - runs["refreshed"]["mean_bytes"]) * a["every"]
+        refresh["merge_share_of_saving"] = refresh["mean_merge_bytes_per_rank"] / saved if saved > 0 else None
     o0 = outs[0]
     return {
         "args": a, "world": world, "steps": steps, "x": x, "points": points, "per_step_mean_bytes": per_step,
@@ -250,6 +280,11 @@ def summarize(outs: List[Dict[str, Any]], a: Dict[str, Any]) -> Dict[str, Any]:
         "acceptance": {
             "refreshed_max_over_ideal": max(ratio["refreshed"]),
             "refreshed_within_10pct_of_ideal_at_every_point": max(ratio["refreshed"]) <= 1.10,
+            # with the refresh's bytes spread over its interval, at every point after the first refresh
+            "refreshed_with_refresh_max_over_ideal": max(ratio["refreshed_with_refresh"][j] for j in after_first),
+            "refreshed_with_refresh_within_10pct": max(ratio["refreshed_with_refresh"][j]
+                                                       for j in after_first) <= 1.10,
+            "merge_share_of_saving": None if refresh is None else refresh["merge_share_of_saving"],
             "static_last_over_ideal": ratio["static"][-1],
             "static_last_over_first": points["static"]["mean"][-1] / points["static"]["mean"][0],
         },
@@ -290,7 +325,8 @@ def _refresh_summary(outs: List[Dict[str, Any]], every: int) -> Optional[Dict[st
             "merge_bytes_per_rank": statistics.fmean(x["merge_bytes"] for x in r),
             "switch_bytes_per_rank": statistics.fmean(x["switch_bytes"] for x in r),
             "ideal_switch_bytes_per_rank": statistics.fmean(x["ideal_switch_bytes"] for x in r),
-            "changed": r[0]["changed"], "ideal_changed": r[0]["ideal_changed"]} for r in recs]
+            "changed": r[0]["changed"], "ideal_changed": r[0]["ideal_changed"], "decay": r[0].get("decay")}
+           for r in recs]
     return {"count": len(per), "every": every, "per_refresh": per,
             "mean_time_s": statistics.fmean(p["time_s"] for p in per),
             "max_time_s": max(p["time_s"] for p in per),
@@ -306,7 +342,9 @@ def markdown(r: Dict[str, Any]) -> List[str]:
              f"dim {a['dim']}, {a['batch']} samples per rank per step, one id per feature, Zipf({a['alpha']:g}), "
              f"drift {a['drift_rows']:g} ranks per batch in every table (rise), {r['hot_rows']:,} hot rows "
              f"({r['tables_with_hot_rows']} tables) chosen from {a['stats_batches']} batches; refresh every "
-             f"{a['every']} steps from statistics decayed by {a['decay']:g} per batch; {r['steps']} timed steps, "
+             f"{a['every']} steps from statistics decayed by "
+             + (f"{float(a['decay']):g}" if a["decay"] != "auto" else "a decay chosen at each refresh")
+             + f" per batch; {r['steps']} timed steps, "
              f"points of {a['point']} steps. Stock plan: "
              + types_text(r["stock_types"]) + ".", "",
              "| plan | MB / rank / step (mean over run) | busiest rank | first point | last point "
@@ -319,8 +357,15 @@ def markdown(r: Dict[str, Any]) -> List[str]:
                      f"{max(r['ratio_to_ideal'][m]):.2f}x | {q['mean_bytes'] / runs['stock']['mean_bytes']:.2f}x | "
                      f"{q['median_step_s'] * 1e3:.1f} ms |")
     acc = r["acceptance"]
+    share = acc.get("merge_share_of_saving")
     lines += ["", f"- refreshed / ideal at every point: max **{acc['refreshed_max_over_ideal']:.3f}x** "
-              f"({'within' if acc['refreshed_within_10pct_of_ideal_at_every_point'] else 'NOT within'} 10%)",
+              f"({'within' if acc['refreshed_within_10pct_of_ideal_at_every_point'] else 'NOT within'} 10%); "
+              f"with each refresh's bytes spread over its interval, after the first refresh: max "
+              f"**{acc['refreshed_with_refresh_max_over_ideal']:.3f}x** "
+              f"({'within' if acc['refreshed_with_refresh_within_10pct'] else 'NOT within'} 10%)",
+              f"- merge ({a.get('merge', 'dense')}): its bytes per refresh are "
+              + ("-" if share is None else f"**{100 * share:.1f}%**") + " of the bytes a refresh interval saves "
+              "against the static set (bar: 10%)",
               f"- static: its last point is **{acc['static_last_over_ideal']:.2f}x** the ideal's bytes and "
               f"{acc['static_last_over_first']:.2f}x its own first point"]
     rf = r["refresh"]
@@ -328,18 +373,22 @@ def markdown(r: Dict[str, Any]) -> List[str]:
         wr = runs["refreshed"].get("mean_bytes_with_refresh")
         lines += [f"- refresh ({rf['count']} of them, every {rf['every']} steps): {rf['mean_time_s'] * 1e3:.1f} ms "
                   f"mean, {rf['max_time_s'] * 1e3:.1f} ms max (slowest rank: merge + switch); "
-                  f"{rf['mean_merge_bytes_per_rank'] / 1e6:.3f} MB per rank for the merge (one all-reduce of the "
-                  f"statistics, {r['stats_bytes_per_rank'] / 1e6:.1f} MB of counters), "
+                  f"{rf['mean_merge_bytes_per_rank'] / 1e6:.3f} MB per rank for the merge ("
+                  + ("one all-reduce of the statistics" if a.get("merge", "dense") == "dense" else
+                     f"one all-gather of each rank's top {a.get('oversample', 2.0):g}x candidates")
+                  + f", {r['stats_bytes_per_rank'] / 1e6:.1f} MB of counters), "
                   f"{rf['mean_switch_bytes_per_rank']:.0f} B per rank for the switch (hot-id checks)",
                   f"- refreshed with the refresh bytes spread over the steps: {mb(wr)} MB / rank / step"
                   f" ({wr / runs['ideal']['mean_bytes']:.2f}x ideal, {wr / runs['static']['mean_bytes']:.2f}x static)",
                   "", "| point (last step) | static | refreshed | ideal | stock | refreshed / ideal "
-                  "| coverage static / refreshed / ideal |", "|---:|---:|---:|---:|---:|---:|---|"]
+                  "| with refresh bytes / ideal | coverage static / refreshed / ideal |",
+                  "|---:|---:|---:|---:|---:|---:|---:|---|"]
     cov = r["coverage"]
+    with_refresh = r["ratio_to_ideal"].get("refreshed_with_refresh", r["ratio_to_ideal"]["refreshed"])
     for j, x in enumerate(r["x"]):
         c = " / ".join(f"{cov[m][j]:.3f}" for m in HYBRIDS) if j < len(cov["static"]) else "-"
         lines.append(f"| {x} | " + " | ".join(mb(r["points"][m]["mean"][j]) for m in MODELS)
-                     + f" | {r['ratio_to_ideal']['refreshed'][j]:.3f} | {c} |")
+                     + f" | {r['ratio_to_ideal']['refreshed'][j]:.3f} | {with_refresh[j]:.3f} | {c} |")
     lines += ["", "MB: 10^6 bytes each rank writes to its sockets per training step (forward + backward), "
               "`/proc/self/io`, mean over ranks; busiest: the rank with the most. Coverage: share of all "
               "lookups of the point's last global batch served by the hot rows."]
@@ -381,7 +430,8 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--tiny", action="store_true", help="a seconds-long configuration (tests)")
     for k, v in DEFAULTS.items():
-        ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None, help=f"default {v} (tiny {TINY[k]})")
+        ap.add_argument("--" + k.replace("_", "-"), type=type(v), default=None, help=f"default {v} (tiny {TINY[k]})",
+                        **({"choices": ("top", "dense")} if k == "merge" else {}))
     ap.add_argument("--out", default="out/drift", help="output directory (default out/drift)")
     ap.add_argument("--timeout", type=float, default=1800)
     ap.add_argument("--no-progress", action="store_true")
@@ -391,8 +441,15 @@ def main(argv: Optional[List[str]] = None) -> Dict[str, Any]:
     for k in DEFAULTS:
         if getattr(ns, k) is not None:
             a[k] = getattr(ns, k)
-    if a["world"] < 2 or a["steps"] < 1 or a["every"] < 1 or a["point"] < 1 or not 0 < a["decay"] <= 1:
-        ap.error(f"need --world >= 2, --steps/--every/--point >= 1 and --decay in (0, 1], got {a}")
+    if a["decay"] != "auto":
+        try:
+            a["decay"] = float(a["decay"])
+        except ValueError:
+            ap.error(f"--decay must be 'auto' or a number in (0, 1], got {a['decay']!r}")
+    if a["world"] < 2 or a["steps"] < 1 or a["every"] < 1 or a["point"] < 1 \
+            or (a["decay"] != "auto" and not 0 < a["decay"] <= 1) or a["oversample"] < 1:
+        ap.error(f"need --world >= 2, --steps/--every/--point >= 1, --decay in (0, 1] and --oversample >= 1, "
+                 f"got {a}")
     a["progress"] = not ns.no_progress
     os.makedirs(ns.out, exist_ok=True)
     logger.info("drift benchmark: %s -> %s", {k: v for k, v in a.items() if k != "progress"}, ns.out)
