@@ -12,6 +12,7 @@ from :func:`merged_top_ids` (each rank's top candidates only). Collective: every
 from __future__ import annotations
 
 import logging
+import math
 from typing import Dict, List, Mapping, Optional, Sequence
 
 import torch
@@ -65,7 +66,7 @@ class AdaptiveHotSets:
         hits = []
         for d in self.decays:  # per refresh: loops over decays and tables, not ids
             share = self.interval.hot_share(self.proposals[d])
-            hits.append(sum(share[t] * self.interval.lookups(t) for t in names if share[t] == share[t]))
+            hits.append(sum(share[t] * self.interval.lookups(t) for t in names if not math.isnan(share[t])))
         total = sum(self.interval.lookups(t) for t in names)
         both = torch.tensor(hits + [total], dtype=torch.float64)
         if dist.is_initialized() and dist.get_world_size(group) > 1:
